@@ -1,0 +1,77 @@
+"""Keel: an agent runtime whose runs end with an answer, a classified failure, or a durable pause.
+
+    import keel
+
+    @keel.tool(effect="read_only")
+    def lookup(term: str) -> str:
+        "Look a term up in the glossary."
+        ...
+
+    agent = keel.Agent(model="script:demo.json", tools=[lookup], limits=keel.Limits(max_model_calls=20))
+    result = agent.run("What does the glossary say about leases?")
+"""
+
+from keel.agent import Agent, RunHandle
+from keel.errors import (
+    BudgetExhausted,
+    ConfigError,
+    DeadlineExceeded,
+    EmptyModelTurn,
+    KeelError,
+    ModelError,
+    ProviderError,
+    RunFailure,
+    ToolLoopDetected,
+)
+from keel.limits import Limits
+from keel.messages import (
+    AssistantMessage,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+    Usage,
+    UserMessage,
+)
+from keel.result import Failure, PendingApproval, RunResult
+from keel.store import Store
+from keel.tools.base import Effect, Tool, tool
+from keel.tools.files import file_tools
+from keel.tools.web import web_tools
+from keel.transports.base import Transport
+from keel.transports.scripted import ScriptedTransport
+
+__all__ = [
+    "Agent",
+    "AssistantMessage",
+    "BudgetExhausted",
+    "ConfigError",
+    "DeadlineExceeded",
+    "Effect",
+    "EmptyModelTurn",
+    "Failure",
+    "KeelError",
+    "Limits",
+    "ModelError",
+    "ModelRequest",
+    "ModelResponse",
+    "PendingApproval",
+    "ProviderError",
+    "RunFailure",
+    "RunHandle",
+    "RunResult",
+    "ScriptedTransport",
+    "Store",
+    "Tool",
+    "ToolCall",
+    "ToolDefinition",
+    "ToolLoopDetected",
+    "ToolResult",
+    "Transport",
+    "Usage",
+    "UserMessage",
+    "file_tools",
+    "tool",
+    "web_tools",
+]

@@ -1,0 +1,86 @@
+"""Keel's one exception tree.
+
+    KeelError
+    ├── ConfigError            misuse: a bad option, limit, model spec or script (exit code 2)
+    ├── ProviderError          one failed model attempt, mapped at the transport boundary;
+    │                          the gateway retries it or turns it into a ModelError failure
+    └── RunFailure             why a run failed; carried in RunResult.failure, never lost
+        ├── ToolLoopDetected
+        ├── BudgetExhausted
+        ├── DeadlineExceeded
+        ├── ModelError
+        └── EmptyModelTurn
+
+Errors fed back to the model (invalid arguments, unknown tools, a tool that raised) are not
+exceptions here: they become error results the model reads, and the run goes on.
+Constructors have no side effects; foreign exceptions are mapped once, where they enter.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, Literal
+
+FailureKind = Literal[
+    "ToolLoopDetected", "BudgetExhausted", "DeadlineExceeded", "ModelError", "EmptyModelTurn"
+]
+
+
+class KeelError(Exception):
+    """Base of every error Keel raises on purpose."""
+
+
+class ConfigError(KeelError):
+    """The runtime was misused: the message says what to change."""
+
+
+class ProviderError(KeelError):
+    """One model attempt failed. `retryable` decides between backoff and failing at once."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        retryable: bool = False,
+        retry_after: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.status = status
+        self.retryable = retryable
+        self.retry_after = retry_after
+
+
+class RunFailure(KeelError):
+    """A run ended without an answer. `details` names the counters or budget involved."""
+
+    kind: ClassVar[FailureKind]
+
+    def __init__(self, message: str, *, step: int, details: dict[str, Any] | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.step = step
+        self.details = details or {}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message, "step": self.step, **self.details}
+
+
+class ToolLoopDetected(RunFailure):
+    kind = "ToolLoopDetected"
+
+
+class BudgetExhausted(RunFailure):
+    kind = "BudgetExhausted"
+
+
+class DeadlineExceeded(RunFailure):
+    kind = "DeadlineExceeded"
+
+
+class ModelError(RunFailure):
+    kind = "ModelError"
+
+
+class EmptyModelTurn(RunFailure):
+    kind = "EmptyModelTurn"

@@ -1,0 +1,55 @@
+"""Limits of one run: the breaker's threshold, budgets, the deadline, the context budget."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from keel.errors import ConfigError
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    loop_threshold: int = 5
+    """T: a call key reaching this many answered calls fails the run (ToolLoopDetected)."""
+    evidence_reset_cap: int = 3
+    """R: how often one observation key may restart its counter because the page progressed."""
+    max_model_calls: int | None = 50
+    """Every attempt sent to a provider counts, retries and synthesis included."""
+    max_tool_calls: int | None = 200
+    max_tokens: int | None = None
+    """Input plus output tokens over the whole run, as the provider reports them."""
+    deadline: float | None = None
+    """Seconds of wall-clock time from the start of the run."""
+    context_tokens: int = 100_000
+    """Over this, the oldest large tool results are elided into pointers."""
+    max_result_chars: int = 50_000
+    """Longer tool results are stored whole and shown truncated."""
+    model_retries: int = 4
+    """Retries of a retryable model error (429, 5xx, timeouts) within one turn."""
+    retry_base_delay: float = 0.5
+    retry_max_delay: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.loop_threshold < 2:
+            raise ConfigError(
+                f"loop threshold must be at least 2 (got {self.loop_threshold}): at 1 the very "
+                "first call of every tool would already count as a loop"
+            )
+        if self.evidence_reset_cap < 0:
+            raise ConfigError("evidence reset cap must be 0 or more")
+        for name in ("max_model_calls", "max_tool_calls", "max_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
+        if self.deadline is not None and self.deadline <= 0:
+            raise ConfigError(f"deadline must be a positive number of seconds (got {self.deadline})")
+        if self.context_tokens < 256:
+            raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
+        if self.max_result_chars < 100:
+            raise ConfigError("max result chars must be at least 100")
+        if self.model_retries < 0:
+            raise ConfigError("model retries must be 0 or more")
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

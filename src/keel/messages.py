@@ -1,0 +1,153 @@
+"""Keel's own message types: neutral, immutable, and the same for every provider.
+
+Transports map these to and from their wire formats; nothing inside the runtime speaks a
+vendor's format. Vendor data that must round-trip (reasoning items, signatures) rides in
+``provider_details``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from keel.canonical import call_key, canonical_json, parse_arguments, raw_call_key
+
+ToolChoice = Literal["none"] | None
+SynthesisReason = Literal["repeated_tool", "budget"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCall:
+    """One tool call the model asked for."""
+
+    id: str
+    """The provider's call id (or one Keel made up), pairing the call with its result."""
+    name: str
+    """The tool's name as the model wrote it; may name no tool."""
+    raw_arguments: str
+    """The argument text exactly as the model wrote it."""
+    arguments: Any
+    """The parsed arguments, or None when `raw_arguments` is not valid JSON."""
+    parse_error: str | None
+    """Why `raw_arguments` did not parse, for the error result the model gets back."""
+    key: str
+    """The call key (name plus canonical arguments) the breaker counts."""
+
+    @classmethod
+    def from_raw(cls, id: str, name: str, raw_arguments: str) -> ToolCall:
+        arguments, error = parse_arguments(raw_arguments)
+        key = raw_call_key(name, raw_arguments) if error else call_key(name, arguments)
+        return cls(id, name, raw_arguments, arguments, error, key)
+
+    @classmethod
+    def from_arguments(cls, id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
+        return cls(id, name, canonical_json(arguments), arguments, None, call_key(name, arguments))
+
+
+@dataclass(frozen=True, slots=True)
+class UserMessage:
+    """The question, or a later message from the person running the agent."""
+
+    text: str
+    kind: Literal["user"] = "user"
+
+
+@dataclass(frozen=True, slots=True)
+class AssistantMessage:
+    """One model turn as it entered the history: text, tool calls, or both."""
+
+    text: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    provider_details: dict[str, Any] = field(default_factory=dict)
+    """Vendor data the provider needs to see again when the turn is replayed."""
+    kind: Literal["assistant"] = "assistant"
+
+
+@dataclass(frozen=True, slots=True)
+class ToolResult:
+    """The answer to one tool call, as the model will read it."""
+
+    call_id: str
+    name: str
+    call_key: str
+    content: str
+    """What the model is shown: the result, or its truncated head, or an elision pointer."""
+    is_error: bool = False
+    size: int = 0
+    """Characters in the full result, before any truncation."""
+    digest: str = ""
+    """sha256 of the full result, so a pointer or a truncated view names what it stands for."""
+    truncated: bool = False
+    elided: bool = False
+    uncertain: bool = False
+    """A side-effecting call whose effect is unknown (interrupted before its result)."""
+    kind: Literal["tool_result"] = "tool_result"
+
+
+Item = UserMessage | AssistantMessage | ToolResult
+
+
+@dataclass(frozen=True, slots=True)
+class ToolDefinition:
+    """What a model is told about a tool."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+    """JSON Schema of the arguments object."""
+
+
+@dataclass(frozen=True, slots=True)
+class Usage:
+    input_tokens: int = 0
+    output_tokens: int = 0
+    cached_input_tokens: int = 0
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            self.input_tokens + other.input_tokens,
+            self.output_tokens + other.output_tokens,
+            self.cached_input_tokens + other.cached_input_tokens,
+        )
+
+    @property
+    def total(self) -> int:
+        return self.input_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class ModelRequest:
+    """Everything one model call needs; transports map it, nothing else."""
+
+    system: str
+    """Frozen prefix, part one: byte-identical on every turn of a run."""
+    tools: tuple[ToolDefinition, ...]
+    """Frozen prefix, part two: kept even in synthesis turns so history replays."""
+    items: tuple[Item, ...]
+    """The history, with elided results already replaced by their pointers."""
+    tool_choice: ToolChoice = None
+    """None sends no tool_choice at all; "none" forbids tools (synthesis-only turns)."""
+    volatile: tuple[str, ...] = ()
+    """Controls for this request only: appended last, never stored, never in the prefix."""
+    estimated_input_tokens: int = 0
+    """The context builder's count, so nobody re-tokenises the history to know it."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelResponse:
+    """What one model call returned, already mapped out of the wire format."""
+
+    text: str | None
+    tool_calls: tuple[ToolCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str | None = None
+    provider_details: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_empty(self) -> bool:
+        return not self.tool_calls and not (self.text and self.text.strip())
+
+
+def digest_text(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

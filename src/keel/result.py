@@ -1,0 +1,64 @@
+"""What a run ends with: the library's RunResult and the command line's JSON are the same."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from keel.messages import SynthesisReason, Usage
+
+RunStatus = Literal["running", "completed", "failed", "awaiting_approval", "cancelled"]
+
+
+@dataclass(frozen=True, slots=True)
+class Failure:
+    """Why a run failed, with the step and the counters or budget involved."""
+
+    kind: str
+    message: str
+    step: int
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, "message": self.message}
+
+
+@dataclass(frozen=True, slots=True)
+class PendingApproval:
+    call_id: str
+    name: str
+    arguments: Any
+    call_key: str
+
+
+@dataclass(frozen=True, slots=True)
+class RunResult:
+    run_id: str
+    status: RunStatus
+    answer: str | None
+    synthesized: SynthesisReason | None
+    failure: Failure | None
+    model_calls: int
+    tool_calls: int
+    usage: Usage
+    pending_approvals: tuple[PendingApproval, ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "completed"
+
+    def to_dict(self) -> dict[str, Any]:
+        """The `keel run --json` object."""
+        return {
+            "run_id": self.run_id,
+            "status": self.status,
+            "answer": self.answer,
+            "synthesized": self.synthesized,
+            "failure": self.failure.to_dict() if self.failure else None,
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+            "usage": {
+                "input_tokens": self.usage.input_tokens,
+                "output_tokens": self.usage.output_tokens,
+            },
+        }

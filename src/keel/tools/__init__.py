@@ -1,0 +1,1 @@
+"""Tools the model can call, how they are described, validated and run."""

@@ -1,0 +1,1 @@
+"""Model transports, one file per wire protocol."""

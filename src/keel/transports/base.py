@@ -1,0 +1,21 @@
+"""The one interface every model transport implements."""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from keel.messages import ModelRequest, ModelResponse
+
+
+@runtime_checkable
+class Transport(Protocol):
+    """Speaks one wire protocol. Maps a ModelRequest out and a ModelResponse back.
+
+    Failures are raised as `keel.errors.ProviderError` with `retryable` set; the gateway owns
+    retries, timeouts and budgets, so a transport makes exactly one attempt per call.
+    """
+
+    name: str
+    """A short label for logs and `keel show`, e.g. ``script:demo.json``."""
+
+    async def request(self, request: ModelRequest) -> ModelResponse: ...
