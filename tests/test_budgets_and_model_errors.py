@@ -100,8 +100,9 @@ async def test_token_budget_spent_fails_budget_exhausted() -> None:
 
 
 async def test_token_budget_running_low_gives_budget_synthesis() -> None:
-    out = await run_script({"turns": [*distinct_calls(50)], "on_synthesis": ANSWER}, [note],
-                           max_tokens=2_000)
+    out = await run_script(
+        {"turns": [*distinct_calls(50)], "on_synthesis": ANSWER}, [note], max_tokens=2_000
+    )
     assert out.result.synthesized == "budget"
     assert out.result.usage.total <= 2_000
 
@@ -171,8 +172,9 @@ async def test_script_that_runs_out_is_a_model_error() -> None:
 
 async def test_deadline_cuts_a_slow_tool_and_fails_deadline_exceeded() -> None:
     start = time.perf_counter()
-    out = await run_script({"turns": [call("slow_note", topic="a"), ANSWER]}, [slow_note],
-                           deadline=0.3)
+    out = await run_script(
+        {"turns": [call("slow_note", topic="a"), ANSWER]}, [slow_note], deadline=0.3
+    )
     assert time.perf_counter() - start < 2
     assert out.result.failure is not None
     assert out.result.failure.kind == "DeadlineExceeded"
@@ -205,8 +207,10 @@ async def test_cancellation_is_cooperative_and_keeps_what_was_recorded() -> None
     assert store.get_run(result.run_id).status == "cancelled"  # type: ignore[union-attr]
 
 
-@pytest.mark.parametrize("bad", [{"loop_threshold": 1}, {"max_model_calls": 0},
-                                 {"deadline": -1.0}, {"evidence_reset_cap": -1}])
+@pytest.mark.parametrize(
+    "bad",
+    [{"loop_threshold": 1}, {"max_model_calls": 0}, {"deadline": -1.0}, {"evidence_reset_cap": -1}],
+)
 def test_bad_limits_are_configuration_errors(bad: dict[str, object]) -> None:
     with pytest.raises(keel.ConfigError):
         keel.Limits(**bad)  # type: ignore[arg-type]

@@ -42,9 +42,7 @@ async def test_synthesis_request_keeps_definitions_history_and_adds_volatile_con
     web: list[keel.Tool], page_server: PageServer
 ) -> None:
     url = page_server.url("/doc")
-    out = await run_script(
-        {"turns": [call("fetch", url=url)] * 4, "on_synthesis": ANSWER}, web
-    )
+    out = await run_script({"turns": [call("fetch", url=url)] * 4, "on_synthesis": ANSWER}, web)
     normal, synthesis = out.requests[-2], out.requests[-1]
     assert synthesis.tool_choice == "none"
     assert synthesis.tools == normal.tools and len(synthesis.tools) == 2
@@ -86,8 +84,10 @@ async def test_batch_that_would_reach_threshold_fails_before_any_dispatch(
     web: list[keel.Tool], page_server: PageServer
 ) -> None:
     doc, other = page_server.url("/doc"), page_server.url("/other")
-    turns = [call("fetch", url=doc), batch(("fetch", {"url": other}), ("fetch", {"url": doc}),
-                                           ("fetch", {"url": doc}))]
+    turns = [
+        call("fetch", url=doc),
+        batch(("fetch", {"url": other}), ("fetch", {"url": doc}), ("fetch", {"url": doc})),
+    ]
     out = await run_script({"turns": turns}, web, loop_threshold=3)
 
     assert out.result.failure is not None
@@ -105,8 +105,9 @@ async def test_answered_calls_of_every_kind_count_toward_the_breaker(
     bad_json = {"tool_calls": [{"name": "fetch", "arguments": "{not json"}]}
     bad_args = {"tool_calls": [{"name": "fetch", "arguments": {"link": "x"}}]}
     for turn in (unknown, bad_json, bad_args):
-        out = await run_script({"turns": [turn, turn], "on_synthesis": ANSWER}, web,
-                               loop_threshold=3)
+        out = await run_script(
+            {"turns": [turn, turn], "on_synthesis": ANSWER}, web, loop_threshold=3
+        )
         results = out.of_type("tool_result")
         assert len(results) == 2 and all(r["is_error"] for r in results)
         assert out.result.synthesized == "repeated_tool", turn

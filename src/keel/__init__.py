@@ -1,14 +1,14 @@
 """Keel: an agent runtime whose runs end with an answer, a classified failure, or a durable pause.
 
-    import keel
+import keel
 
-    @keel.tool(effect="read_only")
-    def lookup(term: str) -> str:
-        "Look a term up in the glossary."
-        ...
+@keel.tool(effect="read_only")
+def lookup(term: str) -> str:
+    "Look a term up in the glossary."
+    ...
 
-    agent = keel.Agent(model="script:demo.json", tools=[lookup], limits=keel.Limits(max_model_calls=20))
-    result = agent.run("What does the glossary say about leases?")
+agent = keel.Agent(model="script:demo.json", tools=[lookup], limits=keel.Limits(deadline=60))
+result = agent.run("What does the glossary say about leases?")
 """
 
 from keel.agent import Agent, RunHandle

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +51,7 @@ class RunHandle:
             self._loop.cancel_requested = True
             self._task.cancel()
 
-    def __await__(self) -> Any:
+    def __await__(self) -> Generator[Any, None, RunResult]:
         return self._task.__await__()
 
 

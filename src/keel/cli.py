@@ -123,7 +123,7 @@ def _print_result(result: RunResult, as_json: bool) -> None:
         return
     if result.answer is not None:
         typer.echo(result.answer)
-    status = result.status
+    status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
     if result.failure:
@@ -158,9 +158,7 @@ def show(
     out.print(f"question: {record.question}", highlight=False)
     table = Table("seq", "step", "event", "detail", box=None, pad_edge=False)
     for event in events:
-        table.add_row(
-            str(event["seq"]), str(event.get("step", "")), event["type"], _summary(event)
-        )
+        table.add_row(str(event["seq"]), str(event.get("step", "")), event["type"], _summary(event))
     out.print(table)
     if run_json["answer"]:
         out.print(f"\nanswer: {run_json['answer']}", highlight=False)
@@ -221,7 +219,7 @@ def _summary(event: dict[str, Any]) -> str:
         text = (event["text"] or "").replace("\n", " ")[:60]
         return f"calls: {calls}" if calls else ("(empty)" if event["empty"] else text)
     if t == "tool_call":
-        return event["call_key"][:90]
+        return str(event["call_key"])[:90]
     if t == "tool_result":
         flags = [f for f in ("is_error", "truncated", "elided") if event.get(f)]
         return f"{event['name']} {event['size']} chars {' '.join(flags)}".strip()

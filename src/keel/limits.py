@@ -43,7 +43,9 @@ class Limits:
             if value is not None and value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
         if self.deadline is not None and self.deadline <= 0:
-            raise ConfigError(f"deadline must be a positive number of seconds (got {self.deadline})")
+            raise ConfigError(
+                f"deadline must be a positive number of seconds (got {self.deadline})"
+            )
         if self.context_tokens < 256:
             raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
         if self.max_result_chars < 100:

@@ -61,14 +61,21 @@ class RunState:
             "step": self.step,
             "model_calls": self.model_calls,
             "tool_calls": self.tool_calls,
-            "usage": [self.usage.input_tokens, self.usage.output_tokens,
-                      self.usage.cached_input_tokens],
+            "usage": [
+                self.usage.input_tokens,
+                self.usage.output_tokens,
+                self.usage.cached_input_tokens,
+            ],
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,
-            "failure": None if self.failure is None else {
-                "kind": self.failure.kind, "message": self.failure.message,
-                "step": self.failure.step, "details": self.failure.details,
+            "failure": None
+            if self.failure is None
+            else {
+                "kind": self.failure.kind,
+                "message": self.failure.message,
+                "step": self.failure.step,
+                "details": self.failure.details,
             },
             "pending": [_pending_dict(p) for p in self.pending],
             "next_seq": self.next_seq,
@@ -126,7 +133,10 @@ class RunLoop:
             self._deadline_at = loop.time() + self.limits.deadline
         if self.store is not None:
             await self.store.create_run(
-                self.run_id, self.question, self.transport.name, self.limits.to_dict(),
+                self.run_id,
+                self.question,
+                self.transport.name,
+                self.limits.to_dict(),
                 self.state.to_dict(),
             )
         self.emit("run_started", {"question": self.question, "model": self.transport.name})
@@ -167,9 +177,16 @@ class RunLoop:
         self._check_breaker(calls)
         self.breaker.record(call.key for call in calls)
         for call in calls:
-            self.emit("tool_call", {"step": self.state.step, "call_id": call.id, "name": call.name,
-                                    "arguments": call.arguments if call.parse_error is None
-                                    else call.raw_arguments, "call_key": call.key})
+            self.emit(
+                "tool_call",
+                {
+                    "step": self.state.step,
+                    "call_id": call.id,
+                    "name": call.name,
+                    "arguments": call.arguments if call.parse_error is None else call.raw_arguments,
+                    "call_key": call.key,
+                },
+            )
         if pending := self._needs_approval(calls):
             self.state.pending = pending
             for p in pending:
@@ -182,20 +199,23 @@ class RunLoop:
         if self._deadline_at is not None and asyncio.get_running_loop().time() >= self._deadline_at:
             raise DeadlineExceeded(
                 f"the run passed its deadline of {self.limits.deadline:g}s",
-                step=self.state.step, details={"deadline": self.limits.deadline},
+                step=self.state.step,
+                details={"deadline": self.limits.deadline},
             )
         limit = self.limits.max_model_calls
         if limit is not None and self.state.model_calls >= limit:
             raise BudgetExhausted(
                 f"all {limit} model calls of the budget were spent before an answer",
-                step=self.state.step, details={"budget": "model_calls", "limit": limit},
+                step=self.state.step,
+                details={"budget": "model_calls", "limit": limit},
             )
         tokens = self.limits.max_tokens
         if tokens is not None and self.state.usage.total >= tokens:
             raise BudgetExhausted(
                 f"the token budget of {tokens} was spent ({self.state.usage.total} used) "
                 "before an answer",
-                step=self.state.step, details={"budget": "tokens", "limit": tokens},
+                step=self.state.step,
+                details={"budget": "tokens", "limit": tokens},
             )
 
     def mode(self) -> Mode:
@@ -221,7 +241,8 @@ class RunLoop:
             raise BudgetExhausted(
                 f"the {mode.budget} budget allowed only a final answer, but the model asked for "
                 f"{', '.join(names)} instead; nothing was run",
-                step=self.state.step, details={**details, "budget": mode.budget},
+                step=self.state.step,
+                details={**details, "budget": mode.budget},
             )
         key = mode.repeated_key or ""
         raise ToolLoopDetected(
@@ -229,8 +250,12 @@ class RunLoop:
             f"and the model asked for {', '.join(names)} in its final synthesis turn instead of "
             "answering; nothing was run",
             step=self.state.step,
-            details={**details, "call_key": key, "count": self.breaker.count(key),
-                     "threshold": self.limits.loop_threshold},
+            details={
+                **details,
+                "call_key": key,
+                "count": self.breaker.count(key),
+                "threshold": self.limits.loop_threshold,
+            },
         )
 
     def _check_breaker(self, calls: list[ToolCall]) -> None:
@@ -250,8 +275,10 @@ class RunLoop:
         pending = []
         for call in calls:
             tool = self.executor.get(call.name)
-            if tool is not None and isinstance(call.arguments, dict) and tool.needs_approval(
-                call.arguments
+            if (
+                tool is not None
+                and isinstance(call.arguments, dict)
+                and tool.needs_approval(call.arguments)
             ):
                 pending.append(PendingApproval(call.id, call.name, call.arguments, call.key))
         return tuple(pending)
@@ -275,21 +302,40 @@ class RunLoop:
         self.context.append(result)
         if executed.full_content is not None:
             self._blobs.append((result.digest, executed.full_content))
-        self.emit("tool_result", {
-            "step": self.state.step, "call_id": result.call_id, "call_key": result.call_key,
-            "name": result.name, "is_error": result.is_error, "content": result.content,
-            "size": result.size, "digest": result.digest, "truncated": result.truncated,
-            "duration_ms": round(executed.duration_ms, 3),
-        })
+        self.emit(
+            "tool_result",
+            {
+                "step": self.state.step,
+                "call_id": result.call_id,
+                "call_key": result.call_key,
+                "name": result.name,
+                "is_error": result.is_error,
+                "content": result.content,
+                "size": result.size,
+                "digest": result.digest,
+                "truncated": result.truncated,
+                "duration_ms": round(executed.duration_ms, 3),
+            },
+        )
 
     def _record_refused(self, call: ToolCall, message: str) -> None:
-        result = ToolResult(call.id, call.name, call.key, message, is_error=True,
-                            size=len(message))
+        result = ToolResult(call.id, call.name, call.key, message, is_error=True, size=len(message))
         self.context.append(result)
-        self.emit("tool_result", {"step": self.state.step, "call_id": call.id,
-                                  "call_key": call.key, "name": call.name, "is_error": True,
-                                  "content": message, "size": len(message), "digest": "",
-                                  "truncated": False, "duration_ms": 0.0})
+        self.emit(
+            "tool_result",
+            {
+                "step": self.state.step,
+                "call_id": call.id,
+                "call_key": call.key,
+                "name": call.name,
+                "is_error": True,
+                "content": message,
+                "size": len(message),
+                "digest": "",
+                "truncated": False,
+                "duration_ms": 0.0,
+            },
+        )
 
     def _apply_evidence_resets(self, executed: list[ExecutedCall]) -> None:
         for item in executed:
@@ -298,8 +344,10 @@ class RunLoop:
                 continue
             if self.breaker.observe(item.call.key, item.result.digest):
                 counter = self.breaker.counters[item.call.key]
-                self.emit("evidence_reset", {"step": self.state.step, "call_key": item.call.key,
-                                             "resets": counter.resets})
+                self.emit(
+                    "evidence_reset",
+                    {"step": self.state.step, "call_key": item.call.key, "resets": counter.resets},
+                )
 
     # -- recording --------------------------------------------------------------------------
 
@@ -313,9 +361,16 @@ class RunLoop:
     def note_elided(self, results: list[ToolResult]) -> None:
         for result in results:
             self._elisions.append((result.call_id, self.state.step))
-            self.emit("result_elided", {"step": self.state.step, "call_id": result.call_id,
-                                        "call_key": result.call_key, "size": result.size,
-                                        "digest": result.digest})
+            self.emit(
+                "result_elided",
+                {
+                    "step": self.state.step,
+                    "call_id": result.call_id,
+                    "call_key": result.call_key,
+                    "size": result.size,
+                    "digest": result.digest,
+                },
+            )
 
     async def _checkpoint(self) -> None:
         if self.store is None:
@@ -325,9 +380,13 @@ class RunLoop:
             self.breaker.take_dirty()
             return
         checkpoint = Checkpoint(
-            run_id=self.run_id, status=self.state.status, state=self.state.to_dict(),
-            events=self._events, counters=self.breaker.take_dirty(),
-            elisions=self._elisions, blobs=self._blobs,
+            run_id=self.run_id,
+            status=self.state.status,
+            state=self.state.to_dict(),
+            events=self._events,
+            counters=self.breaker.take_dirty(),
+            elisions=self._elisions,
+            blobs=self._blobs,
         )
         self._events, self._elisions, self._blobs = [], [], []
         await self.store.save_step(checkpoint)
@@ -340,10 +399,15 @@ class RunLoop:
     def result(self) -> RunResult:
         s = self.state
         return RunResult(
-            run_id=self.run_id, status=s.status, answer=s.answer,
+            run_id=self.run_id,
+            status=s.status,
+            answer=s.answer,
             synthesized=s.synthesized,  # type: ignore[arg-type]
-            failure=s.failure, model_calls=s.model_calls, tool_calls=s.tool_calls,
-            usage=s.usage, pending_approvals=s.pending,
+            failure=s.failure,
+            model_calls=s.model_calls,
+            tool_calls=s.tool_calls,
+            usage=s.usage,
+            pending_approvals=s.pending,
         )
 
     def remaining_time(self) -> float | None:

@@ -11,7 +11,7 @@ import hashlib
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from keel.canonical import call_key, canonical_json, parse_arguments, raw_call_key
+from keel.canonical import call_key, canonical_json, key_from_text, parse_arguments
 
 ToolChoice = Literal["none"] | None
 SynthesisReason = Literal["repeated_tool", "budget"]
@@ -37,8 +37,7 @@ class ToolCall:
     @classmethod
     def from_raw(cls, id: str, name: str, raw_arguments: str) -> ToolCall:
         arguments, error = parse_arguments(raw_arguments)
-        key = raw_call_key(name, raw_arguments) if error else call_key(name, arguments)
-        return cls(id, name, raw_arguments, arguments, error, key)
+        return cls(id, name, raw_arguments, arguments, error, key_from_text(name, raw_arguments))
 
     @classmethod
     def from_arguments(cls, id: str, name: str, arguments: dict[str, Any]) -> ToolCall:

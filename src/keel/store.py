@@ -128,7 +128,9 @@ class Store:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise ConfigError(f"cannot create the store's folder for {self.path}: {exc}") from exc
+                raise ConfigError(
+                    f"cannot create the store's folder for {self.path}: {exc}"
+                ) from exc
         self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._ready: Future[None] = Future()
         self._thread = threading.Thread(target=self._work, name="keel-store", daemon=True)
@@ -231,8 +233,9 @@ class Store:
 
     def list_runs(self, limit: int = 20) -> list[RunRecord]:
         rows = self._read(
-            lambda c: c.execute(_RUN_SELECT + " ORDER BY created_at DESC LIMIT ?", (limit,))
-            .fetchall()
+            lambda c: c.execute(
+                _RUN_SELECT + " ORDER BY created_at DESC LIMIT ?", (limit,)
+            ).fetchall()
         )
         return [_record(row) for row in rows]
 
@@ -300,10 +303,7 @@ def _write_checkpoint(conn: sqlite3.Connection, cp: Checkpoint) -> None:
             "INSERT INTO counters VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
             " SET count = excluded.count, resets = excluded.resets,"
             " last_digest = excluded.last_digest",
-            [
-                (cp.run_id, key, c.count, c.resets, c.last_digest)
-                for key, c in cp.counters.items()
-            ],
+            [(cp.run_id, key, c.count, c.resets, c.last_digest) for key, c in cp.counters.items()],
         )
     if cp.elisions:
         conn.executemany(

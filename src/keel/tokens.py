@@ -43,8 +43,8 @@ def item_tokens(counter: TokenCounter, item: Item) -> int:
         case AssistantMessage(text=text, tool_calls=calls):
             total = MESSAGE_OVERHEAD + counter.count(text or "")
             for call in calls:
-                total += MESSAGE_OVERHEAD + counter.count(call.name) + counter.count(
-                    call.raw_arguments
+                total += (
+                    MESSAGE_OVERHEAD + counter.count(call.name) + counter.count(call.raw_arguments)
                 )
             return total
         case ToolResult(content=content):

@@ -38,12 +38,17 @@ class ModelTurns:
             )
             run.note_elided(newly_elided)
             run.state.model_calls += 1
-            run.emit("model_request", {
-                "step": run.state.step, "attempt": retries + empty + 1,
-                "tool_choice": request.tool_choice, "synthesis": mode.reason,
-                "items": len(request.items),
-                "estimated_input_tokens": request.estimated_input_tokens,
-            })
+            run.emit(
+                "model_request",
+                {
+                    "step": run.state.step,
+                    "attempt": retries + empty + 1,
+                    "tool_choice": request.tool_choice,
+                    "synthesis": mode.reason,
+                    "items": len(request.items),
+                    "estimated_input_tokens": request.estimated_input_tokens,
+                },
+            )
             try:
                 response = await gateway.attempt(run.transport, request, run.remaining_time())
             except ProviderError as error:
@@ -58,23 +63,31 @@ class ModelTurns:
             if empty >= 2:
                 raise EmptyModelTurn(
                     "the model returned an empty turn (no text, no tool calls) twice in a row",
-                    step=run.state.step, details={"attempts": empty},
+                    step=run.state.step,
+                    details={"attempts": empty},
                 )
 
     async def _after_error(self, error: ProviderError, retries: int) -> None:
         run = self.run
         retry = error.retryable and retries <= self.policy.retries
         delay = self.policy.delay(retries, error.retry_after) if retry else None
-        run.emit("model_error", {
-            "step": run.state.step, "status": error.status, "retryable": error.retryable,
-            "message": error.message, "retry_in": delay,
-        })
+        run.emit(
+            "model_error",
+            {
+                "step": run.state.step,
+                "status": error.status,
+                "retryable": error.retryable,
+                "message": error.message,
+                "retry_in": delay,
+            },
+        )
         remaining = run.remaining_time()
         if remaining is not None and (remaining <= 0 or (delay or 0) >= remaining):
             raise DeadlineExceeded(
                 f"the run reached its deadline of {run.limits.deadline:g}s while the model was "
                 f"failing ({error.message})",
-                step=run.state.step, details={"deadline": run.limits.deadline},
+                step=run.state.step,
+                details={"deadline": run.limits.deadline},
             )
         if delay is None:
             what = "failed" if not error.retryable else f"kept failing after {retries} attempts"
@@ -87,16 +100,21 @@ class ModelTurns:
 
     def _record(self, response: ModelResponse) -> None:
         run = self.run
-        run.emit("model_response", {
-            "step": run.state.step,
-            "text": response.text,
-            "tool_calls": [
-                {"id": c.id, "name": c.name, "arguments": c.raw_arguments}
-                for c in response.tool_calls
-            ],
-            "usage": {"input_tokens": response.usage.input_tokens,
-                      "output_tokens": response.usage.output_tokens,
-                      "cached_input_tokens": response.usage.cached_input_tokens},
-            "stop_reason": response.stop_reason,
-            "empty": response.is_empty,
-        })
+        run.emit(
+            "model_response",
+            {
+                "step": run.state.step,
+                "text": response.text,
+                "tool_calls": [
+                    {"id": c.id, "name": c.name, "arguments": c.raw_arguments}
+                    for c in response.tool_calls
+                ],
+                "usage": {
+                    "input_tokens": response.usage.input_tokens,
+                    "output_tokens": response.usage.output_tokens,
+                    "cached_input_tokens": response.usage.cached_input_tokens,
+                },
+                "stop_reason": response.stop_reason,
+                "empty": response.is_empty,
+            },
+        )

@@ -1,0 +1,239 @@
+"""Running a batch of tool calls: errors become results, effects decide the concurrency.
+
+Every call in a batch gets exactly one `ExecutedCall`, returned in request order. Nothing a
+model or a tool does raises out of `ToolExecutor.run_batch`: arguments that are not JSON, a
+tool that does not exist, arguments that break the schema, a tool that raises and a tool that
+runs out of time are all answered with an error result the model can read and act on. Only
+`asyncio.CancelledError` propagates, because cancelling the run must stop the run.
+
+Concurrency follows the effects. The batch is cut, in request order, into segments:
+
+    read, read, observe | write | read, read | write | write
+
+Consecutive read_only and observation calls form one segment and run together
+(`asyncio.gather`); each side_effecting call is a segment of its own and runs alone, after
+everything before it has finished and before anything after it starts. So writes happen one at
+a time in the order the model asked for them, and a read placed after a write sees the write.
+Calls answered without running (bad JSON, unknown tool, invalid arguments) take no part.
+
+Each dispatched call gets ``min(tool.timeout, deadline - now)`` seconds; a call with no time
+left at all is not dispatched. Results longer than the size cap are shown truncated with a
+marker that names the full result's digest; the whole text travels in `ExecutedCall.full_content`
+so the run's store can keep it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import difflib
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+
+import pydantic
+
+from keel.errors import ConfigError
+from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
+from keel.tools.base import Effect, Tool, ToolArgumentError
+
+OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutedCall:
+    """One call of a batch and what became of it."""
+
+    call: ToolCall
+    result: ToolResult
+    """What the model will be shown (possibly truncated, possibly an error)."""
+    full_content: str | None
+    """The whole text when `result.content` was truncated, else None."""
+    duration_ms: float
+    """Wall time of the tool itself; 0 for calls answered without running."""
+    dispatched: bool
+    """False for calls answered without running: bad JSON, unknown tool, invalid args, no time."""
+    timed_out: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Ready:
+    """A call that passed every check and may run."""
+
+    index: int
+    call: ToolCall
+    tool: Tool
+    validated: pydantic.BaseModel
+
+
+@dataclass(frozen=True, slots=True)
+class _Outcome:
+    content: str
+    is_error: bool
+    duration_ms: float = 0.0
+    dispatched: bool = False
+    timed_out: bool = False
+
+
+class ToolExecutor:
+    """Validates and runs the model's tool calls against a fixed set of tools."""
+
+    def __init__(self, tools: Sequence[Tool], *, max_result_chars: int = 50_000) -> None:
+        if max_result_chars <= 0:
+            raise ConfigError("max_result_chars must be positive")
+        by_name: dict[str, Tool] = {}
+        for tool in tools:
+            if tool.name in by_name:
+                raise ConfigError(f"two tools are named {tool.name!r}; tool names must be unique")
+            by_name[tool.name] = tool
+        self._tools = by_name
+        self.max_result_chars = max_result_chars
+        self.definitions: tuple[ToolDefinition, ...] = tuple(t.definition() for t in tools)
+        """Computed once: part of the frozen prompt prefix, byte-identical on every turn."""
+
+    def get(self, name: str) -> Tool | None:
+        return self._tools.get(name)
+
+    async def run_batch(
+        self,
+        calls: Sequence[ToolCall],
+        *,
+        deadline: float | None = None,
+        on_dispatch: OnDispatch | None = None,
+    ) -> list[ExecutedCall]:
+        """Run one model turn's calls; `deadline` is an absolute event-loop time."""
+        outcomes: list[_Outcome | None] = [None] * len(calls)
+        segment: list[_Ready] = []
+
+        async def flush() -> None:
+            if not segment:
+                return
+            ready = list(segment)
+            segment.clear()
+            done = await asyncio.gather(*(self._run(r, deadline, on_dispatch) for r in ready))
+            for r, outcome in zip(ready, done, strict=True):
+                outcomes[r.index] = outcome
+
+        for index, call in enumerate(calls):
+            checked = self._check(index, call)
+            if isinstance(checked, _Outcome):
+                outcomes[index] = checked
+            elif checked.tool.effect is Effect.SIDE_EFFECTING:
+                await flush()
+                outcomes[index] = await self._run(checked, deadline, on_dispatch)
+            else:
+                segment.append(checked)
+        await flush()
+
+        executed: list[ExecutedCall] = []
+        for call, outcome in zip(calls, outcomes, strict=True):
+            assert outcome is not None
+            executed.append(self._finish(call, outcome))
+        return executed
+
+    def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
+        """Answer what can be answered without running the tool."""
+        if call.parse_error is not None:
+            return _Outcome(
+                f"Error: the arguments for {call.name} could not be read: {call.parse_error}. "
+                "Send the arguments again as one valid JSON object.",
+                is_error=True,
+            )
+        tool = self._tools.get(call.name)
+        if tool is None:
+            return _Outcome(self._unknown_tool_message(call.name), is_error=True)
+        try:
+            validated = tool.validate(call.arguments)
+        except ToolArgumentError as exc:
+            return _Outcome(
+                f"Error: {exc}. Fix the arguments to match the tool's schema and call again.",
+                is_error=True,
+            )
+        return _Ready(index, call, tool, validated)
+
+    def _unknown_tool_message(self, name: str) -> str:
+        if not self._tools:
+            return f"Error: there is no tool named {name!r}; no tools are available."
+        names = sorted(self._tools)
+        message = f"Error: there is no tool named {name!r}. Available tools: {', '.join(names)}."
+        close = difflib.get_close_matches(name, names, n=1)
+        if close:
+            message += f" Did you mean {close[0]!r}?"
+        return message
+
+    async def _run(
+        self, ready: _Ready, deadline: float | None, on_dispatch: OnDispatch | None
+    ) -> _Outcome:
+        tool, name = ready.tool, ready.call.name
+        loop = asyncio.get_running_loop()
+        if deadline is not None and deadline - loop.time() <= 0:
+            return _Outcome(
+                f"Error: {name} was not run: the run's deadline has passed.",
+                is_error=True,
+                timed_out=True,
+            )
+        if on_dispatch is not None:
+            await on_dispatch(ready.call, tool)
+        started = loop.time()
+        limit_at = started + tool.timeout
+        by_deadline = deadline is not None and deadline < limit_at
+        if deadline is not None:
+            limit_at = min(limit_at, deadline)
+        timer = asyncio.timeout_at(limit_at)
+        try:
+            async with timer:
+                content = await tool.invoke(ready.validated)
+        except TimeoutError as exc:
+            elapsed = loop.time() - started
+            if not timer.expired():
+                return _Outcome(_raised(name, exc), True, _ms(elapsed), dispatched=True)
+            why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
+            return _Outcome(
+                f"Error: {name} timed out after {elapsed:.1f}s ({why}) and was stopped. "
+                "Try a smaller request, or go on without this result.",
+                is_error=True,
+                duration_ms=_ms(elapsed),
+                dispatched=True,
+                timed_out=True,
+            )
+        except Exception as exc:
+            return _Outcome(_raised(name, exc), True, _ms(loop.time() - started), dispatched=True)
+        return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)
+
+    def _finish(self, call: ToolCall, outcome: _Outcome) -> ExecutedCall:
+        """Apply the size cap and build the result the model will see."""
+        full = outcome.content
+        digest = digest_text(full)
+        truncated = len(full) > self.max_result_chars
+        shown = full
+        if truncated:
+            shown = (
+                f"{full[: self.max_result_chars]}\n[truncated: showing {self.max_result_chars} "
+                f"of {len(full)} characters; full result sha256:{digest[:16]} kept in the "
+                "run's store]"
+            )
+        result = ToolResult(
+            call_id=call.id,
+            name=call.name,
+            call_key=call.key,
+            content=shown,
+            is_error=outcome.is_error,
+            size=len(full),
+            digest=digest,
+            truncated=truncated,
+        )
+        return ExecutedCall(
+            call=call,
+            result=result,
+            full_content=full if truncated else None,
+            duration_ms=outcome.duration_ms,
+            dispatched=outcome.dispatched,
+            timed_out=outcome.timed_out,
+        )
+
+
+def _raised(name: str, exc: BaseException) -> str:
+    detail = str(exc).strip() or "(no message)"
+    return f"Error: {name} failed: {type(exc).__name__}: {detail}"
+
+
+def _ms(seconds: float) -> float:
+    return seconds * 1000.0

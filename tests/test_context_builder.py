@@ -1,0 +1,122 @@
+"""SYSTEM.md "Context builder": pairs intact, counts cached, stable elision, controls last."""
+
+from __future__ import annotations
+
+import keel
+from keel.context import ContextBuilder
+from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage, digest_text
+from keel.tokens import EstimatingCounter
+from support import call, run_script
+
+
+class CountingCounter(EstimatingCounter):
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def count(self, text: str) -> int:
+        self.calls += 1
+        return super().count(text)
+
+
+def add_turn(builder: ContextBuilder, n: int, size: int) -> None:
+    c = ToolCall.from_arguments(f"call_{n}", "read", {"n": n})
+    builder.append(AssistantMessage(None, (c,)))
+    text = f"{n}:" + "w" * size
+    builder.append(ToolResult(c.id, c.name, c.key, text, size=len(text), digest=digest_text(text)))
+
+
+def test_frozen_prefix_is_identical_on_every_turn() -> None:
+    tools = (keel.ToolDefinition("read", "Read.", {"type": "object"}),)
+    builder = ContextBuilder("system text", tools, EstimatingCounter(), budget=10_000)
+    builder.append(UserMessage("q"))
+    first, _ = builder.build()
+    add_turn(builder, 1, 100)
+    second, _ = builder.build("none", ("control",))
+    assert first.system == second.system and first.tools == second.tools
+
+
+def test_token_counts_are_cached_per_item() -> None:
+    counter = CountingCounter()
+    builder = ContextBuilder("s", (), counter, budget=1_000_000)
+    builder.append(UserMessage("q"))
+    for n in range(50):
+        add_turn(builder, n, 100)
+    before = counter.calls
+    builder.build()
+    builder.build()
+    assert counter.calls == before  # building re-counts nothing
+    add_turn(builder, 50, 100)
+    assert counter.calls - before <= 4  # only the new items were counted
+
+
+def test_oldest_large_results_elided_first_and_stay_elided() -> None:
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=2_000)
+    builder.append(UserMessage("q"))
+    for n in range(6):
+        add_turn(builder, n, 2_000)
+    request, newly = builder.build()
+    assert [r.call_id for r in newly] == [f"call_{n}" for n in range(len(newly))]
+    assert 1 <= len(newly) < 6
+    assert request.estimated_input_tokens <= 2_000
+    results = [i for i in request.items if isinstance(i, ToolResult)]
+    assert [r.elided for r in results] == [True] * len(newly) + [False] * (6 - len(newly))
+    pointer = results[0]
+    assert "elided to save context" in pointer.content and "read" in pointer.content
+    assert pointer.digest[:16] in pointer.content and str(pointer.size) in pointer.content
+
+    again, newly_again = builder.build()
+    assert newly_again == [] and again.items == request.items
+    add_turn(builder, 6, 10)
+    later, _ = builder.build()
+    assert later.items[: len(request.items)] == request.items  # a stable prefix
+
+
+def test_latest_results_are_never_elided() -> None:
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=500)
+    builder.append(UserMessage("q"))
+    add_turn(builder, 0, 5_000)
+    request, newly = builder.build()
+    assert newly == []
+    assert not request.items[-1].elided  # type: ignore[union-attr]
+
+
+def test_volatile_controls_go_last_and_only_in_the_request() -> None:
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=10_000)
+    builder.append(UserMessage("q"))
+    with_control, _ = builder.build("none", ("say what is missing",))
+    without, _ = builder.build()
+    assert with_control.volatile == ("say what is missing",)
+    assert without.volatile == () and without.items == with_control.items
+    assert with_control.estimated_input_tokens > without.estimated_input_tokens
+
+
+def test_restored_elisions_are_shown_as_pointers() -> None:
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=100_000, elided={"call_1"})
+    builder.append(UserMessage("q"))
+    add_turn(builder, 1, 3_000)
+    add_turn(builder, 2, 10)
+    request, newly = builder.build()
+    assert newly == []
+    assert request.items[2].elided and not request.items[4].elided  # type: ignore[union-attr]
+
+
+@keel.tool
+def page(n: int) -> str:
+    """Read page n."""
+    return f"page {n} " + "lorem ipsum " * 800
+
+
+async def test_call_result_pairs_stay_intact_in_every_request() -> None:
+    turns = [call("page", n=i) for i in range(12)] + [{"text": "done"}]
+    out = await run_script({"turns": turns}, [page], context_tokens=4_000)
+    assert out.of_type("result_elided")
+    for request in out.requests:
+        open_calls: set[str] = set()
+        for item in request.items:
+            if isinstance(item, AssistantMessage):
+                assert not open_calls, "a call was left without its result"
+                open_calls = {c.id for c in item.tool_calls}
+            elif isinstance(item, ToolResult):
+                assert item.call_id in open_calls, "a result without its call"
+                open_calls.discard(item.call_id)
