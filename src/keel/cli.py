@@ -133,7 +133,7 @@ def _print_result(result: RunResult, as_json: bool) -> None:
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
         f"{result.usage.output_tokens} tokens",
         highlight=False,
-        markup=True,
+        soft_wrap=True,
     )
 
 

@@ -166,7 +166,10 @@ class RunLoop:
         if not response.tool_calls:
             self.state.answer = response.text
             self.state.synthesized = mode.reason
-            self.emit("run_completed", {"step": self.state.step, "synthesized": mode.reason})
+            self.emit(
+                "run_completed",
+                {"step": self.state.step, "answer": response.text, "synthesized": mode.reason},
+            )
             raise _Stop("completed")
         if mode.reason is not None:
             self._refuse_synthesis_tools(response, mode)

@@ -1,0 +1,5 @@
+"""`python -m keel` runs the command line."""
+
+from keel.cli import main
+
+main()
