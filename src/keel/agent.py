@@ -15,8 +15,9 @@ import platformdirs
 
 from keel.context import ContextBuilder
 from keel.limits import Limits
-from keel.loop import Listener, RunLoop
+from keel.loop import RunLoop
 from keel.models import resolve_model
+from keel.recorder import Listener
 from keel.result import RunResult
 from keel.store import Store
 from keel.tokens import EstimatingCounter, TokenCounter

@@ -14,10 +14,6 @@ The model-turn details (retries, empty turns) live in `turns.py`; this module de
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
 
 from keel.breaker import IdenticalCallBreaker
 from keel.context import ContextBuilder
@@ -28,62 +24,16 @@ from keel.messages import (
     ModelResponse,
     ToolCall,
     ToolResult,
-    Usage,
     UserMessage,
 )
+from keel.recorder import Listener, StepRecorder
 from keel.result import Failure, PendingApproval, RunResult, RunStatus
-from keel.store import Checkpoint, Store
+from keel.state import RunState, pending_dict
+from keel.store import Store
 from keel.synthesis import Mode, decide_mode
 from keel.tools.executor import ExecutedCall, ToolExecutor
 from keel.transports.base import Transport
 from keel.turns import ModelTurns
-
-Listener = Callable[[str, dict[str, Any]], None]
-
-
-@dataclass(slots=True)
-class RunState:
-    """The scalars of a run that a checkpoint saves; counters and elisions are saved apart."""
-
-    step: int = 0
-    model_calls: int = 0
-    tool_calls: int = 0
-    usage: Usage = field(default_factory=Usage)
-    status: RunStatus = "running"
-    answer: str | None = None
-    synthesized: str | None = None
-    failure: Failure | None = None
-    pending: tuple[PendingApproval, ...] = ()
-    next_seq: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "step": self.step,
-            "model_calls": self.model_calls,
-            "tool_calls": self.tool_calls,
-            "usage": [
-                self.usage.input_tokens,
-                self.usage.output_tokens,
-                self.usage.cached_input_tokens,
-            ],
-            "status": self.status,
-            "answer": self.answer,
-            "synthesized": self.synthesized,
-            "failure": None
-            if self.failure is None
-            else {
-                "kind": self.failure.kind,
-                "message": self.failure.message,
-                "step": self.failure.step,
-                "details": self.failure.details,
-            },
-            "pending": [_pending_dict(p) for p in self.pending],
-            "next_seq": self.next_seq,
-        }
-
-
-def _pending_dict(p: PendingApproval) -> dict[str, Any]:
-    return {"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "call_key": p.call_key}
 
 
 class _Stop(Exception):
@@ -114,16 +64,13 @@ class RunLoop:
         self.executor = executor
         self.limits = limits
         self.context = context
-        self.store = store
-        self.listeners = listeners
         self.state = RunState()
+        self.recorder = StepRecorder(run_id, store, self.state, listeners)
+        self.emit = self.recorder.emit
         self.breaker = IdenticalCallBreaker(limits.loop_threshold, limits.evidence_reset_cap)
         self.turns = ModelTurns(self)
         self.cancel_requested = False
         self._deadline_at: float | None = None
-        self._events: list[tuple[int, str, float, dict[str, Any]]] = []
-        self._elisions: list[tuple[str, int]] = []
-        self._blobs: list[tuple[str, str]] = []
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -131,21 +78,14 @@ class RunLoop:
         loop = asyncio.get_running_loop()
         if self.limits.deadline is not None:
             self._deadline_at = loop.time() + self.limits.deadline
-        if self.store is not None:
-            await self.store.create_run(
-                self.run_id,
-                self.question,
-                self.transport.name,
-                self.limits.to_dict(),
-                self.state.to_dict(),
-            )
+        await self.recorder.start(self.question, self.transport.name, self.limits.to_dict())
         self.emit("run_started", {"question": self.question, "model": self.transport.name})
         self.context.append(UserMessage(self.question))
         try:
             while True:
                 self.state.step += 1
                 await self._step()
-                await self._checkpoint()
+                await self.recorder.checkpoint(self.breaker.take_dirty())
         except _Stop as stop:
             self.state.status = stop.status
         except RunFailure as failure:
@@ -157,7 +97,7 @@ class RunLoop:
             task.uncancel()
             self.state.status = "cancelled"
             self.emit("run_cancelled", {"step": self.state.step})
-        await asyncio.shield(self._checkpoint())
+        await asyncio.shield(self.recorder.checkpoint(self.breaker.take_dirty()))
         return self.result()
 
     async def _step(self) -> None:
@@ -193,7 +133,7 @@ class RunLoop:
         if pending := self._needs_approval(calls):
             self.state.pending = pending
             for p in pending:
-                self.emit("approval_requested", {"step": self.state.step, **_pending_dict(p)})
+                self.emit("approval_requested", {"step": self.state.step, **pending_dict(p)})
             raise _Stop("awaiting_approval")
         await self._dispatch(calls)
 
@@ -304,41 +244,13 @@ class RunLoop:
         result = executed.result
         self.context.append(result)
         if executed.full_content is not None:
-            self._blobs.append((result.digest, executed.full_content))
-        self.emit(
-            "tool_result",
-            {
-                "step": self.state.step,
-                "call_id": result.call_id,
-                "call_key": result.call_key,
-                "name": result.name,
-                "is_error": result.is_error,
-                "content": result.content,
-                "size": result.size,
-                "digest": result.digest,
-                "truncated": result.truncated,
-                "duration_ms": round(executed.duration_ms, 3),
-            },
-        )
+            self.recorder.whole_text(result.digest, executed.full_content)
+        self.recorder.tool_result(result, executed.duration_ms)
 
     def _record_refused(self, call: ToolCall, message: str) -> None:
         result = ToolResult(call.id, call.name, call.key, message, is_error=True, size=len(message))
         self.context.append(result)
-        self.emit(
-            "tool_result",
-            {
-                "step": self.state.step,
-                "call_id": call.id,
-                "call_key": call.key,
-                "name": call.name,
-                "is_error": True,
-                "content": message,
-                "size": len(message),
-                "digest": "",
-                "truncated": False,
-                "duration_ms": 0.0,
-            },
-        )
+        self.recorder.tool_result(result)
 
     def _apply_evidence_resets(self, executed: list[ExecutedCall]) -> None:
         for item in executed:
@@ -352,47 +264,7 @@ class RunLoop:
                     {"step": self.state.step, "call_key": item.call.key, "resets": counter.resets},
                 )
 
-    # -- recording --------------------------------------------------------------------------
-
-    def emit(self, type_: str, data: dict[str, Any]) -> None:
-        """Record an event for the step's checkpoint and show it to listeners."""
-        self._events.append((self.state.next_seq, type_, time.time(), data))
-        self.state.next_seq += 1
-        for listener in self.listeners:
-            listener(type_, data)
-
-    def note_elided(self, results: list[ToolResult]) -> None:
-        for result in results:
-            self._elisions.append((result.call_id, self.state.step))
-            self.emit(
-                "result_elided",
-                {
-                    "step": self.state.step,
-                    "call_id": result.call_id,
-                    "call_key": result.call_key,
-                    "size": result.size,
-                    "digest": result.digest,
-                },
-            )
-
-    async def _checkpoint(self) -> None:
-        if self.store is None:
-            self._events.clear()
-            self._elisions.clear()
-            self._blobs.clear()
-            self.breaker.take_dirty()
-            return
-        checkpoint = Checkpoint(
-            run_id=self.run_id,
-            status=self.state.status,
-            state=self.state.to_dict(),
-            events=self._events,
-            counters=self.breaker.take_dirty(),
-            elisions=self._elisions,
-            blobs=self._blobs,
-        )
-        self._events, self._elisions, self._blobs = [], [], []
-        await self.store.save_step(checkpoint)
+    # -- endings ---------------------------------------------------------------------------
 
     def _fail(self, failure: RunFailure) -> None:
         self.state.status = "failed"
@@ -400,18 +272,7 @@ class RunLoop:
         self.emit("run_failed", failure.to_dict())
 
     def result(self) -> RunResult:
-        s = self.state
-        return RunResult(
-            run_id=self.run_id,
-            status=s.status,
-            answer=s.answer,
-            synthesized=s.synthesized,  # type: ignore[arg-type]
-            failure=s.failure,
-            model_calls=s.model_calls,
-            tool_calls=s.tool_calls,
-            usage=s.usage,
-            pending_approvals=s.pending,
-        )
+        return self.state.result(self.run_id)
 
     def remaining_time(self) -> float | None:
         if self._deadline_at is None:

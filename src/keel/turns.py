@@ -36,7 +36,7 @@ class ModelTurns:
             request, newly_elided = run.context.build(
                 "none" if mode.reason else None, mode.controls
             )
-            run.note_elided(newly_elided)
+            run.recorder.elided(newly_elided)
             run.state.model_calls += 1
             run.emit(
                 "model_request",
