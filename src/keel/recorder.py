@@ -13,7 +13,7 @@ from typing import Any
 from keel.breaker import KeyCounter
 from keel.messages import ToolResult
 from keel.state import RunState
-from keel.store import Checkpoint, Store
+from keel.store import Checkpoint, Event, Store
 
 Listener = Callable[[str, dict[str, Any]], None]
 
@@ -26,16 +26,21 @@ class StepRecorder:
         self.store = store
         self.state = state
         self.listeners = listeners
-        self._events: list[tuple[int, str, float, dict[str, Any]]] = []
+        self._events: list[Event] = []
         self._elisions: list[tuple[str, int]] = []
         self._blobs: list[tuple[str, str]] = []
 
-    def emit(self, type_: str, data: dict[str, Any]) -> None:
-        """Record an event for this step's checkpoint and show it to listeners."""
-        self._events.append((self.state.next_seq, type_, time.time(), data))
+    def emit(self, type_: str, data: dict[str, Any], body: str | None = None) -> None:
+        """Record an event for this step's checkpoint and show it to listeners.
+
+        `body`, a large text, is stored beside the event's JSON and shown as its "content".
+        """
+        self._events.append(Event(self.state.next_seq, type_, time.time(), data, body))
         self.state.next_seq += 1
-        for listener in self.listeners:
-            listener(type_, data)
+        if self.listeners:
+            shown = data if body is None else {**data, "content": body}
+            for listener in self.listeners:
+                listener(type_, shown)
 
     def tool_result(self, result: ToolResult, duration_ms: float = 0.0) -> None:
         self.emit(
@@ -46,12 +51,12 @@ class StepRecorder:
                 "call_key": result.call_key,
                 "name": result.name,
                 "is_error": result.is_error,
-                "content": result.content,
                 "size": result.size,
                 "digest": result.digest,
                 "truncated": result.truncated,
                 "duration_ms": round(duration_ms, 3),
             },
+            body=result.content,
         )
 
     def whole_text(self, digest: str, text: str) -> None:

@@ -7,13 +7,15 @@ one transaction that writes only what the step added, so a checkpoint costs the 
 as at turn 3. Several steps waiting at once (many concurrent runs) share one commit.
 
 `synchronous=NORMAL` with WAL survives a killed process (the case Keel guards against); a power
-cut may lose the last commits, never corrupt the file.
+cut may lose the last commits, never corrupt the file. WAL checkpoints (copying the log back
+into the database) run on a thread of their own, so no step waits for one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
 import threading
 import time
@@ -46,6 +48,7 @@ CREATE TABLE IF NOT EXISTS events (
     type TEXT NOT NULL,
     at REAL NOT NULL,
     data TEXT NOT NULL,
+    body TEXT,
     PRIMARY KEY (run_id, seq)
 );
 CREATE TABLE IF NOT EXISTS counters (
@@ -70,25 +73,13 @@ CREATE TABLE IF NOT EXISTS blobs (
 
 
 @dataclass(frozen=True, slots=True)
-class _Job:
-    fn: Callable[[sqlite3.Connection], Any]
-    write: bool
-    future: Future[Any]
-
-
-def _run_one(conn: sqlite3.Connection, job: _Job) -> None:
-    try:
-        if job.write:
-            conn.execute("BEGIN IMMEDIATE")
-        result = job.fn(conn)
-        if job.write:
-            conn.execute("COMMIT")
-    except Exception as exc:
-        if conn.in_transaction:
-            conn.execute("ROLLBACK")
-        job.future.set_exception(exc)
-    else:
-        job.future.set_result(result)
+class Event:
+    seq: int
+    type: str
+    at: float
+    data: dict[str, Any]
+    body: str | None = None
+    """A large text (a tool result) kept out of the JSON of `data`: cheaper to write."""
 
 
 @dataclass(slots=True)
@@ -98,8 +89,8 @@ class Checkpoint:
     run_id: str
     status: str
     state: dict[str, Any]
-    events: list[tuple[int, str, float, dict[str, Any]]] = field(default_factory=list)
-    """(seq, type, time, data) of the step's new events."""
+    events: list[Event] = field(default_factory=list)
+    """The step's new events."""
     counters: dict[str, KeyCounter] = field(default_factory=dict)
     elisions: list[tuple[str, int]] = field(default_factory=list)
     """(call_id, step) of results newly elided."""
@@ -133,20 +124,27 @@ class Store:
                 ) from exc
         self._jobs: SimpleQueue[_Job | None] = SimpleQueue()
         self._ready: Future[None] = Future()
+        self._checkpointer = None if self.path == ":memory:" else _Checkpointer(self)
         self._thread = threading.Thread(target=self._work, name="keel-store", daemon=True)
         self._thread.start()
         self._ready.result()
 
     # -- the worker thread -------------------------------------------------------------------
 
+    def _connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
     def _work(self) -> None:
         try:
-            conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+            conn = self._connect()
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            conn.execute("PRAGMA busy_timeout=10000")
             conn.executescript(_SCHEMA)
             conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
         except sqlite3.Error as exc:
             self._ready.set_exception(ConfigError(f"cannot open the store {self.path}: {exc}"))
             return
@@ -160,42 +158,28 @@ class Store:
                     break
                 batch.append(more)
             writes = [j for j in batch if j.write]
-            if len(writes) > 1:
-                self._group_commit(conn, writes)
-            elif writes:
-                _run_one(conn, writes[0])
+            if writes:
+                _commit(conn, writes)
+                if self._checkpointer is not None:
+                    self._checkpointer.nudge()
             for read in (j for j in batch if not j.write):
-                _run_one(conn, read)
+                _run(conn, [read], transaction=False)
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
 
-    @staticmethod
-    def _group_commit(conn: sqlite3.Connection, writes: list[_Job]) -> None:
-        """Steps that waited together share one commit; one bad step is then retried alone."""
-        try:
-            conn.execute("BEGIN IMMEDIATE")
-            results = [job.fn(conn) for job in writes]
-            conn.execute("COMMIT")
-        except Exception:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
-            for job in writes:
-                _run_one(conn, job)
-        else:
-            for job, result in zip(writes, results, strict=True):
-                job.future.set_result(result)
-
-    def _submit(self, fn: Callable[[sqlite3.Connection], Any], *, write: bool) -> Future[Any]:
+    def _submit(self, job: _Job) -> Future[Any]:
         if not self._thread.is_alive():
             raise RuntimeError("the store is closed")
-        job = _Job(fn, write, Future())
         self._jobs.put(job)
         return job.future
 
-    async def _write(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        return await asyncio.wrap_future(self._submit(fn, write=True))
+    async def _write(self, work: Callable[[sqlite3.Connection], Any] | Checkpoint) -> Any:
+        return await asyncio.wrap_future(self._submit(_Job(work, True, Future())))
 
     def _read(self, fn: Callable[[sqlite3.Connection], Any]) -> Any:
-        return self._submit(fn, write=False).result()
+        return self._submit(_Job(fn, False, Future())).result()
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -218,10 +202,7 @@ class Store:
         await self._write(write)
 
     async def save_step(self, checkpoint: Checkpoint) -> None:
-        def write(conn: sqlite3.Connection) -> None:
-            _write_checkpoint(conn, checkpoint)
-
-        await self._write(write)
+        await self._write(checkpoint)
 
     # -- reads -------------------------------------------------------------------------------
 
@@ -244,7 +225,8 @@ class Store:
 
         def read(conn: sqlite3.Connection) -> tuple[list[Any], set[str]]:
             rows = conn.execute(
-                "SELECT seq, type, at, data FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+                "SELECT seq, type, at, data, body FROM events WHERE run_id = ? ORDER BY seq",
+                (run_id,),
             ).fetchall()
             elided = {
                 r[0]
@@ -254,8 +236,10 @@ class Store:
 
         rows, elided = self._read(read)
         events = []
-        for seq, type_, at, data in rows:
+        for seq, type_, at, data, body in rows:
             event = {"seq": seq, "type": type_, "at": at, **json.loads(data)}
+            if body is not None:
+                event["content"] = body
             if type_ == "tool_result":
                 event["elided"] = event.get("call_id") in elided
             events.append(event)
@@ -289,30 +273,117 @@ def _record(row: Sequence[Any]) -> RunRecord:
     )
 
 
-def _dumps(value: Any) -> str:
-    return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+_encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
+_dumps = _encoder.encode
 
 
-def _write_checkpoint(conn: sqlite3.Connection, cp: Checkpoint) -> None:
+@dataclass(frozen=True, slots=True)
+class _Job:
+    work: Callable[[sqlite3.Connection], Any] | Checkpoint
+    write: bool
+    future: Future[Any]
+
+
+def _commit(conn: sqlite3.Connection, jobs: list[_Job]) -> None:
+    """Writes that queued together share one transaction; if it fails, each is tried alone so
+    a bad step fails only its own run."""
+    if len(jobs) > 1 and _run(conn, jobs, transaction=True, settle_errors=False):
+        return
+    for job in jobs:
+        _run(conn, [job], transaction=True)
+
+
+def _run(
+    conn: sqlite3.Connection, jobs: list[_Job], *, transaction: bool, settle_errors: bool = True
+) -> bool:
+    """Run jobs (in one transaction when asked); settle their futures. False if it failed and
+    the futures were left for the caller."""
+    try:
+        if transaction:
+            conn.execute("BEGIN IMMEDIATE")
+        checkpoints = [j.work for j in jobs if isinstance(j.work, Checkpoint)]
+        results = {id(j): j.work(conn) for j in jobs if not isinstance(j.work, Checkpoint)}
+        if checkpoints:
+            _write_checkpoints(conn, checkpoints)
+        if transaction:
+            conn.execute("COMMIT")
+    except Exception as exc:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        if not settle_errors:
+            return False
+        for job in jobs:
+            job.future.set_exception(exc)
+        return False
+    for job in jobs:
+        job.future.set_result(results.get(id(job)))
+    return True
+
+
+def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
+    """Every checkpoint of a group in one statement per table."""
     conn.executemany(
-        "INSERT INTO events (run_id, seq, type, at, data) VALUES (?, ?, ?, ?, ?)",
-        [(cp.run_id, seq, type_, at, _dumps(data)) for seq, type_, at, data in cp.events],
+        "INSERT INTO events (run_id, seq, type, at, data, body) VALUES (?, ?, ?, ?, ?, ?)",
+        [(cp.run_id, e.seq, e.type, e.at, _dumps(e.data), e.body) for cp in cps for e in cp.events],
     )
-    if cp.counters:
-        conn.executemany(
-            "INSERT INTO counters VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
-            " SET count = excluded.count, resets = excluded.resets,"
-            " last_digest = excluded.last_digest",
-            [(cp.run_id, key, c.count, c.resets, c.last_digest) for key, c in cp.counters.items()],
-        )
-    if cp.elisions:
-        conn.executemany(
-            "INSERT OR IGNORE INTO elisions VALUES (?, ?, ?)",
-            [(cp.run_id, call_id, step) for call_id, step in cp.elisions],
-        )
-    if cp.blobs:
-        conn.executemany("INSERT OR IGNORE INTO blobs VALUES (?, ?)", cp.blobs)
-    conn.execute(
+    conn.executemany(
+        "INSERT INTO counters VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
+        " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
+        [
+            (cp.run_id, key, c.count, c.resets, c.last_digest)
+            for cp in cps
+            for key, c in cp.counters.items()
+        ],
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO elisions VALUES (?, ?, ?)",
+        [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions],
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO blobs VALUES (?, ?)", [b for cp in cps for b in cp.blobs]
+    )
+    now = time.time()
+    conn.executemany(
         "UPDATE runs SET status = ?, state = ?, updated_at = ? WHERE run_id = ?",
-        (cp.status, _dumps(cp.state), time.time(), cp.run_id),
+        [(cp.status, _dumps(cp.state), now, cp.run_id) for cp in cps],
     )
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database from its own connection and thread, when the log
+    has grown, so commits never stall on it. PASSIVE: it never blocks the writer or readers."""
+
+    WAL_LIMIT = 4 * 1024 * 1024
+
+    def __init__(self, store: Store) -> None:
+        self.wal = store.path + "-wal"
+        self.store = store
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="keel-wal", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _work(self) -> None:
+        conn: sqlite3.Connection | None = None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                if os.path.getsize(self.wal) < self.WAL_LIMIT:
+                    continue
+                conn = conn or self.store._connect()
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except (OSError, sqlite3.Error):
+                continue  # the writer's TRUNCATE on close still brings the log home
+        if conn is not None:
+            conn.close()
