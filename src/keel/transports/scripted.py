@@ -282,6 +282,15 @@ class ScriptedTransport:
             raise ConfigError("construct the ScriptedTransport with record=True to keep requests")
         return self._requests
 
+    def snapshot(self) -> dict[str, int]:
+        """Where the script stands, saved with each step so a resumed run continues here."""
+        return {"consumed": self._consumed, "ids": self._ids}
+
+    def restore(self, snapshot: dict[str, Any]) -> None:
+        """Continue a resumed run where its script stood (a new process reads the file anew)."""
+        self._consumed = int(snapshot.get("consumed", 0))
+        self._ids = int(snapshot.get("ids", 0))
+
     def assert_consumed(self) -> None:
         """Fail (AssertionError) if any turn was left unused: the agent stopped early."""
         left = self._answers[self._consumed :]

@@ -1,0 +1,323 @@
+"""Anthropic Messages API: ``tool_use`` / ``tool_result`` blocks, ``tool_choice {"type": "none"}``.
+
+The mapping is pure and tested offline (STYLE.md point 5): `to_wire` turns a ModelRequest into
+the request body, `from_wire` and `map_usage` read the response body, `map_error` turns an SDK
+exception into a ProviderError. `AnthropicTransport.request` is the thin shell around one
+``messages.create`` call; the SDK never retries (``max_retries=0``), the gateway does.
+
+Round-tripped vendor data: ``provider_details["anthropic_thinking"]`` holds the response's
+``thinking`` / ``redacted_thinking`` blocks exactly as received (signatures included). The API
+requires them back, unchanged and before the ``tool_use`` blocks, when a thinking turn that
+called tools is replayed.
+
+The SDK (anthropic 2.x) is built on ``httpx2`` and refuses ``httpx`` objects, while Keel and its
+tests inject ``httpx.AsyncClient``; `_HttpxBridge` carries each request across unchanged.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from collections.abc import Iterable, Mapping
+from email.utils import parsedate_to_datetime
+from typing import Any
+
+import anthropic
+import httpx
+import httpx2
+from anthropic.types import Message as SdkMessage
+
+from keel.errors import ConfigError, ProviderError
+from keel.messages import (
+    AssistantMessage,
+    Item,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolResult,
+    Usage,
+)
+
+THINKING_KEY = "anthropic_thinking"
+"""The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
+_OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+_RETRYABLE_STATUSES = frozenset({408, 409, 429, 529})
+"""Plus every status >= 500: timeouts, conflicts, rate limits and overload pass with time."""
+
+Block = dict[str, Any]
+Turn = dict[str, Any]
+
+
+# --- to the wire -----------------------------------------------------------------------------
+
+
+def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, Any]:
+    """The Messages API body for `request`: system apart, roles alternating, controls last."""
+    body: dict[str, Any] = {
+        "model": model,
+        "max_tokens": max_tokens,
+        "messages": _messages(request.items, request.volatile),
+    }
+    if request.system:
+        body["system"] = request.system
+    if request.tools:
+        # Kept in synthesis turns too: the replayed tool_use blocks must name declared tools.
+        body["tools"] = [
+            {"name": t.name, "description": t.description, "input_schema": t.parameters}
+            for t in request.tools
+        ]
+        if request.tool_choice == "none":
+            # Without tools the model cannot call one anyway, so "none" needs no key then.
+            body["tool_choice"] = {"type": "none"}
+    return body
+
+
+def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[Turn]:
+    """Turns in history order. An assistant turn with nothing to send (no text, no calls) is
+    left out: the API accepts no empty message, and the merge keeps the roles alternating."""
+    messages: list[Turn] = []
+    for item in items:
+        if isinstance(item, AssistantMessage):
+            _append(messages, "assistant", _assistant_blocks(item))
+        elif isinstance(item, ToolResult):
+            _append(messages, "user", [_tool_result_block(item)])
+        else:
+            _append(messages, "user", [{"type": "text", "text": item.text}])
+    for message in messages:
+        if message["role"] == "user":
+            # The API wants a turn's tool_result blocks before any text in the same message.
+            message["content"].sort(key=lambda block: block["type"] != "tool_result")
+    _append(messages, "user", [{"type": "text", "text": text} for text in volatile])
+    return messages
+
+
+def _append(messages: list[Turn], role: str, blocks: list[Block]) -> None:
+    """Add `blocks` as a `role` turn, merged into the previous turn if it has the same role:
+    the API rejects two user (or two assistant) messages in a row."""
+    if not blocks:
+        return
+    if messages and messages[-1]["role"] == role:
+        messages[-1]["content"].extend(blocks)
+    else:
+        messages.append({"role": role, "content": blocks})
+
+
+def _assistant_blocks(message: AssistantMessage) -> list[Block]:
+    blocks: list[Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
+    if message.text and message.text.strip():
+        blocks.append({"type": "text", "text": message.text})
+    blocks.extend(_tool_use_block(call) for call in message.tool_calls)
+    return blocks
+
+
+def _tool_use_block(call: ToolCall) -> Block:
+    # Unparseable (or non-object) arguments go out as {} under the same id, so the call still
+    # pairs with its error result and the history stays valid.
+    arguments = call.arguments if call.parse_error is None else None
+    payload = arguments if isinstance(arguments, dict) else {}
+    return {"type": "tool_use", "id": call.id, "name": call.name, "input": payload}
+
+
+def _tool_result_block(result: ToolResult) -> Block:
+    block: Block = {"type": "tool_result", "tool_use_id": result.call_id, "content": result.content}
+    if result.is_error:
+        block["is_error"] = True
+    return block
+
+
+# --- from the wire ---------------------------------------------------------------------------
+
+
+def from_wire(data: Mapping[str, Any]) -> ModelResponse:
+    """A Messages API response body (a ``message`` object) as a ModelResponse."""
+    texts: list[str] = []
+    calls: list[ToolCall] = []
+    opaque: list[Block] = []
+    for block in data.get("content") or ():
+        kind = block.get("type")
+        if kind == "text":
+            texts.append(block.get("text") or "")
+        elif kind == "tool_use":
+            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
+            calls.append(ToolCall.from_raw(block["id"], block["name"], arguments))
+        elif kind in _OPAQUE_BLOCKS:
+            opaque.append(dict(block))
+    return ModelResponse(
+        text="".join(texts) if texts else None,
+        tool_calls=tuple(calls),
+        usage=map_usage(data.get("usage")),
+        stop_reason=data.get("stop_reason"),
+        provider_details={THINKING_KEY: opaque} if opaque else {},
+    )
+
+
+def map_usage(usage: Mapping[str, Any] | None) -> Usage:
+    """Anthropic counts cache reads and writes apart from ``input_tokens``; Keel's input count
+    is the whole prompt, so the three are summed. Missing or null fields count as 0."""
+    usage = usage or {}
+    read = usage.get("cache_read_input_tokens") or 0
+    created = usage.get("cache_creation_input_tokens") or 0
+    return Usage(
+        input_tokens=(usage.get("input_tokens") or 0) + read + created,
+        output_tokens=usage.get("output_tokens") or 0,
+        cached_input_tokens=read,
+    )
+
+
+# --- errors ----------------------------------------------------------------------------------
+
+
+def map_error(
+    exc: anthropic.AnthropicError, *, now: float | None = None, secret: str | None = None
+) -> ProviderError:
+    """The one place SDK exceptions become ProviderErrors. `secret` (the API key) is scrubbed
+    from the message in case a proxy echoes it; `now` is for Retry-After dates."""
+    if isinstance(exc, anthropic.APIStatusError):
+        status = exc.status_code
+        kind = exc.type or "error"
+        detail = exc.api_message or _short(exc.body) or exc.message
+        message = f"anthropic: HTTP {status} {kind}: {detail}"
+        if exc.request_id:
+            message += f" (request-id {exc.request_id})"
+        error = ProviderError(
+            _scrub(message, secret),
+            status=status,
+            retryable=status in _RETRYABLE_STATUSES or status >= 500,
+            retry_after=retry_after(exc.response.headers, time.time() if now is None else now),
+        )
+    elif isinstance(exc, anthropic.APITimeoutError):
+        error = ProviderError(f"anthropic: request timed out: {_root_cause(exc)}", retryable=True)
+    elif isinstance(exc, anthropic.APIConnectionError):
+        message = f"anthropic: connection failed: {_root_cause(exc)}"
+        error = ProviderError(_scrub(message, secret), retryable=True)
+    else:  # a response that did not match the schema, missing credentials, another SDK failure
+        error = ProviderError(_scrub(f"anthropic: {exc}", secret), retryable=False)
+    return error
+
+
+def retry_after(headers: Mapping[str, str], now: float) -> float | None:
+    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
+    millis = _number(headers.get("retry-after-ms"))
+    if millis is not None:
+        return millis / 1000
+    value = headers.get("retry-after")
+    seconds = _number(value)
+    if seconds is not None or not value:
+        return seconds
+    try:
+        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
+    except (TypeError, ValueError):
+        return None
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        value = float(text) if text else math.nan
+    except ValueError:
+        return None
+    return value if math.isfinite(value) and value >= 0 else None
+
+
+def _short(body: object) -> str:
+    return body.strip()[:300] if isinstance(body, str) else ""
+
+
+def _root_cause(exc: BaseException) -> str:
+    while exc.__cause__ is not None:
+        exc = exc.__cause__
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _scrub(message: str, secret: str | None) -> str:
+    return message.replace(secret, "[redacted]") if secret else message
+
+
+# --- the shell -------------------------------------------------------------------------------
+
+
+class _HttpxBridge(httpx2.AsyncBaseTransport):
+    """Sends the SDK's httpx2 requests through an injected httpx client, unchanged.
+
+    The SDK's per-request timeout travels along (httpx's 5 s default would cut long answers
+    short); the client's other settings apply. Bodies arrive decoded, so the encoding headers
+    are dropped rather than have httpx2 decode them twice."""
+
+    _DROPPED = frozenset({"content-encoding", "content-length", "transfer-encoding"})
+
+    def __init__(self, client: httpx.AsyncClient) -> None:
+        self._client = client
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        outgoing = self._client.build_request(
+            request.method,
+            str(request.url),
+            headers=request.headers.multi_items(),
+            content=await request.aread(),
+            extensions={k: v for k, v in request.extensions.items() if k == "timeout"},
+        )
+        try:
+            response = await self._client.send(outgoing)
+        except httpx.TimeoutException as exc:  # the SDK reports httpx2 timeouts as timeouts
+            raise httpx2.TimeoutException(str(exc), request=request) from exc
+        except httpx.HTTPError as exc:
+            raise httpx2.TransportError(str(exc), request=request) from exc
+        headers = [(k, v) for k, v in response.headers.multi_items() if k not in self._DROPPED]
+        return httpx2.Response(
+            response.status_code, headers=headers, content=response.content, request=request
+        )
+
+
+class AnthropicTransport:
+    """One Messages API call per `request`, through the official SDK (no SDK retries).
+
+    Pass either a ready `client` or the parts to build one: `http_client` (httpx or httpx2),
+    `base_url` and `api_key` (default: ``ANTHROPIC_API_KEY``). The key is handed to the SDK
+    and kept nowhere else."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: anthropic.AsyncAnthropic | None = None,
+        http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int = 4096,
+    ) -> None:
+        if not model:
+            raise ConfigError("AnthropicTransport needs a model name, e.g. 'claude-sonnet-4-6'")
+        if max_tokens < 1:
+            raise ConfigError(f"max_tokens must be at least 1, not {max_tokens}")
+        if client is not None:
+            if http_client is not None or base_url is not None or api_key is not None:
+                raise ConfigError("pass either client or http_client/base_url/api_key, not both")
+            self._client = client.with_options(max_retries=0)
+        else:
+            key = api_key or os.environ.get("ANTHROPIC_API_KEY")
+            if not key:
+                raise ConfigError(
+                    "the Anthropic transport needs an API key: set ANTHROPIC_API_KEY "
+                    "or pass api_key"
+                )
+            if isinstance(http_client, httpx.AsyncClient):
+                http_client = httpx2.AsyncClient(transport=_HttpxBridge(http_client))
+            self._client = anthropic.AsyncAnthropic(
+                api_key=key, base_url=base_url, http_client=http_client, max_retries=0
+            )
+        self.model = model
+        self.max_tokens = max_tokens
+        self.name = f"anthropic:{model}"
+
+    def __repr__(self) -> str:
+        return f"AnthropicTransport(model={self.model!r})"
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        body = to_wire(request, model=self.model, max_tokens=self.max_tokens)
+        try:
+            message: SdkMessage = await self._client.messages.create(**body)
+        except anthropic.AnthropicError as exc:
+            # `from None`: the SDK exception holds the request, and its headers hold the key.
+            raise map_error(exc, secret=self._client.api_key) from None
+        return from_wire(message.to_dict(mode="json"))

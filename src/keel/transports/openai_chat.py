@@ -1,0 +1,192 @@
+"""OpenAI Chat Completions (``POST /v1/chat/completions``) as a Keel transport.
+
+The same wire protocol is spoken by many servers besides OpenAI's (llama.cpp, vLLM, Ollama,
+hosted gateways), so the mapping asks little of the server and forgives a lot in its answers:
+
+- A request without tools sends neither ``tools`` nor ``tool_choice``: the XML fallback sends
+  tool-less requests through this transport, and servers reject ``tool_choice`` without tools.
+- ``tool_choice`` is otherwise left out unless the request says "none" (ADR-0136).
+- The system prompt is the first message; volatile controls are appended last, one user message
+  each, after the history.
+- Assistant turns replay with ``content`` (null when the turn had no text) and ``tool_calls``;
+  results replay as ``tool`` messages paired by ``tool_call_id``. Error results have no wire
+  flag, so their text is marked (see `_openai_common.ERROR_MARKER`).
+- The output limit goes out as ``max_completion_tokens`` to OpenAI (its newer models refuse
+  ``max_tokens``) and as ``max_tokens`` to any other server, which all understand that one.
+- In answers: missing ``usage`` or ``prompt_tokens_details`` count as zero, a missing call id is
+  made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
+  list of text parts is joined.
+
+`to_wire` and `from_wire` are pure; `request` is a thin shell around one SDK call.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+import httpx
+import openai
+
+from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
+from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
+
+OPENAI_HOST = "api.openai.com"
+
+
+class OpenAIChatTransport:
+    """Speaks Chat Completions through the ``openai`` SDK; one attempt per call."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_tokens: int | None = None,
+    ) -> None:
+        """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
+        SDK's own retries off. Without `base_url` the key defaults to OPENAI_API_KEY
+        (ConfigError when missing); with one, a server that needs no key works without one."""
+        self.name = f"openai-chat:{model}"
+        self.model = model
+        self.max_tokens = max_tokens
+        self._client = build_client(
+            client=client, http_client=http_client, base_url=base_url, api_key=api_key
+        )
+        self._limit_field = (
+            "max_completion_tokens" if self._client.base_url.host == OPENAI_HOST else "max_tokens"
+        )
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        body = to_wire(
+            request, model=self.model, max_tokens=self.max_tokens, limit_field=self._limit_field
+        )
+        try:
+            raw = await self._client.chat.completions.with_raw_response.create(**body)
+        except openai.OpenAIError as exc:
+            raise map_error(exc, secret=self._client.api_key) from exc
+        return from_wire(decode_body(raw.text))
+
+
+# --- to the wire ------------------------------------------------------------------------------
+
+
+def to_wire(
+    request: ModelRequest,
+    *,
+    model: str,
+    max_tokens: int | None = None,
+    limit_field: str = "max_tokens",
+) -> dict[str, Any]:
+    """The JSON body for ``POST /v1/chat/completions``."""
+    messages: list[dict[str, Any]] = []
+    if request.system:
+        messages.append({"role": "system", "content": request.system})
+    messages.extend(_messages(request.items))
+    messages.extend({"role": "user", "content": text} for text in request.volatile)
+    body: dict[str, Any] = {"model": model, "messages": messages}
+    if request.tools:
+        body["tools"] = [
+            {
+                "type": "function",
+                "function": {
+                    "name": tool.name,
+                    "description": tool.description,
+                    "parameters": tool.parameters,
+                },
+            }
+            for tool in request.tools
+        ]
+        if request.tool_choice == "none":
+            body["tool_choice"] = "none"
+    if max_tokens is not None:
+        body[limit_field] = max_tokens
+    return body
+
+
+def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if item.kind == "user":
+            out.append({"role": "user", "content": item.text})
+        elif item.kind == "assistant":
+            message: dict[str, Any] = {"role": "assistant", "content": item.text}
+            if item.tool_calls:
+                message["tool_calls"] = [
+                    {
+                        "id": call.id,
+                        "type": "function",
+                        "function": {"name": call.name, "arguments": call.raw_arguments},
+                    }
+                    for call in item.tool_calls
+                ]
+            elif item.text is None:
+                message["content"] = ""  # neither text nor calls: null alone is rejected
+            out.append(message)
+        else:
+            out.append(
+                {"role": "tool", "tool_call_id": item.call_id, "content": tool_output_text(item)}
+            )
+    return out
+
+
+# --- from the wire ----------------------------------------------------------------------------
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
+def from_wire(
+    data: Mapping[str, Any], *, new_id: Callable[[], str] = _new_call_id
+) -> ModelResponse:
+    """A ``chat.completion`` object as a ModelResponse, from its first choice.
+
+    `new_id` names calls a server sent without an id: results are paired by id, so every call
+    needs one that is unique in the run. A refusal stands in for missing text.
+    """
+    choices = data.get("choices") or ()
+    choice: Mapping[str, Any] = choices[0] if choices else {}
+    message: Mapping[str, Any] = choice.get("message") or {}
+    calls = tuple(
+        _call(raw, new_id)
+        for raw in message.get("tool_calls") or ()
+        if raw.get("type", "function") == "function"
+    )
+    return ModelResponse(
+        text=_content(message.get("content")) or message.get("refusal") or None,
+        tool_calls=calls,
+        usage=usage(data.get("usage")),
+        stop_reason=choice.get("finish_reason"),
+    )
+
+
+def _content(content: Any) -> str | None:
+    if isinstance(content, list):
+        return "".join(part.get("text") or "" for part in content if isinstance(part, Mapping))
+    return content if isinstance(content, str) else None
+
+
+def _call(raw: Mapping[str, Any], new_id: Callable[[], str]) -> ToolCall:
+    function = raw.get("function") or {}
+    arguments = function.get("arguments")
+    if not isinstance(arguments, str):
+        arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
+    return ToolCall.from_raw(raw.get("id") or new_id(), function.get("name") or "", arguments)
+
+
+def usage(data: Mapping[str, Any] | None) -> Usage:
+    """Chat usage; compatible servers may leave out the block or its details: zero, then."""
+    if not data:
+        return Usage()
+    details = data.get("prompt_tokens_details") or {}
+    return Usage(
+        input_tokens=data.get("prompt_tokens") or 0,
+        output_tokens=data.get("completion_tokens") or 0,
+        cached_input_tokens=details.get("cached_tokens") or 0,
+    )

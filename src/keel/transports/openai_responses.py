@@ -1,0 +1,249 @@
+"""The OpenAI Responses API (``POST /v1/responses``) as a Keel transport.
+
+Wire mapping, both ways, in pure functions (`to_wire`, `from_wire`); `request` is a thin shell
+around one SDK call. The choices that are not obvious from the API reference:
+
+- ``store: false`` on every request. Keel keeps its own history and replays it in full, so a
+  run never depends on server-side state (``previous_response_id``), and a resumed run on
+  another machine sends exactly what the first would have.
+- Because nothing is stored, item ids (``msg_...``, ``fc_...``, ``rs_...``) cannot be resolved
+  by the server and are not sent back: assistant text replays as an assistant-role message,
+  calls as ``function_call`` items keyed by ``call_id``. Reasoning items are the exception:
+  they replay whole, but only when they carry ``encrypted_content`` (a bare ``rs_`` id fails
+  with "Items are not persisted when store is set to false"). The API returns that content by
+  default (SDK 3.57 documents it so); ``include: ["reasoning.encrypted_content"]`` is not sent,
+  because models without reasoning reject it with a 400.
+- Function tools are sent with ``strict: false``: the Responses API defaults to strict mode,
+  which would reject ordinary schemas (optional properties, no ``additionalProperties``).
+- ``tool_choice`` is left out unless the request says "none" (ADR-0136: None keeps the
+  provider's default); with no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+- Volatile controls are appended last, one user-role message each, after the history.
+- Error tool results have no wire flag; their text is marked (see `_openai_common`).
+
+Round-trip data: `from_wire` puts the response's output layout in
+``provider_details["openai_responses"] = {"output": [...]}``, in output order, where each entry
+is a reasoning item exactly as returned, ``{"type": "message", "phase": ...}`` marking where the
+text stood (and its phase, which newer models want back), or ``{"type": "function_call",
+"call_id": ...}`` marking a call. `to_wire` replays an assistant turn in that order, taking the
+text and the calls from the AssistantMessage itself, so Keel's own fields stay authoritative.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import httpx
+import openai
+
+from keel.errors import ProviderError
+from keel.messages import (
+    AssistantMessage,
+    Item,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolDefinition,
+    Usage,
+)
+from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
+
+PROVIDER_KEY = "openai_responses"
+"""The `provider_details` key this transport reads and writes; see the module docstring."""
+
+_RETRYABLE_FAILURES = frozenset({"server_error", "rate_limit_exceeded"})
+"""Codes of a response that came back with ``status: "failed"`` that a retry may fix."""
+
+
+class OpenAIResponsesTransport:
+    """Speaks the Responses API through the ``openai`` SDK; one attempt per call."""
+
+    def __init__(
+        self,
+        model: str,
+        *,
+        client: openai.AsyncOpenAI | None = None,
+        http_client: httpx.AsyncClient | None = None,
+        base_url: str | None = None,
+        api_key: str | None = None,
+        max_output_tokens: int | None = None,
+    ) -> None:
+        """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
+        SDK's own retries off. The key defaults to OPENAI_API_KEY (ConfigError when missing)."""
+        self.name = f"openai:{model}"
+        self.model = model
+        self.max_output_tokens = max_output_tokens
+        self._client = build_client(
+            client=client, http_client=http_client, base_url=base_url, api_key=api_key
+        )
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        body = to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)
+        try:
+            raw = await self._client.responses.with_raw_response.create(**body)
+        except openai.OpenAIError as exc:
+            raise map_error(exc, secret=self._client.api_key) from exc
+        return from_wire(decode_body(raw.text))
+
+
+# --- to the wire ------------------------------------------------------------------------------
+
+
+def to_wire(
+    request: ModelRequest, *, model: str, max_output_tokens: int | None = None
+) -> dict[str, Any]:
+    """The JSON body for ``POST /v1/responses``. The frozen prefix (instructions, tools) comes
+    first and is built the same way every turn, so it serialises byte-identically."""
+    body: dict[str, Any] = {"model": model}
+    if request.system:
+        body["instructions"] = request.system
+    if request.tools:
+        body["tools"] = [_tool(tool) for tool in request.tools]
+        if request.tool_choice == "none":
+            body["tool_choice"] = "none"
+    body["input"] = [*_input(request.items), *(_user(text) for text in request.volatile)]
+    body["store"] = False
+    if max_output_tokens is not None:
+        body["max_output_tokens"] = max_output_tokens
+    return body
+
+
+def _tool(tool: ToolDefinition) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "name": tool.name,
+        "description": tool.description,
+        "parameters": tool.parameters,
+        "strict": False,
+    }
+
+
+def _user(text: str) -> dict[str, Any]:
+    return {"type": "message", "role": "user", "content": text}
+
+
+def _input(items: Iterable[Item]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for item in items:
+        if item.kind == "user":
+            out.append(_user(item.text))
+        elif item.kind == "assistant":
+            out.extend(_assistant(item))
+        else:
+            out.append(
+                {
+                    "type": "function_call_output",
+                    "call_id": item.call_id,
+                    "output": tool_output_text(item),
+                }
+            )
+    return out
+
+
+def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
+    """One assistant turn as input items, in the order the model produced them."""
+    details = message.provider_details.get(PROVIDER_KEY)
+    layout: list[Any] = details.get("output", []) if isinstance(details, Mapping) else []
+    calls = {call.id: call for call in message.tool_calls}
+    out: list[dict[str, Any]] = []
+    text_sent = False
+    for entry in layout:
+        kind = entry.get("type") if isinstance(entry, Mapping) else None
+        if kind == "reasoning" and entry.get("encrypted_content"):
+            out.append(dict(entry))
+        elif kind == "message" and not text_sent and message.text:
+            out.append(_assistant_text(message.text, entry.get("phase")))
+            text_sent = True
+        elif kind == "function_call" and (call := calls.pop(entry.get("call_id"), None)):
+            out.append(_function_call(call))
+    if message.text and not text_sent:
+        out.insert(0, _assistant_text(message.text, None))
+    out.extend(_function_call(call) for call in calls.values())
+    return out
+
+
+def _assistant_text(text: str, phase: Any) -> dict[str, Any]:
+    item: dict[str, Any] = {"type": "message", "role": "assistant", "content": text}
+    if phase:
+        item["phase"] = phase
+    return item
+
+
+def _function_call(call: ToolCall) -> dict[str, Any]:
+    return {
+        "type": "function_call",
+        "call_id": call.id,
+        "name": call.name,
+        "arguments": call.raw_arguments,
+    }
+
+
+# --- from the wire ----------------------------------------------------------------------------
+
+
+def from_wire(data: Mapping[str, Any]) -> ModelResponse:
+    """A Responses API ``response`` object as a ModelResponse.
+
+    Text is every ``output_text`` part of every message, concatenated (a refusal stands in when
+    there is no text, so it reaches the user instead of looking like an empty turn). Hosted-tool
+    items, which Keel never asks for, are ignored.
+    """
+    status = data.get("status")
+    if status == "failed":
+        raise _failed(data.get("error"))
+    texts: list[str] = []
+    refusals: list[str] = []
+    calls: list[ToolCall] = []
+    layout: list[dict[str, Any]] = []
+    for item in data.get("output") or ():
+        kind = item.get("type")
+        if kind == "message":
+            for part in item.get("content") or ():
+                if part.get("type") == "output_text":
+                    texts.append(part.get("text") or "")
+                elif part.get("type") == "refusal":
+                    refusals.append(part.get("refusal") or "")
+            layout.append({"type": "message", "phase": item.get("phase")})
+        elif kind == "function_call":
+            call = ToolCall.from_raw(
+                item.get("call_id") or item.get("id") or "",
+                item.get("name") or "",
+                item.get("arguments") or "",
+            )
+            calls.append(call)
+            layout.append({"type": "function_call", "call_id": call.id})
+        elif kind == "reasoning":
+            layout.append(dict(item))
+    text = "".join(texts) or "".join(refusals) or None
+    incomplete = data.get("incomplete_details") or {}
+    stop = incomplete.get("reason") if status == "incomplete" else status
+    return ModelResponse(
+        text=text,
+        tool_calls=tuple(calls),
+        usage=usage(data.get("usage")),
+        stop_reason=stop or status,
+        provider_details={PROVIDER_KEY: {"output": layout}} if layout else {},
+    )
+
+
+def usage(data: Mapping[str, Any] | None) -> Usage:
+    """Responses usage; absent fields count as zero."""
+    if not data:
+        return Usage()
+    details = data.get("input_tokens_details") or {}
+    return Usage(
+        input_tokens=data.get("input_tokens") or 0,
+        output_tokens=data.get("output_tokens") or 0,
+        cached_input_tokens=details.get("cached_tokens") or 0,
+    )
+
+
+def _failed(error: Mapping[str, Any] | None) -> ProviderError:
+    """A 200 whose response says ``status: "failed"``: an error like any other."""
+    error = error or {}
+    code = error.get("code")
+    message = error.get("message") or "the response failed without a message"
+    return ProviderError(
+        f"OpenAI API: response failed ({code}): {message}",
+        retryable=code in _RETRYABLE_FAILURES,
+    )

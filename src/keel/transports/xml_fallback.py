@@ -1,0 +1,194 @@
+"""Tool use for any text-only chat model: the tools are described in words, calls come back as text.
+
+`XmlFallbackTransport` wraps another transport (Chat Completions against a small local model, a
+server without native tool calling) and never sends it a tool. Instead:
+
+* the system text gains `TOOL_INSTRUCTION` and the tools' JSON Schemas, so the model knows to
+  write ``<call name="TOOL">{...}</call>``. The tag is deliberately not ``<tool_call>``: Qwen
+  models emit that as a special token, which servers strip from the text;
+* prior calls and results replay as text: an assistant turn's calls become the very blocks the
+  model was told to write, and each run of results becomes one user message of
+  ``<result name=".." id="..">`` blocks;
+* the inner transport's answer is parsed by `keel.transports.xml_parse.parse_calls`, which turns
+  every block, even a broken one, into a `ToolCall` the executor can answer.
+
+In a synthesis turn (``tool_choice="none"``, ADR-0136) the instruction and schemas are left out, so
+nothing invites a call; the history still replays as text. The mapping both ways is pure
+(`to_text_request`, `from_text_response`); the transport is a thin shell around the inner one, and
+a `ProviderError` from it passes through unchanged.
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Callable, Iterable
+
+from keel.messages import (
+    AssistantMessage,
+    Item,
+    ModelRequest,
+    ModelResponse,
+    ToolCall,
+    ToolDefinition,
+    ToolResult,
+    UserMessage,
+)
+from keel.transports.base import Transport
+from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
+
+__all__ = [
+    "TOOL_INSTRUCTION",
+    "UNNAMED_CALL",
+    "ParsedText",
+    "XmlFallbackTransport",
+    "call_block",
+    "from_text_response",
+    "parse_calls",
+    "result_block",
+    "to_text_request",
+    "tool_prompt",
+]
+
+TOOL_INSTRUCTION = """\
+# Tools
+
+You can use the tools listed below. To call a tool, write a call block: the tool's name in \
+the name attribute, and its arguments inside as one JSON object. For example:
+
+<call name="get_weather">{"city": "Paris"}</call>
+
+Write one block for each call; you may write several. Then stop: the results come back to you \
+in <result> blocks. When you can answer, write the answer as plain text with no call block.
+
+## Available tools
+"""
+"""Kept short and fixed (byte-identical every turn) so even a 0.5B model can follow it."""
+
+_CALL_CLOSE = re.compile(r"<(?=\s*/\s*call\b)", re.IGNORECASE)
+_RESULT_CLOSE = re.compile(r"<(?=\s*/\s*result\b)", re.IGNORECASE)
+_XML_ID = re.compile(r"xml_(\d{1,18})")
+
+
+def tool_prompt(tools: Iterable[ToolDefinition]) -> str:
+    """The instruction followed by each tool's name, description and argument schema."""
+    parts = [TOOL_INSTRUCTION]
+    for tool in tools:
+        schema = json.dumps(tool.parameters, ensure_ascii=False)
+        parts.append(f"- {tool.name}: {tool.description}\n  Arguments (JSON Schema): {schema}\n")
+    return "\n".join(parts).rstrip() + "\n"
+
+
+def call_block(call: ToolCall) -> str:
+    """A call exactly as the model is told to write it.
+
+    Inside JSON strings ``</`` may be written ``<\\/`` with the same meaning, so arguments that
+    mention ``</call>`` cannot end the block early.
+    """
+    arguments = _CALL_CLOSE.sub(r"<\\", call.raw_arguments.strip() or "{}")
+    return f'<call name="{_attribute(call.name)}">{arguments}</call>'
+
+
+def result_block(result: ToolResult) -> str:
+    """A result as the model reads it: the text as is, except that a closing ``</result>`` in it
+    is written ``<\\/result>`` so it cannot end the block early."""
+    error = ' error="true"' if result.is_error else ""
+    content = _RESULT_CLOSE.sub(r"<\\", result.content)
+    return (
+        f'<result name="{_attribute(result.name)}" id="{_attribute(result.call_id)}"{error}>\n'
+        f"{content}\n</result>"
+    )
+
+
+def to_text_request(request: ModelRequest) -> ModelRequest:
+    """The tool-less request for the inner transport (pure).
+
+    Ordinary turns with tools get the instruction and schemas after the system text; synthesis
+    turns (tool_choice "none") and tool-less requests do not. Volatile controls pass unchanged.
+    """
+    system = request.system
+    if request.tools and request.tool_choice != "none":
+        system = "\n\n".join(part for part in (system, tool_prompt(request.tools)) if part)
+    return ModelRequest(
+        system=system,
+        tools=(),
+        items=tuple(_replay(request.items)),
+        tool_choice=None,
+        volatile=request.volatile,
+        estimated_input_tokens=request.estimated_input_tokens,
+    )
+
+
+def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> ModelResponse:
+    """The inner answer with its call blocks read out (pure apart from `new_id`).
+
+    Text outside the blocks stays the answer's text (None when there is only calls); usage, stop
+    reason and provider details pass through.
+    """
+    parsed = parse_calls(response.text or "", new_id)
+    if not parsed.calls:
+        return response
+    return ModelResponse(
+        text=parsed.text_without_calls or None,
+        tool_calls=(*response.tool_calls, *parsed.calls),
+        usage=response.usage,
+        stop_reason=response.stop_reason,
+        provider_details=response.provider_details,
+    )
+
+
+class XmlFallbackTransport:
+    """Tools over any text-capable transport; see the module docstring."""
+
+    def __init__(self, inner: Transport) -> None:
+        self.inner = inner
+        self.name = f"xml:{inner.name}"
+        self._issued = 0
+        """The highest ``xml_<n>`` id given out (or seen in a replayed history)."""
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        # A resumed run replays ids an earlier instance gave out: never give them out again.
+        self._issued = max(self._issued, _highest_xml_id(request.items))
+        response = await self.inner.request(to_text_request(request))
+        return from_text_response(response, self._new_id)
+
+    def _new_id(self) -> str:
+        self._issued += 1
+        return f"xml_{self._issued}"
+
+
+def _replay(items: Iterable[Item]) -> Iterable[Item]:
+    """History as plain text: calls as blocks, each run of results as one user message."""
+    results: list[str] = []
+    for item in items:
+        if isinstance(item, ToolResult):
+            results.append(result_block(item))
+            continue
+        if results:
+            yield UserMessage("\n".join(results))
+            results = []
+        if isinstance(item, AssistantMessage) and item.tool_calls:
+            parts = [item.text.strip()] if item.text and item.text.strip() else []
+            parts.extend(call_block(call) for call in item.tool_calls)
+            yield AssistantMessage("\n".join(parts), (), item.provider_details)
+        else:
+            yield item
+    if results:
+        yield UserMessage("\n".join(results))
+
+
+def _highest_xml_id(items: Iterable[Item]) -> int:
+    highest = 0
+    for item in items:
+        if isinstance(item, AssistantMessage):
+            for call in item.tool_calls:
+                match = _XML_ID.fullmatch(call.id)
+                if match:
+                    highest = max(highest, int(match.group(1)))
+    return highest
+
+
+def _attribute(value: str) -> str:
+    """An attribute value that cannot end its quotes; the parser unescapes it again."""
+    return html.escape(value, quote=True)
