@@ -39,6 +39,7 @@ from keel.store import Store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
+from keel.tools.writes import write_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
 
@@ -74,4 +75,5 @@ __all__ = [
     "file_tools",
     "tool",
     "web_tools",
+    "write_tools",
 ]

@@ -7,18 +7,19 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
 import platformdirs
 
+from keel import approvals, resume
 from keel.context import ContextBuilder
 from keel.limits import Limits
-from keel.loop import RunLoop
+from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
 from keel.recorder import Listener
-from keel.result import RunResult
+from keel.result import PendingApproval, RunResult
 from keel.store import Store
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
@@ -67,7 +68,11 @@ class Agent:
         store: Store | str | Path | None = None,
         token_counter: TokenCounter | None = None,
         listeners: Sequence[Listener] = (),
+        approve_tools: Collection[str] = (),
+        run_config: dict[str, Any] | None = None,
+        lease_ttl: float = 30.0,
     ) -> None:
+        self.model_spec = model if isinstance(model, str) else None
         self.transport = resolve_model(model) if isinstance(model, str) else model
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
@@ -75,6 +80,10 @@ class Agent:
         self.system_prompt = system_prompt
         self.token_counter = token_counter or EstimatingCounter()
         self.listeners = tuple(listeners)
+        self.approve_tools = frozenset(approve_tools)
+        self.run_config = dict(run_config or {})
+        """Extra settings saved with each run (the command line keeps --repo and friends)."""
+        self.lease_ttl = lease_ttl
         self._owns_store = not isinstance(store, Store)
         self._store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None
@@ -87,36 +96,73 @@ class Agent:
             self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
         return self._store
 
-    def start(self, question: str) -> RunHandle:
-        """Begin a run in the running event loop; returns at once."""
-        loop = RunLoop(
-            run_id=new_run_id(),
-            question=question,
+    def _setup(self) -> RunSetup:
+        config = {
+            "model": self.model_spec or self.transport.name,
+            "system_prompt": self.system_prompt,
+            "tools": [t.name for t in self.tools],
+            "approve_tools": sorted(self.approve_tools),
+            "limits": self.limits.to_dict(),
+            **self.run_config,
+        }
+        context = ContextBuilder(
+            self.system_prompt,
+            self.executor.definitions,
+            self.token_counter,
+            budget=self.limits.context_tokens,
+        )
+        return RunSetup(
             transport=self.transport,
             executor=self.executor,
             limits=self.limits,
-            context=ContextBuilder(
-                self.system_prompt,
-                self.executor.definitions,
-                self.token_counter,
-                budget=self.limits.context_tokens,
-            ),
+            context=context,
             store=self.store,
             listeners=self.listeners,
+            approve_tools=self.approve_tools,
+            config=config,
+            lease_ttl=self.lease_ttl,
         )
+
+    def start(self, question: str) -> RunHandle:
+        """Begin a run in the running event loop; returns at once."""
+        loop = RunLoop(new_run_id(), question, self._setup())
+        return RunHandle(loop, asyncio.ensure_future(loop.run()))
+
+    def start_resume(self, run_id: str) -> RunHandle:
+        """Continue a stored run that has not ended (paused, or its process died), from its
+        last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
+        unknown or finished, LeaseHeld if another live process is advancing it."""
+        point = resume.load(self.store, run_id)
+        loop = RunLoop(run_id, point.record.question, self._setup(), point)
         return RunHandle(loop, asyncio.ensure_future(loop.run()))
 
     async def arun(self, question: str) -> RunResult:
-        handle = self.start(question)
-        try:
-            return await handle
-        except asyncio.CancelledError:
-            handle.cancel()
-            raise
+        return await _drive(self.start(question))
 
     def run(self, question: str) -> RunResult:
         """The blocking facade for scripts."""
         return asyncio.run(self.arun(question))
+
+    async def aresume(self, run_id: str) -> RunResult:
+        return await _drive(self.start_resume(run_id))
+
+    def resume(self, run_id: str) -> RunResult:
+        return asyncio.run(self.aresume(run_id))
+
+    # -- approvals ---------------------------------------------------------------------------
+
+    def pending_approvals(self, run_id: str) -> tuple[PendingApproval, ...]:
+        return approvals.pending(self.store, run_id)
+
+    def approve(
+        self, run_id: str, call_id: str | None = None, *, by: str | None = None
+    ) -> list[str]:
+        """Approve one pending call, or all of them; `resume` then dispatches them."""
+        return approvals.approve(self.store, run_id, call_id, by)
+
+    def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
+        """Deny a pending call; the model is told who denied it and why, and not to retry."""
+        approvals.deny(self.store, run_id, call_id, reason, by)
 
     def close(self) -> None:
         if self._owns_store and self._store is not None:
@@ -128,6 +174,14 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+async def _drive(handle: RunHandle) -> RunResult:
+    try:
+        return await handle
+    except asyncio.CancelledError:
+        handle.cancel()
+        raise
 
 
 def new_run_id() -> str:

@@ -1,6 +1,7 @@
 """The `keel` command: a thin layer over the library.
 
-Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or configuration, 3 awaiting approval.
+Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or configuration (including a run
+another live process is advancing), 3 awaiting approval.
 """
 
 from __future__ import annotations
@@ -9,22 +10,26 @@ import asyncio
 import json
 import signal
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
-from keel.agent import Agent, default_store_path
-from keel.errors import ConfigError
+from keel import approvals
+from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
+from keel.errors import ConfigError, KeelError
 from keel.limits import Limits
 from keel.models import SPEC_HELP
 from keel.progress import ProgressPrinter
 from keel.result import RunResult
 from keel.store import Store
+from keel.timeline import run_json, timeline
+from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
+from keel.tools.writes import write_tools
 
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 1, "awaiting_approval": 3}
 
@@ -41,13 +46,15 @@ StoreOption = Annotated[
     Path | None,
     typer.Option("--store", help="SQLite file of runs [default: under the user data directory]"),
 ]
+JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
+ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default: your user].")]
 
 
 @app.command()
 def run(
     question: Annotated[str, typer.Argument(help="What to research.")],
     model: Annotated[str | None, typer.Option(help=f"Model spec: {SPEC_HELP}.")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    as_json: JsonOption = False,
     store: StoreOption = None,
     repo: Annotated[
         Path, typer.Option(help="Folder the file tools may read (nothing outside it).")
@@ -56,6 +63,12 @@ def run(
         list[str] | None,
         typer.Option(help="Let fetch reach this loopback/private host (repeatable)."),
     ] = None,
+    allow_writes: Annotated[
+        bool, typer.Option(help="Offer write_file under --repo (each write asks approval).")
+    ] = False,
+    approve_tools: Annotated[
+        str, typer.Option(help="Comma-separated tools whose calls are pre-approved.")
+    ] = "",
     loop_threshold: Annotated[int, typer.Option(help="Identical-call limit T (>= 2).")] = 5,
     evidence_reset_cap: Annotated[int, typer.Option(help="Evidence resets per call key.")] = 3,
     max_model_calls: Annotated[int, typer.Option(help="Model-call budget.")] = 50,
@@ -71,14 +84,15 @@ def run(
     ] = 100_000,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
-    try:
-        if model is None:
-            raise ConfigError(
-                f"no model given: pass --model SPEC ({SPEC_HELP}); see examples/ for a script"
-            )
-        if not repo.is_dir():
-            raise ConfigError(f"--repo {repo} is not a folder")
-        limits = Limits(
+    settings = {
+        "repo": str(repo.resolve()),
+        "allow_hosts": allow_host or [],
+        "allow_writes": allow_writes,
+        "approve_tools": [t.strip() for t in approve_tools.split(",") if t.strip()],
+    }
+
+    def limits() -> Limits:
+        return Limits(
             loop_threshold=loop_threshold,
             evidence_reset_cap=evidence_reset_cap,
             max_model_calls=max_model_calls,
@@ -87,26 +101,170 @@ def run(
             deadline=deadline,
             context_tokens=context_tokens,
         )
-        tools = [*file_tools(repo), *web_tools(allow_hosts=allow_host or ())]
-        listeners = () if as_json else (ProgressPrinter(err),)
-        agent = Agent(
-            model,
-            tools=tools,
-            limits=limits,
-            store=store or default_store_path(),
-            listeners=listeners,
+
+    if model is None:
+        _usage_error(f"no model given: pass --model SPEC ({SPEC_HELP}); see examples/")
+    agent = _guard(lambda: _agent(model, settings, limits(), store, as_json))
+    _finish(agent, lambda: agent.start(question), as_json)
+
+
+@app.command()
+def resume(
+    run_id: Annotated[str, typer.Argument(help="The run to continue.")],
+    as_json: JsonOption = False,
+    store: StoreOption = None,
+    model: Annotated[
+        str | None, typer.Option(help="Model spec [default: the one the run started with].")
+    ] = None,
+) -> None:
+    """Continue a run that has not ended: after a pause for approval, or a crash."""
+    db = _open_store(store)
+    record = _guard(lambda: _known_run(db, run_id))
+    config = record.config
+    limits = _guard(lambda: Limits(**config.get("limits", {})))
+    agent = _guard(
+        lambda: _agent(
+            model or config["model"],
+            config,
+            limits,
+            db,
+            as_json,
+            config.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
         )
-    except ConfigError as exc:
-        _usage_error(exc)
+    )
+    missing = set(config.get("tools", [])) - {t.name for t in agent.tools}
+    if missing:
+        _usage_error(
+            f"run {run_id} used tools the command line cannot rebuild "
+            f"({', '.join(sorted(missing))}); resume it from your program with Agent.resume"
+        )
+    _finish(agent, lambda: agent.start_resume(run_id), as_json)
+
+
+@app.command()
+def approve(
+    run_id: Annotated[str, typer.Argument(help="The paused run.")],
+    call_id: Annotated[str | None, typer.Argument(help="The call to approve.")] = None,
+    all_calls: Annotated[bool, typer.Option("--all", help="Approve every pending call.")] = False,
+    by: ByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Approve a pending call (or all with --all); `keel resume` then runs it."""
+    if (call_id is None) == (not all_calls):
+        _usage_error("name one CALL_ID, or pass --all (and not both)")
+    db = _open_store(store)
+    try:
+        ids = _guard(lambda: approvals.approve(db, run_id, call_id, by))
+    finally:
+        db.close()
+    if not ids:
+        _usage_error(f"run {run_id} has no call awaiting a decision")
+    for one in ids:
+        typer.echo(f"approved {one}")
+    err.print(f"continue with: keel resume {run_id}", highlight=False)
+
+
+@app.command()
+def deny(
+    run_id: Annotated[str, typer.Argument(help="The paused run.")],
+    call_id: Annotated[str, typer.Argument(help="The call to deny.")],
+    reason: Annotated[str, typer.Option(help="Why; the model is told.")],
+    by: ByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Deny a pending call; the model hears who denied it and why, and not to retry it."""
+    db = _open_store(store)
+    try:
+        _guard(lambda: approvals.deny(db, run_id, call_id, reason, by))
+    finally:
+        db.close()
+    typer.echo(f"denied {call_id}")
+    err.print(f"continue with: keel resume {run_id}", highlight=False)
+
+
+@app.command()
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run's id, as `keel runs` lists it.")],
+    as_json: JsonOption = False,
+    store: StoreOption = None,
+) -> None:
+    """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
+    db = _open_store(store)
+    try:
+        record = _guard(lambda: _known_run(db, run_id))
+        events = db.events(run_id)
+    finally:
+        db.close()
+    if as_json:
+        typer.echo(json.dumps({"run": run_json(record), "events": events}, ensure_ascii=False))
+        return
+    out = Console()
+    summary = run_json(record)
+    out.print(f"[bold]{record.run_id}[/bold] · {summary['status']} · model {record.model}")
+    out.print(f"question: {record.question}", highlight=False, markup=False)
+    out.print(timeline(events))
+    if summary["answer"]:
+        out.print(f"\nanswer: {summary['answer']}", highlight=False, markup=False)
+
+
+@app.command()
+def runs(
+    store: StoreOption = None,
+    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+) -> None:
+    """List recent runs, newest first."""
+    db = _open_store(store)
+    try:
+        records = db.list_runs(limit)
+    finally:
+        db.close()
+    for r in records:
+        state = r.state
+        typer.echo(
+            f"{r.run_id}  {r.status:<17} {state.get('model_calls', 0):>3} model "
+            f"{state.get('tool_calls', 0):>4} tools  {r.question[:70]}"
+        )
+
+
+# -- helpers ---------------------------------------------------------------------------------
+
+
+def _agent(
+    model: str,
+    settings: dict[str, Any],
+    limits: Limits,
+    store: Store | Path | None,
+    quiet: bool,
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+) -> Agent:
+    repo = Path(settings.get("repo", "."))
+    if not repo.is_dir():
+        raise ConfigError(f"--repo {repo} is not a folder")
+    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=settings["allow_hosts"])]
+    if settings.get("allow_writes"):
+        tools += write_tools(repo)
+    return Agent(
+        model,
+        tools=tools,
+        limits=limits,
+        system_prompt=system_prompt,
+        store=store or default_store_path(),
+        listeners=() if quiet else (ProgressPrinter(err),),
+        approve_tools=settings.get("approve_tools", ()),
+        run_config={k: settings[k] for k in ("repo", "allow_hosts", "allow_writes")},
+    )
+
+
+def _finish(agent: Agent, start: Callable[[], RunHandle], as_json: bool) -> NoReturn:
     with agent:
-        result = asyncio.run(_run_with_signals(agent, question))
+        result = _guard(lambda: asyncio.run(_with_signals(start)))
     _print_result(result, as_json)
     raise typer.Exit(EXIT_CODES[result.status])
 
 
-async def _run_with_signals(agent: Agent, question: str) -> RunResult:
+async def _with_signals(start: Callable[[], RunHandle]) -> RunResult:
     """Ctrl-C or SIGTERM cancels the run cooperatively; the store keeps what happened."""
-    handle = agent.start(question)
+    handle = start()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, handle.cancel)
@@ -128,110 +286,51 @@ def _print_result(result: RunResult, as_json: bool) -> None:
         status += f" (synthesized: {result.synthesized})"
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
+    for pending in result.pending_approvals:
+        err.print(
+            f"awaiting approval: {pending.call_id} {pending.call_key[:100]}\n"
+            f"  keel approve {result.run_id} {pending.call_id}   or   "
+            f"keel deny {result.run_id} {pending.call_id} --reason TEXT",
+            highlight=False,
+            markup=False,
+        )
     err.print(
-        f"[bold]{status}[/bold] · run {result.run_id} · {result.model_calls} model calls · "
+        f"{status} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
         f"{result.usage.output_tokens} tokens",
         highlight=False,
+        markup=False,
         soft_wrap=True,
     )
 
 
-@app.command()
-def show(
-    run_id: Annotated[str, typer.Argument(help="The run's id, as `keel runs` lists it.")],
-    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
-    store: StoreOption = None,
-) -> None:
-    """Show a run and its events."""
-    with _open_store(store) as db:
-        record = db.get_run(run_id)
-        if record is None:
-            _usage_error(ConfigError(f"no run {run_id} in {db.path}"))
-        events = db.events(run_id)
-    run_json = _record_json(record.run_id, record.state)
-    if as_json:
-        typer.echo(json.dumps({"run": run_json, "events": events}, ensure_ascii=False))
-        return
-    out = Console()
-    out.print(f"[bold]{record.run_id}[/bold] · {record.status} · model {record.model}")
-    out.print(f"question: {record.question}", highlight=False)
-    table = Table("seq", "step", "event", "detail", box=None, pad_edge=False)
-    for event in events:
-        table.add_row(str(event["seq"]), str(event.get("step", "")), event["type"], _summary(event))
-    out.print(table)
-    if run_json["answer"]:
-        out.print(f"\nanswer: {run_json['answer']}", highlight=False)
+def _open_store(path: Path | None) -> Store:
+    target = path or default_store_path()
+    if not target.exists():
+        _usage_error(f"no store at {target} (run `keel run` first)")
+    return _guard(lambda: Store(target))
 
 
-@app.command()
-def runs(
-    store: StoreOption = None,
-    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
-) -> None:
-    """List recent runs, newest first."""
-    with _open_store(store) as db:
-        records = db.list_runs(limit)
-    for r in records:
-        state = r.state
-        typer.echo(
-            f"{r.run_id}  {r.status:<17} {state.get('model_calls', 0):>3} model "
-            f"{state.get('tool_calls', 0):>4} tools  {r.question[:70]}"
-        )
+def _known_run(db: Store, run_id: str) -> Any:
+    record = db.get_run(run_id)
+    if record is None:
+        raise ConfigError(f"no run {run_id} in {db.path}")
+    return record
 
 
-class _open_store:
-    def __init__(self, path: Path | None) -> None:
-        target = path or default_store_path()
-        if not target.exists():
-            _usage_error(ConfigError(f"no store at {target} (run `keel run` first)"))
-        self.store = Store(target)
-
-    def __enter__(self) -> Store:
-        return self.store
-
-    def __exit__(self, *exc: object) -> None:
-        self.store.close()
+T = TypeVar("T")
 
 
-def _record_json(run_id: str, state: dict[str, Any]) -> dict[str, Any]:
-    usage = state.get("usage", [0, 0, 0])
-    failure = state.get("failure")
-    return {
-        "run_id": run_id,
-        "status": state.get("status"),
-        "answer": state.get("answer"),
-        "synthesized": state.get("synthesized"),
-        "failure": None if failure is None else {k: failure[k] for k in ("kind", "message")},
-        "model_calls": state.get("model_calls", 0),
-        "tool_calls": state.get("tool_calls", 0),
-        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
-    }
+def _guard(action: Callable[[], T]) -> T:
+    """Misuse and refusals become a message and exit code 2, never a traceback."""
+    try:
+        return action()
+    except (ConfigError, KeelError) as exc:
+        _usage_error(str(exc))
 
 
-def _summary(event: dict[str, Any]) -> str:
-    t = event["type"]
-    if t == "model_request":
-        mode = f"synthesis={event['synthesis']}" if event["synthesis"] else "normal"
-        return f"{mode} tool_choice={event['tool_choice']} ~{event['estimated_input_tokens']} tok"
-    if t == "model_response":
-        calls = ", ".join(c["name"] for c in event["tool_calls"])
-        text = (event["text"] or "").replace("\n", " ")[:60]
-        return f"calls: {calls}" if calls else ("(empty)" if event["empty"] else text)
-    if t == "tool_call":
-        return str(event["call_key"])[:90]
-    if t == "tool_result":
-        flags = [f for f in ("is_error", "truncated", "elided") if event.get(f)]
-        return f"{event['name']} {event['size']} chars {' '.join(flags)}".strip()
-    if t in ("run_failed", "model_error"):
-        return f"{event.get('kind', event.get('status'))}: {event['message']}"[:120]
-    if t == "result_elided":
-        return f"{event['call_key'][:60]} ({event['size']} chars)"
-    return ""
-
-
-def _usage_error(exc: ConfigError) -> NoReturn:
-    err.print(f"keel: {exc}", highlight=False, markup=False)
+def _usage_error(message: str) -> NoReturn:
+    err.print(f"keel: {message}", highlight=False, markup=False)
     raise typer.Exit(2)
 
 

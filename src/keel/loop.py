@@ -14,24 +14,23 @@ The model-turn details (retries, empty turns) live in `turns.py`; this module de
 from __future__ import annotations
 
 import asyncio
+from dataclasses import dataclass, field
+from typing import Any
 
+from keel.batch import AwaitingApproval, Batch, BatchAnswerer
 from keel.breaker import IdenticalCallBreaker
 from keel.context import ContextBuilder
 from keel.errors import BudgetExhausted, DeadlineExceeded, RunFailure, ToolLoopDetected
+from keel.failpoints import failpoint
 from keel.limits import Limits
-from keel.messages import (
-    AssistantMessage,
-    ModelResponse,
-    ToolCall,
-    ToolResult,
-    UserMessage,
-)
+from keel.messages import AssistantMessage, ModelResponse, ToolCall, UserMessage
 from keel.recorder import Listener, StepRecorder
-from keel.result import Failure, PendingApproval, RunResult, RunStatus
-from keel.state import RunState, pending_dict
-from keel.store import Store
+from keel.result import Failure, RunResult, RunStatus
+from keel.resume import ResumePoint
+from keel.state import RunState
+from keel.store import Store, new_lease_owner
 from keel.synthesis import Mode, decide_mode
-from keel.tools.executor import ExecutedCall, ToolExecutor
+from keel.tools.executor import ToolExecutor
 from keel.transports.base import Transport
 from keel.turns import ModelTurns
 
@@ -43,51 +42,73 @@ class _Stop(Exception):
         self.status = status
 
 
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """Everything a run needs besides its question: the same for a new run and a resumed one."""
+
+    transport: Transport
+    executor: ToolExecutor
+    limits: Limits
+    context: ContextBuilder
+    store: Store | None
+    listeners: tuple[Listener, ...] = ()
+    approve_tools: frozenset[str] = frozenset()
+    """Tools whose calls are pre-approved for this run."""
+    config: dict[str, Any] = field(default_factory=dict)
+    """What `keel resume` needs to rebuild the run (no secrets)."""
+    lease_ttl: float = 30.0
+
+
 class RunLoop:
     """Advances one run to its end. Owns the breaker, the context and the step's checkpoint."""
 
     def __init__(
-        self,
-        *,
-        run_id: str,
-        question: str,
-        transport: Transport,
-        executor: ToolExecutor,
-        limits: Limits,
-        context: ContextBuilder,
-        store: Store | None,
-        listeners: tuple[Listener, ...] = (),
+        self, run_id: str, question: str, setup: RunSetup, resume: ResumePoint | None = None
     ) -> None:
         self.run_id = run_id
         self.question = question
-        self.transport = transport
-        self.executor = executor
-        self.limits = limits
-        self.context = context
-        self.state = RunState()
-        self.recorder = StepRecorder(run_id, store, self.state, listeners)
+        self.setup = setup
+        self.transport = setup.transport
+        self.executor = setup.executor
+        self.limits = setup.limits
+        self.context = setup.context
+        self.state = resume.state if resume else RunState()
+        self.lease = new_lease_owner() if setup.store is not None else None
+        self.recorder = StepRecorder(run_id, setup.store, self.state, setup.listeners)
         self.emit = self.recorder.emit
-        self.breaker = IdenticalCallBreaker(limits.loop_threshold, limits.evidence_reset_cap)
+        self.breaker = IdenticalCallBreaker(
+            self.limits.loop_threshold,
+            self.limits.evidence_reset_cap,
+            resume.counters if resume else None,
+        )
         self.turns = ModelTurns(self)
+        self.batches = BatchAnswerer(self, setup.approve_tools)
+        self.resume = resume
+        self.batch: Batch | None = resume.batch if resume else None
         self.cancel_requested = False
-        self._deadline_at: float | None = None
+        self.deadline_at: float | None = None
 
     # -- the loop ---------------------------------------------------------------------------
 
     async def run(self) -> RunResult:
-        loop = asyncio.get_running_loop()
         if self.limits.deadline is not None:
-            self._deadline_at = loop.time() + self.limits.deadline
-        await self.recorder.start(self.question, self.transport.name, self.limits.to_dict())
-        self.emit("run_started", {"question": self.question, "model": self.transport.name})
-        self.context.append(UserMessage(self.question))
+            self.deadline_at = asyncio.get_running_loop().time() + self.limits.deadline
+        await self._open()
+        heartbeat = asyncio.create_task(self._heartbeat())
         try:
             while True:
-                self.state.step += 1
-                await self._step()
-                await self.recorder.checkpoint(self.breaker.take_dirty())
+                if self.batch is None:
+                    self.state.step += 1
+                    failpoint("step_start")
+                    self.batch = await self._turn()
+                await self.batches.answer(self.batch)
+                self.batch = None
+                await self.checkpoint()
+                failpoint("after_checkpoint")
         except _Stop as stop:
             self.state.status = stop.status
+        except AwaitingApproval:
+            self.state.status = "awaiting_approval"
         except RunFailure as failure:
             self._fail(failure)
         except asyncio.CancelledError:
@@ -97,10 +118,55 @@ class RunLoop:
             task.uncancel()
             self.state.status = "cancelled"
             self.emit("run_cancelled", {"step": self.state.step})
-        await asyncio.shield(self.recorder.checkpoint(self.breaker.take_dirty()))
+        finally:
+            heartbeat.cancel()
+        await asyncio.shield(self.checkpoint(release=True))
         return self.result()
 
-    async def _step(self) -> None:
+    async def _open(self) -> None:
+        """Create the run, or take over a stored one: lease, history, counters, elisions."""
+        setup = self.setup
+        if self.resume is None:
+            await self.recorder.start(
+                self.question, self.transport.name, setup.config, self.lease, setup.lease_ttl
+            )
+            self.emit("run_started", {"question": self.question, "model": self.transport.name})
+            self.context.append(UserMessage(self.question))
+            await self.checkpoint()  # the question is durable before the first model call
+            return
+        if setup.store is not None and self.lease is not None:
+            await setup.store.acquire_lease(self.run_id, self.lease, setup.lease_ttl)
+        self.context.elided.update(self.resume.elided)
+        self.context.extend(self.resume.history)
+        restore = getattr(self.transport, "restore", None)
+        if restore is not None and self.state.transport is not None:
+            restore(self.state.transport)
+        self.state.status = "running"
+        self.emit(
+            "run_resumed",
+            {
+                "step": self.state.step,
+                "model": self.transport.name,
+                "open_calls": len(self.batch.open_calls()) if self.batch else 0,
+            },
+        )
+
+    async def _heartbeat(self) -> None:
+        """Renew the lease while a long call runs; checkpoints renew it too."""
+        store, lease = self.setup.store, self.lease
+        if store is None or lease is None:
+            return
+        while True:
+            await asyncio.sleep(self.setup.lease_ttl / 3)
+            await store.renew_lease(self.run_id, lease, self.setup.lease_ttl)
+
+    async def checkpoint(self, release: bool = False) -> None:
+        await self.recorder.checkpoint(
+            self.breaker.take_dirty(), self.lease, self.setup.lease_ttl, release=release
+        )
+
+    async def _turn(self) -> Batch:
+        """One model turn: the answer ends the run; tool calls become the step's batch."""
         self.check_stop()
         response, mode = await self.turns.next_turn()
         if not response.tool_calls:
@@ -130,16 +196,11 @@ class RunLoop:
                     "call_key": call.key,
                 },
             )
-        if pending := self._needs_approval(calls):
-            self.state.pending = pending
-            for p in pending:
-                self.emit("approval_requested", {"step": self.state.step, **pending_dict(p)})
-            raise _Stop("awaiting_approval")
-        await self._dispatch(calls)
+        return Batch(calls)
 
     def check_stop(self) -> None:
         """Step 1: deadline and hard budgets. Cancellation arrives as CancelledError."""
-        if self._deadline_at is not None and asyncio.get_running_loop().time() >= self._deadline_at:
+        if self.deadline_at is not None and asyncio.get_running_loop().time() >= self.deadline_at:
             raise DeadlineExceeded(
                 f"the run passed its deadline of {self.limits.deadline:g}s",
                 step=self.state.step,
@@ -214,56 +275,6 @@ class RunLoop:
             details={"call_key": key, "count": count, "threshold": self.limits.loop_threshold},
         )
 
-    def _needs_approval(self, calls: list[ToolCall]) -> tuple[PendingApproval, ...]:
-        pending = []
-        for call in calls:
-            tool = self.executor.get(call.name)
-            if (
-                tool is not None
-                and isinstance(call.arguments, dict)
-                and tool.needs_approval(call.arguments)
-            ):
-                pending.append(PendingApproval(call.id, call.name, call.arguments, call.key))
-        return tuple(pending)
-
-    async def _dispatch(self, calls: list[ToolCall]) -> None:
-        allowed = len(calls)
-        if self.limits.max_tool_calls is not None:
-            allowed = max(0, min(allowed, self.limits.max_tool_calls - self.state.tool_calls))
-        executed = await self.executor.run_batch(calls[:allowed], deadline=self._deadline_at)
-        for item in executed:
-            self._record_result(item)
-        for call in calls[allowed:]:
-            self._record_refused(call, "not run: the run's tool-call budget is spent")
-        self.state.tool_calls += allowed
-        self._apply_evidence_resets(executed)
-        if self._deadline_at is not None and asyncio.get_running_loop().time() >= self._deadline_at:
-            self.check_stop()
-
-    def _record_result(self, executed: ExecutedCall) -> None:
-        result = executed.result
-        self.context.append(result)
-        if executed.full_content is not None:
-            self.recorder.whole_text(result.digest, executed.full_content)
-        self.recorder.tool_result(result, executed.duration_ms)
-
-    def _record_refused(self, call: ToolCall, message: str) -> None:
-        result = ToolResult(call.id, call.name, call.key, message, is_error=True, size=len(message))
-        self.context.append(result)
-        self.recorder.tool_result(result)
-
-    def _apply_evidence_resets(self, executed: list[ExecutedCall]) -> None:
-        for item in executed:
-            tool = self.executor.get(item.call.name)
-            if tool is None or tool.effect != "observation" or item.result.is_error:
-                continue
-            if self.breaker.observe(item.call.key, item.result.digest):
-                counter = self.breaker.counters[item.call.key]
-                self.emit(
-                    "evidence_reset",
-                    {"step": self.state.step, "call_key": item.call.key, "resets": counter.resets},
-                )
-
     # -- endings ---------------------------------------------------------------------------
 
     def _fail(self, failure: RunFailure) -> None:
@@ -275,9 +286,9 @@ class RunLoop:
         return self.state.result(self.run_id)
 
     def remaining_time(self) -> float | None:
-        if self._deadline_at is None:
+        if self.deadline_at is None:
             return None
-        return max(0.0, self._deadline_at - asyncio.get_running_loop().time())
+        return max(0.0, self.deadline_at - asyncio.get_running_loop().time())
 
 
 def _ordinal(n: int) -> str:

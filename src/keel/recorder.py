@@ -54,6 +54,7 @@ class StepRecorder:
                 "size": result.size,
                 "digest": result.digest,
                 "truncated": result.truncated,
+                "uncertain": result.uncertain,
                 "duration_ms": round(duration_ms, 3),
             },
             body=result.content,
@@ -77,11 +78,28 @@ class StepRecorder:
                 },
             )
 
-    async def start(self, question: str, model: str, config: dict[str, Any]) -> None:
+    async def start(
+        self, question: str, model: str, config: dict[str, Any], lease: str | None, ttl: float
+    ) -> None:
         if self.store is not None:
-            await self.store.create_run(self.run_id, question, model, config, self.state.to_dict())
+            await self.store.create_run(
+                self.run_id,
+                question,
+                model,
+                config,
+                self.state.to_dict(),
+                lease=lease,
+                lease_ttl=ttl,
+            )
 
-    async def checkpoint(self, counters: dict[str, KeyCounter]) -> None:
+    async def checkpoint(
+        self,
+        counters: dict[str, KeyCounter],
+        lease: str | None,
+        lease_ttl: float,
+        *,
+        release: bool = False,
+    ) -> None:
         """Save what the step added, and only that, in one transaction."""
         checkpoint = Checkpoint(
             run_id=self.run_id,
@@ -91,6 +109,9 @@ class StepRecorder:
             counters=counters,
             elisions=self._elisions,
             blobs=self._blobs,
+            lease=lease,
+            lease_ttl=lease_ttl,
+            release=release,
         )
         self._events, self._elisions, self._blobs = [], [], []
         if self.store is not None:

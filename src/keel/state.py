@@ -27,6 +27,12 @@ class RunState:
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
     """Sequence number of the next event in the run's log."""
+    decisions: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Decisions on pending calls by call id: {"approved", "by", "reason"}."""
+    denied: dict[str, dict[str, Any]] = field(default_factory=dict)
+    """Denials by call key, so an identical call is denied again without asking."""
+    transport: dict[str, Any] | None = None
+    """What a deterministic transport needs to continue where it was (a script's position)."""
 
     def to_dict(self) -> dict[str, Any]:
         failure = self.failure
@@ -52,7 +58,31 @@ class RunState:
             },
             "pending": [pending_dict(p) for p in self.pending],
             "next_seq": self.next_seq,
+            "decisions": self.decisions,
+            "denied": self.denied,
+            "transport": self.transport,
         }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        failure = data.get("failure")
+        return cls(
+            step=data["step"],
+            model_calls=data["model_calls"],
+            tool_calls=data["tool_calls"],
+            usage=Usage(*data["usage"]),
+            status=data["status"],
+            answer=data.get("answer"),
+            synthesized=data.get("synthesized"),
+            failure=None
+            if failure is None
+            else Failure(failure["kind"], failure["message"], failure["step"], failure["details"]),
+            pending=tuple(PendingApproval(**p) for p in data.get("pending", [])),
+            next_seq=data["next_seq"],
+            decisions=dict(data.get("decisions", {})),
+            denied=dict(data.get("denied", {})),
+            transport=data.get("transport"),
+        )
 
     def result(self, run_id: str) -> RunResult:
         return RunResult(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from keel import gateway
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
+from keel.failpoints import failpoint
 from keel.messages import ModelResponse
 from keel.synthesis import Mode
 
@@ -38,6 +39,7 @@ class ModelTurns:
             )
             run.recorder.elided(newly_elided)
             run.state.model_calls += 1
+            snapshot = getattr(run.transport, "snapshot", None)
             run.emit(
                 "model_request",
                 {
@@ -52,11 +54,16 @@ class ModelTurns:
             try:
                 response = await gateway.attempt(run.transport, request, run.remaining_time())
             except ProviderError as error:
+                if snapshot is not None:
+                    run.state.transport = snapshot()
                 retries += 1
                 await self._after_error(error, retries)
                 continue
+            if snapshot is not None:
+                run.state.transport = snapshot()
             run.state.usage = run.state.usage + response.usage
             self._record(response)
+            failpoint("after_model_response")
             if not response.is_empty:
                 return response, mode
             empty += 1

@@ -98,9 +98,15 @@ class ToolExecutor:
         *,
         deadline: float | None = None,
         on_dispatch: OnDispatch | None = None,
+        on_effect: Callable[[ExecutedCall], Awaitable[None]] | None = None,
     ) -> list[ExecutedCall]:
-        """Run one model turn's calls; `deadline` is an absolute event-loop time."""
-        outcomes: list[_Outcome | None] = [None] * len(calls)
+        """Run one model turn's calls; `deadline` is an absolute event-loop time.
+
+        `on_dispatch` is awaited just before a call runs (the run journals side effects there);
+        `on_effect` hears each side-effecting call's result as soon as it has one, so it can be
+        recorded before the next side effect starts.
+        """
+        executed: list[ExecutedCall | None] = [None] * len(calls)
         segment: list[_Ready] = []
 
         async def flush() -> None:
@@ -110,24 +116,22 @@ class ToolExecutor:
             segment.clear()
             done = await asyncio.gather(*(self._run(r, deadline, on_dispatch) for r in ready))
             for r, outcome in zip(ready, done, strict=True):
-                outcomes[r.index] = outcome
+                executed[r.index] = self._finish(r.call, outcome)
 
         for index, call in enumerate(calls):
             checked = self._check(index, call)
             if isinstance(checked, _Outcome):
-                outcomes[index] = checked
+                executed[index] = self._finish(call, checked)
             elif checked.tool.effect is Effect.SIDE_EFFECTING:
                 await flush()
-                outcomes[index] = await self._run(checked, deadline, on_dispatch)
+                outcome = await self._run(checked, deadline, on_dispatch)
+                executed[index] = done = self._finish(call, outcome)
+                if on_effect is not None:
+                    await on_effect(done)
             else:
                 segment.append(checked)
         await flush()
-
-        executed: list[ExecutedCall] = []
-        for call, outcome in zip(calls, outcomes, strict=True):
-            assert outcome is not None
-            executed.append(self._finish(call, outcome))
-        return executed
+        return [item for item in executed if item is not None]
 
     def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
         """Answer what can be answered without running the tool."""

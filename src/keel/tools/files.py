@@ -29,7 +29,7 @@ class FileToolError(Exception):
     """A file request the tools refuse or cannot serve; the message is for the model."""
 
 
-class _Root:
+class Root:
     """The one directory the tools may see, and the checks that keep them inside it."""
 
     def __init__(self, root: str | os.PathLike[str]) -> None:
@@ -58,7 +58,7 @@ class _Root:
 
 def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
     """`list_files`, `read_file` and `search_files`, all read_only, confined to `root`."""
-    base = _Root(root)
+    base = Root(root)
 
     def list_files(path: str = ".") -> str:
         """List one directory of the repository (not recursive), sorted by name.
@@ -87,7 +87,7 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
     ]
 
 
-def _list(base: _Root, path: str) -> str:
+def _list(base: Root, path: str) -> str:
     directory = base.resolve(path)
     if not directory.exists():
         raise FileToolError(f"no such directory: {path!r}")
@@ -114,7 +114,7 @@ def _list(base: _Root, path: str) -> str:
     return "\n".join(shown)
 
 
-def _read(base: _Root, path: str, start_line: int | None, end_line: int | None) -> str:
+def _read(base: Root, path: str, start_line: int | None, end_line: int | None) -> str:
     real = base.resolve(path)
     if not real.exists():
         raise FileToolError(f"no such file: {path!r}; use list_files to see what exists")
@@ -145,7 +145,7 @@ def _read(base: _Root, path: str, start_line: int | None, end_line: int | None) 
     return header + "\n" + "\n".join(shown)
 
 
-def _search(base: _Root, pattern: str, path: str) -> str:
+def _search(base: Root, pattern: str, path: str) -> str:
     try:
         regex = re.compile(pattern)
     except re.error as exc:
@@ -173,7 +173,7 @@ def _search(base: _Root, pattern: str, path: str) -> str:
     return "\n".join(matches)
 
 
-def _walk(base: _Root, start: Path) -> Iterator[Path]:
+def _walk(base: Root, start: Path) -> Iterator[Path]:
     """Regular files under `start` in sorted order; never through a link out of the root."""
     if start.is_file():
         yield start

@@ -1,0 +1,45 @@
+"""Decisions on paused runs: who approved or denied which call, recorded in the store.
+
+A paused run holds no lease and no process; any process may record a decision, and `resume`
+(in any process) acts on it.
+"""
+
+from __future__ import annotations
+
+import getpass
+
+from keel.errors import ConfigError
+from keel.result import PendingApproval
+from keel.store import Store
+
+
+def who() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):
+        return "a person"
+
+
+def pending(store: Store, run_id: str) -> tuple[PendingApproval, ...]:
+    """Calls of a paused run still waiting for a decision."""
+    record = store.get_run(run_id)
+    if record is None:
+        raise ConfigError(f"no run {run_id} in {store.path}")
+    decided = record.state.get("decisions", {})
+    return tuple(
+        PendingApproval(**p) for p in record.state.get("pending", []) if p["call_id"] not in decided
+    )
+
+
+def approve(
+    store: Store, run_id: str, call_id: str | None = None, by: str | None = None
+) -> list[str]:
+    """Approve one pending call, or all of them when `call_id` is None."""
+    ids = [p.call_id for p in pending(store, run_id)] if call_id is None else [call_id]
+    for one in ids:
+        store.decide(run_id, one, approved=True, by=by or who())
+    return ids
+
+
+def deny(store: Store, run_id: str, call_id: str, reason: str, by: str | None = None) -> None:
+    store.decide(run_id, call_id, approved=False, by=by or who(), reason=reason)

@@ -1,0 +1,93 @@
+"""Where a stored run stands: its state, counters, elisions, history and any unanswered batch.
+
+The history is rebuilt from the event log exactly as the context builder first saw it (results
+in request order, elided results as pointers), so the next request is what it would have been
+had the process not stopped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from keel.batch import Batch
+from keel.breaker import KeyCounter
+from keel.errors import ConfigError
+from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
+from keel.state import RunState
+from keel.store import RunRecord, Store
+
+FINISHED = ("completed", "failed", "cancelled")
+
+
+@dataclass(frozen=True, slots=True)
+class ResumePoint:
+    record: RunRecord
+    state: RunState
+    counters: dict[str, KeyCounter]
+    elided: set[str]
+    history: list[Item]
+    batch: Batch | None
+    """The last batch, when some of its calls have no result yet."""
+
+
+def load(store: Store, run_id: str) -> ResumePoint:
+    record = store.get_run(run_id)
+    if record is None:
+        raise ConfigError(f"no run {run_id} in {store.path}")
+    if record.status in FINISHED:
+        raise ConfigError(f"run {run_id} has already ended ({record.status}); nothing to resume")
+    events = store.events(run_id)
+    state = RunState.from_dict(record.state)
+    state.next_seq = max(state.next_seq, events[-1]["seq"] + 1 if events else 0)
+    history, batch = _history(events)
+    return ResumePoint(record, state, store.counters(run_id), store.elided(run_id), history, batch)
+
+
+def _history(events: list[dict[str, Any]]) -> tuple[list[Item], Batch | None]:
+    items: list[Item] = []
+    batch: Batch | None = None
+    dispatched: set[str] = set()
+
+    def close_batch() -> None:
+        for call in batch.calls if batch else ():
+            if call.id in batch.answered:  # type: ignore[union-attr]
+                items.append(batch.answered[call.id])  # type: ignore[union-attr]
+
+    for event in events:
+        kind = event["type"]
+        if kind == "run_started":
+            items.append(UserMessage(event["question"]))
+        elif kind == "model_response" and event["tool_calls"]:
+            close_batch()
+            calls = [
+                ToolCall.from_raw(c["id"], c["name"], c["arguments"]) for c in event["tool_calls"]
+            ]
+            items.append(
+                AssistantMessage(event["text"], tuple(calls), event.get("provider_details") or {})
+            )
+            batch = Batch(calls)
+        elif kind == "tool_dispatched":
+            dispatched.add(event["call_id"])
+        elif kind == "tool_result" and batch is not None:
+            batch.answered[event["call_id"]] = _result(event)
+    if batch is None or not batch.open_calls():
+        close_batch()
+        return items, None
+    # The open batch's results are appended, in request order, when it is answered.
+    batch.journaled = {c.id for c in batch.open_calls() if c.id in dispatched}
+    return items, batch
+
+
+def _result(event: dict[str, Any]) -> ToolResult:
+    return ToolResult(
+        call_id=event["call_id"],
+        name=event["name"],
+        call_key=event["call_key"],
+        content=event["content"],
+        is_error=event["is_error"],
+        size=event["size"],
+        digest=event["digest"],
+        truncated=event["truncated"],
+        uncertain=event.get("uncertain", False),
+    )

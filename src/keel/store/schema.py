@@ -1,0 +1,78 @@
+"""The store's schema, created again without harm, and its numbered migrations."""
+
+from __future__ import annotations
+
+import sqlite3
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS runs (
+    run_id TEXT PRIMARY KEY,
+    created_at REAL NOT NULL,
+    updated_at REAL NOT NULL,
+    question TEXT NOT NULL,
+    model TEXT NOT NULL,
+    status TEXT NOT NULL,
+    config TEXT NOT NULL,
+    state TEXT NOT NULL,
+    lease_owner TEXT,
+    lease_until REAL
+);
+CREATE INDEX IF NOT EXISTS runs_by_time ON runs (created_at);
+CREATE TABLE IF NOT EXISTS events (
+    run_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    type TEXT NOT NULL,
+    at REAL NOT NULL,
+    data TEXT NOT NULL,
+    body TEXT,
+    PRIMARY KEY (run_id, seq)
+);
+CREATE TABLE IF NOT EXISTS counters (
+    run_id TEXT NOT NULL,
+    call_key TEXT NOT NULL,
+    count INTEGER NOT NULL,
+    resets INTEGER NOT NULL,
+    last_digest TEXT,
+    PRIMARY KEY (run_id, call_key)
+);
+CREATE TABLE IF NOT EXISTS elisions (
+    run_id TEXT NOT NULL,
+    call_id TEXT NOT NULL,
+    step INTEGER NOT NULL,
+    PRIMARY KEY (run_id, call_id)
+);
+CREATE TABLE IF NOT EXISTS blobs (
+    digest TEXT PRIMARY KEY,
+    data TEXT NOT NULL
+);
+"""
+
+MIGRATIONS: list[str] = [
+    # 1 -> 2: leases, so one process at a time advances a run.
+    "ALTER TABLE runs ADD COLUMN lease_owner TEXT; ALTER TABLE runs ADD COLUMN lease_until REAL;",
+]
+VERSION = len(MIGRATIONS) + 1
+
+
+def _statements(script: str) -> list[str]:
+    return [part.strip() for part in script.split(";") if part.strip()]
+
+
+def prepare(conn: sqlite3.Connection) -> None:
+    """Bring any store file, new or old, to the current schema, in one transaction (several
+    processes may open the same file at once)."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        exists = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'runs'").fetchone()
+        if exists[0] and current < VERSION:
+            for migration in MIGRATIONS[max(current, 1) - 1 :]:
+                for statement in _statements(migration):
+                    conn.execute(statement)
+        for statement in _statements(SCHEMA):
+            conn.execute(statement)
+        conn.execute(f"PRAGMA user_version={VERSION}")
+        conn.execute("COMMIT")
+    except BaseException:
+        conn.execute("ROLLBACK")
+        raise

@@ -1,0 +1,167 @@
+"""The store's worker thread: it owns the SQLite connection, so the event loop never blocks on
+disk. Writes that queue up together share one transaction (group commit); if that transaction
+fails, each write is tried alone so a bad step fails only its own run. WAL checkpoints run on a
+thread of their own, so no commit waits for one.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from queue import SimpleQueue
+from typing import Any
+
+from keel.errors import ConfigError
+from keel.store import schema
+
+Work = Callable[[sqlite3.Connection], Any]
+GroupWork = Callable[[sqlite3.Connection, list[Any]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    work: Work | Any
+    """A function of the connection, or a value that `group` writes with its peers at once."""
+    write: bool
+    future: Future[Any]
+
+
+class Worker:
+    def __init__(self, path: str, group: GroupWork) -> None:
+        self.path = path
+        self._group = group
+        self._jobs: SimpleQueue[Job | None] = SimpleQueue()
+        self._ready: Future[None] = Future()
+        self._checkpointer = None if path == ":memory:" else _Checkpointer(self)
+        self._thread = threading.Thread(target=self._work, name="keel-store", daemon=True)
+        self._thread.start()
+        self._ready.result()
+
+    def connect(self) -> sqlite3.Connection:
+        conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
+        conn.execute("PRAGMA busy_timeout=10000")
+        return conn
+
+    def submit(self, work: Work | Any, *, write: bool) -> Future[Any]:
+        if not self._thread.is_alive():
+            raise RuntimeError("the store is closed")
+        job = Job(work, write, Future())
+        self._jobs.put(job)
+        return job.future
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._jobs.put(None)
+            self._thread.join()
+
+    def _work(self) -> None:
+        try:
+            conn = self.connect()
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            schema.prepare(conn)
+            if self._checkpointer is not None:
+                conn.execute("PRAGMA wal_autocheckpoint=0")
+        except sqlite3.Error as exc:
+            self._ready.set_exception(ConfigError(f"cannot open the store {self.path}: {exc}"))
+            return
+        self._ready.set_result(None)
+        while (job := self._jobs.get()) is not None:
+            batch = [job]
+            while not self._jobs.empty():
+                more = self._jobs.get()
+                if more is None:
+                    self._jobs.put(None)
+                    break
+                batch.append(more)
+            writes = [j for j in batch if j.write]
+            if writes:
+                self._commit(conn, writes)
+                if self._checkpointer is not None:
+                    self._checkpointer.nudge()
+            for read in (j for j in batch if not j.write):
+                self._run(conn, [read], transaction=False)
+        if self._checkpointer is not None:
+            self._checkpointer.stop()
+            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        conn.close()
+
+    def _commit(self, conn: sqlite3.Connection, jobs: list[Job]) -> None:
+        if len(jobs) > 1 and self._run(conn, jobs, transaction=True, settle_errors=False):
+            return
+        for job in jobs:
+            self._run(conn, [job], transaction=True)
+
+    def _run(
+        self,
+        conn: sqlite3.Connection,
+        jobs: list[Job],
+        *,
+        transaction: bool,
+        settle_errors: bool = True,
+    ) -> bool:
+        """Run jobs (in one transaction when asked) and settle their futures; on failure return
+        False, leaving the futures unsettled when `settle_errors` is off."""
+        try:
+            if transaction:
+                conn.execute("BEGIN IMMEDIATE")
+            grouped = [j.work for j in jobs if not callable(j.work)]
+            results = {id(j): j.work(conn) for j in jobs if callable(j.work)}
+            if grouped:
+                self._group(conn, grouped)
+            if transaction:
+                conn.execute("COMMIT")
+        except Exception as exc:
+            if conn.in_transaction:
+                conn.execute("ROLLBACK")
+            if settle_errors:
+                for job in jobs:
+                    job.future.set_exception(exc)
+            return False
+        for job in jobs:
+            job.future.set_result(results.get(id(job)))
+        return True
+
+
+class _Checkpointer:
+    """Copies the WAL back into the database from its own connection once the log has grown.
+    PASSIVE: it never blocks the writer or readers."""
+
+    WAL_LIMIT = 4 * 1024 * 1024
+
+    def __init__(self, worker: Worker) -> None:
+        self.wal = worker.path + "-wal"
+        self.worker = worker
+        self._wake = threading.Event()
+        self._stopping = False
+        self._thread = threading.Thread(target=self._work, name="keel-wal", daemon=True)
+        self._thread.start()
+
+    def nudge(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+        self._thread.join()
+
+    def _work(self) -> None:
+        conn: sqlite3.Connection | None = None
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            try:
+                if os.path.getsize(self.wal) < self.WAL_LIMIT:
+                    continue
+                conn = conn or self.worker.connect()
+                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
+            except (OSError, sqlite3.Error):
+                continue  # the writer's TRUNCATE on close still brings the log home
+        if conn is not None:
+            conn.close()
