@@ -4,32 +4,44 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
+# llama-cpp-python compiles llama.cpp from source the first time (minutes on 2 cores); pip
+# caches the wheel afterwards.
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+QUESTION ?= Which modules does the run loop in src/keel/loop.py depend on?
 
-.PHONY: run test lint bench clean
+.PHONY: run demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_RUN): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e .
+	$(BIN)/pip install --quiet -e '.[local]'
 	touch $@
 
 $(STAMP_DEV): pyproject.toml | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev]'
+	$(BIN)/pip install --quiet -e '.[dev,local,browser]'
 	touch $@ $(STAMP_RUN)
 
 run: $(STAMP_RUN)
+	$(BIN)/keel run "$(QUESTION)" --model local --repo . --store $(VENV)/demo.sqlite \
+		--max-model-calls 8
+
+demo: $(STAMP_RUN)
 	$(BIN)/keel run "Which modules does the run loop depend on, and where does it stop a repeating tool call?" \
 		--model script:examples/repeated_research.json --repo . --store $(VENV)/demo.sqlite
 
-test: $(STAMP_DEV)
+lint: $(STAMP_DEV)
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
+
+test: lint
 	$(BIN)/pytest
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/checkpoint.py
+	$(BIN)/python benchmarks/local_model.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

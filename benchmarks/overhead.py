@@ -74,7 +74,8 @@ def make_agent(store: keel.Store, turns: int, size_kb: int, latency_ms: float = 
         "turns": [
             {"tool_calls": [{"name": "read_chunk", "arguments": {"n": i}}]}
             for i in range(turns - 1)
-        ] + [{"text": "The chunks say lorem ipsum."}],
+        ]
+        + [{"text": "The chunks say lorem ipsum."}],
         "latency_ms": latency_ms,
     }
     transport = keel.ScriptedTransport.from_dict(script, f"bench-{turns}x{size_kb}k")
@@ -151,17 +152,39 @@ def verdict(ok: bool) -> str:
 
 def report_per_turn(cases: list[Case]) -> bool:
     table = Table(title="1. Per-turn overhead, zero-latency model, SQLite event log ON")
-    for col in ("result", "turns", "runs", "run wall ms (median)", "ms/turn (median)",
-                "ms/turn (best)", "ms/turn (mean)", "results elided"):
+    for col in (
+        "result",
+        "turns",
+        "runs",
+        "run wall ms (median)",
+        "ms/turn (median)",
+        "ms/turn (best)",
+        "ms/turn (mean)",
+        "results elided",
+    ):
         table.add_column(col, justify="right")
     for c in cases:
-        table.add_row(f"{c.size_kb} KB", str(c.turns), str(len(c.times)),
-                      f"{c.seconds * 1000:.1f}", f"{c.ms_per_turn:.3f}",
-                      f"{min(c.times) * 1000 / c.turns:.3f}", f"{c.mean_ms:.3f}", str(c.elided))
+        table.add_row(
+            f"{c.size_kb} KB",
+            str(c.turns),
+            str(len(c.times)),
+            f"{c.seconds * 1000:.1f}",
+            f"{c.ms_per_turn:.3f}",
+            f"{min(c.times) * 1000 / c.turns:.3f}",
+            f"{c.mean_ms:.3f}",
+            str(c.elided),
+        )
     console.print(table)
     summary = Table(title="Per-turn summary (ms/turn = run wall / model calls, median)")
-    for col in ("result", "ms/turn @300", "marginal (t300-t10)/290", "300/10 ratio",
-                "300/10 (means)", "target", "verdict"):
+    for col in (
+        "result",
+        "ms/turn @300",
+        "marginal (t300-t10)/290",
+        "300/10 ratio",
+        "300/10 (means)",
+        "target",
+        "verdict",
+    ):
         summary.add_column(col, justify="right")
     ok_all = True
     for size_kb in SIZES_KB:
@@ -171,9 +194,15 @@ def report_per_turn(cases: list[Case]) -> bool:
         ratio = last.ms_per_turn / first.ms_per_turn
         ok = last.ms_per_turn <= TARGET_MS_PER_TURN and ratio <= TARGET_RATIO
         ok_all &= ok
-        summary.add_row(f"{size_kb} KB", f"{last.ms_per_turn:.3f}", f"{marginal:.3f}",
-                        f"{ratio:.2f}", f"{last.mean_ms / first.mean_ms:.2f}",
-                        f"<= {TARGET_MS_PER_TURN} ms, <= {TARGET_RATIO}x", verdict(ok))
+        summary.add_row(
+            f"{size_kb} KB",
+            f"{last.ms_per_turn:.3f}",
+            f"{marginal:.3f}",
+            f"{ratio:.2f}",
+            f"{last.mean_ms / first.mean_ms:.2f}",
+            f"<= {TARGET_MS_PER_TURN} ms, <= {TARGET_RATIO}x",
+            verdict(ok),
+        )
     console.print(summary)
     return ok_all
 
@@ -182,15 +211,30 @@ def report_concurrent(walls: list[float], runs: int) -> bool:
     ideal = CONCURRENT_TURNS * LATENCY_MS / 1000
     wall = statistics.median(walls)
     per_call = (wall - ideal) * 1000 / (runs * CONCURRENT_TURNS)
-    table = Table(title=f"2. Concurrency: {runs} runs x {CONCURRENT_TURNS} turns, "
-                        f"{LATENCY_MS:g} ms model latency, one shared store")
-    for col in ("wall (s, median)", "all walls (s)", "ideal (s)", "model calls",
-                "overhead ms/call", "target", "verdict"):
+    table = Table(
+        title=f"2. Concurrency: {runs} runs x {CONCURRENT_TURNS} turns, "
+        f"{LATENCY_MS:g} ms model latency, one shared store"
+    )
+    for col in (
+        "wall (s, median)",
+        "all walls (s)",
+        "ideal (s)",
+        "model calls",
+        "overhead ms/call",
+        "target",
+        "verdict",
+    ):
         table.add_column(col, justify="right")
     ok = per_call <= TARGET_CONCURRENT_MS
-    table.add_row(f"{wall:.3f}", " ".join(f"{w:.3f}" for w in walls), f"{ideal:.3f}",
-                  str(runs * CONCURRENT_TURNS), f"{per_call:.3f}",
-                  f"<= {TARGET_CONCURRENT_MS}", verdict(ok))
+    table.add_row(
+        f"{wall:.3f}",
+        " ".join(f"{w:.3f}" for w in walls),
+        f"{ideal:.3f}",
+        str(runs * CONCURRENT_TURNS),
+        f"{per_call:.3f}",
+        f"<= {TARGET_CONCURRENT_MS}",
+        verdict(ok),
+    )
     console.print(table)
     return ok
 
@@ -204,14 +248,21 @@ async def run_profile(store: keel.Store, top: int) -> None:
     check(result, 300)
     stats = pstats.Stats(profiler)
     total = sum(row[2] for row in stats.stats.values())  # type: ignore[attr-defined]
-    polling = sum(row[2] for (_, _, name), row in stats.stats.items()  # type: ignore[attr-defined]
-                  if "select." in name)  # epoll/kqueue/select: the loop waiting for the store
-    console.print(f"\n[bold]Profile[/bold]: main thread {total * 1000:.0f} ms, of which "
-                  f"{polling * 1000:.0f} ms idle in the event loop's poll, i.e. waiting for the "
-                  "store's worker thread (the model and the tool take no time here)")
+    polling = sum(
+        row[2]
+        for (_, _, name), row in stats.stats.items()  # type: ignore[attr-defined]
+        if "select." in name
+    )  # epoll/kqueue/select: the loop waiting for the store
+    console.print(
+        f"\n[bold]Profile[/bold]: main thread {total * 1000:.0f} ms, of which "
+        f"{polling * 1000:.0f} ms idle in the event loop's poll, i.e. waiting for the "
+        "store's worker thread (the model and the tool take no time here)"
+    )
     for sort in ("cumulative", "tottime"):
-        console.print(f"\n[bold]Profile, one 300-turn 20 KB run: top {top} keel functions "
-                      f"by {sort}[/bold] (the store's worker thread is not profiled)")
+        console.print(
+            f"\n[bold]Profile, one 300-turn 20 KB run: top {top} keel functions "
+            f"by {sort}[/bold] (the store's worker thread is not profiled)"
+        )
         stats.sort_stats(sort).print_stats(r"[/\\]keel[/\\]", top)
 
 

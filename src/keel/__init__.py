@@ -37,6 +37,7 @@ from keel.messages import (
 from keel.result import Failure, PendingApproval, RunResult
 from keel.store import Store
 from keel.tools.base import Effect, Tool, tool
+from keel.tools.browser import browser_tools
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
@@ -72,6 +73,7 @@ __all__ = [
     "Transport",
     "Usage",
     "UserMessage",
+    "browser_tools",
     "file_tools",
     "tool",
     "web_tools",

@@ -62,6 +62,7 @@ class Agent:
         self,
         model: str | Transport,
         *,
+        base_url: str | None = None,
         tools: Sequence[Tool | Callable[..., Any]] = (),
         limits: Limits | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
@@ -73,7 +74,9 @@ class Agent:
         lease_ttl: float = 30.0,
     ) -> None:
         self.model_spec = model if isinstance(model, str) else None
-        self.transport = resolve_model(model) if isinstance(model, str) else model
+        self.transport = (
+            resolve_model(model, base_url=base_url) if isinstance(model, str) else model
+        )
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)

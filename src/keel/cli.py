@@ -20,8 +20,9 @@ from rich.console import Console
 from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
 from keel.errors import ConfigError, KeelError
+from keel.evals.command import eval_command
 from keel.limits import Limits
-from keel.models import SPEC_HELP
+from keel.models import SPEC_HELP, available_models, choose_model
 from keel.progress import ProgressPrinter
 from keel.result import RunResult
 from keel.store import Store
@@ -48,12 +49,19 @@ StoreOption = Annotated[
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default: your user].")]
+BaseUrlOption = Annotated[
+    str | None,
+    typer.Option(help="Server for openai-chat:/openai:/anthropic: (e.g. a local llama.cpp)."),
+]
 
 
 @app.command()
 def run(
     question: Annotated[str, typer.Argument(help="What to research.")],
-    model: Annotated[str | None, typer.Option(help=f"Model spec: {SPEC_HELP}.")] = None,
+    model: Annotated[
+        str | None, typer.Option(help=f"Model spec: {SPEC_HELP} [default: see `keel models`].")
+    ] = None,
+    base_url: BaseUrlOption = None,
     as_json: JsonOption = False,
     store: StoreOption = None,
     repo: Annotated[
@@ -69,6 +77,9 @@ def run(
     approve_tools: Annotated[
         str, typer.Option(help="Comma-separated tools whose calls are pre-approved.")
     ] = "",
+    browser: Annotated[
+        bool, typer.Option(help="Offer browser_observe/browser_act (headless Chromium).")
+    ] = False,
     loop_threshold: Annotated[int, typer.Option(help="Identical-call limit T (>= 2).")] = 5,
     evidence_reset_cap: Annotated[int, typer.Option(help="Evidence resets per call key.")] = 3,
     max_model_calls: Annotated[int, typer.Option(help="Model-call budget.")] = 50,
@@ -89,6 +100,7 @@ def run(
         "allow_hosts": allow_host or [],
         "allow_writes": allow_writes,
         "approve_tools": [t.strip() for t in approve_tools.split(",") if t.strip()],
+        "browser": browser,
     }
 
     def limits() -> Limits:
@@ -102,9 +114,9 @@ def run(
             context_tokens=context_tokens,
         )
 
-    if model is None:
-        _usage_error(f"no model given: pass --model SPEC ({SPEC_HELP}); see examples/")
-    agent = _guard(lambda: _agent(model, settings, limits(), store, as_json))
+    choice = _guard(lambda: choose_model(model, base_url))
+    settings["base_url"] = choice.base_url
+    agent = _guard(lambda: _agent(choice.spec, settings, limits(), store, as_json))
     _finish(agent, lambda: agent.start(question), as_json)
 
 
@@ -116,11 +128,14 @@ def resume(
     model: Annotated[
         str | None, typer.Option(help="Model spec [default: the one the run started with].")
     ] = None,
+    base_url: BaseUrlOption = None,
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, or a crash."""
     db = _open_store(store)
     record = _guard(lambda: _known_run(db, run_id))
-    config = record.config
+    config = dict(record.config)
+    if base_url:
+        config["base_url"] = base_url
     limits = _guard(lambda: Limits(**config.get("limits", {})))
     agent = _guard(
         lambda: _agent(
@@ -226,6 +241,19 @@ def runs(
         )
 
 
+app.command("eval")(eval_command)
+
+
+@app.command()
+def models() -> None:
+    """List the model specs Keel can use here, and which one a run would use by default."""
+    choice = _guard(lambda: choose_model())
+    for spec, usable, note in available_models():
+        mark = "yes" if usable else "no "
+        typer.echo(f"{mark}  {spec:<22} {note}")
+    typer.echo(f"\ndefault: {choice.spec} ({choice.source})")
+
+
 # -- helpers ---------------------------------------------------------------------------------
 
 
@@ -243,15 +271,23 @@ def _agent(
     tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=settings["allow_hosts"])]
     if settings.get("allow_writes"):
         tools += write_tools(repo)
+    if settings.get("browser"):
+        from keel.tools.browser import browser_tools
+
+        tools += browser_tools(allow_hosts=settings["allow_hosts"])
     return Agent(
         model,
+        base_url=settings.get("base_url"),
         tools=tools,
         limits=limits,
         system_prompt=system_prompt,
         store=store or default_store_path(),
         listeners=() if quiet else (ProgressPrinter(err),),
         approve_tools=settings.get("approve_tools", ()),
-        run_config={k: settings[k] for k in ("repo", "allow_hosts", "allow_writes")},
+        run_config={
+            k: settings.get(k)
+            for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
+        },
     )
 
 

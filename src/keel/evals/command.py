@@ -1,0 +1,119 @@
+"""`keel eval`: run evaluation scenarios and say whether the runtime's rules held.
+
+Registered by the command line in one line, ``app.command("eval")(eval_command)``. Exit codes
+follow `keel run`: 0 when every scenario passed, 1 when any failed, 2 for bad usage or a bad
+scenario file (the message names the file and the field).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+
+from keel.errors import ConfigError
+from keel.evals.loading import resolve
+from keel.evals.report import WIDE, print_table, to_json
+from keel.evals.runner import RunRow, ScenarioReport, run_scenarios
+from keel.evals.scenario import Scenario
+from keel.models import SPEC_HELP
+from keel.store import Store
+
+
+def eval_command(
+    scenarios: Annotated[
+        list[str] | None,
+        typer.Argument(
+            metavar="[NAME|FILE|FOLDER]...",
+            help="Built-in scenario names, scenario files (.toml, .json) or folders of them "
+            "[default: every built-in scenario].",
+            show_default=False,
+        ),
+    ] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
+    model: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Run against this model instead of each scenario's script: {SPEC_HELP}.",
+            show_default=False,
+        ),
+    ] = None,
+    repeat: Annotated[
+        int,
+        typer.Option(min=1, help="Runs per scenario; the table counts how each run ended."),
+    ] = 1,
+    store: Annotated[
+        Path | None,
+        typer.Option(
+            "--store",
+            help="Keep the runs in this SQLite file, for `keel show` [default: in memory].",
+            show_default=False,
+        ),
+    ] = None,
+    list_only: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
+) -> None:
+    """Run evaluation scenarios against the real runtime and report how each run ended.
+
+    Each scenario serves its pages on 127.0.0.1, gives the agent real tools and a scripted
+    model (or --model), and checks the outcome: status, failure kind, synthesis, call counts,
+    page requests, evidence resets, elided results and the answer's text.
+    """
+    err = Console(stderr=True)
+    try:
+        found = resolve(scenarios or [])
+        if list_only:
+            _list(found, as_json)
+            return
+        reports = _run(found, model, repeat, store, None if as_json else err)
+    except ConfigError as exc:
+        _usage_error(err, exc)
+    if as_json:
+        typer.echo(json.dumps(to_json(reports, model=model, repeat=repeat), ensure_ascii=False))
+    else:
+        out = Console()
+        if not out.is_terminal:
+            out = Console(width=WIDE)
+        print_table(reports, out)
+    raise typer.Exit(0 if all(r.passed for r in reports) else 1)
+
+
+def _run(
+    found: list[Scenario], model: str | None, repeat: int, path: Path | None, err: Console | None
+) -> list[ScenarioReport]:
+    def progress(row: RunRow) -> None:
+        if err is not None:
+            verdict = "pass" if row.passed else "FAIL"
+            err.print(
+                f"{row.scenario} #{row.repeat}: {row.actual} · {verdict} · {row.seconds:.2f}s",
+                highlight=False,
+                markup=False,
+                style="dim",
+            )
+
+    db = Store(":memory:" if path is None else path)
+    try:
+        return asyncio.run(
+            run_scenarios(found, model=model, repeat=repeat, store=db, on_row=progress)
+        )
+    finally:
+        db.close()
+
+
+def _list(found: list[Scenario], as_json: bool) -> None:
+    if as_json:
+        items = [
+            {"name": s.name, "source": s.source, "description": s.spec.description} for s in found
+        ]
+        typer.echo(json.dumps(items, ensure_ascii=False))
+        return
+    for s in found:
+        typer.echo(f"{s.name:<22} {s.spec.description}")
+
+
+def _usage_error(err: Console, exc: ConfigError) -> NoReturn:
+    err.print(f"keel: {exc}", highlight=False, markup=False, soft_wrap=True)
+    raise typer.Exit(2)

@@ -1,0 +1,107 @@
+"""The evaluation's output: one table row per scenario for people, one JSON object for tools.
+
+With repeats, a row sums up every run of its scenario: how often the runs ended each way (an
+answer, a synthesized answer, each failure kind), the range of calls, and how many passed. The
+JSON keeps every run, with its problems, for whoever wants to look closer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from keel.evals.runner import RunRow, ScenarioReport
+
+WIDE = 160
+"""Columns for the table when stdout is not a terminal (a log, a pipe): no wrapping."""
+
+
+def to_json(reports: Sequence[ScenarioReport], *, model: str | None, repeat: int) -> dict[str, Any]:
+    return {
+        "passed": all(r.passed for r in reports),
+        "model": model,
+        "repeat": repeat,
+        "scenarios": [
+            {
+                "name": r.scenario.name,
+                "source": r.scenario.source,
+                "description": r.scenario.spec.description,
+                "expected": r.rows[0].expected if r.rows else None,
+                "passed": r.passed,
+                "runs": len(r.rows),
+                "passes": sum(row.passed for row in r.rows),
+                "outcomes": dict(r.outcomes.most_common()),
+                "results": [row.to_dict() for row in r.rows],
+            }
+            for r in reports
+        ],
+    }
+
+
+def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
+    table = Table(
+        "scenario",
+        "expected end",
+        "actual end",
+        "model calls",
+        "tool calls",
+        "synthesized",
+        "result",
+        "time",
+        title_justify="left",
+    )
+    for report in reports:
+        table.add_row(*_cells(report))
+    console.print(table)
+    problems = [row for report in reports for row in report.rows if not row.passed]
+    for row in problems:
+        where = (
+            row.scenario
+            if len(_rows_of(reports, row.scenario)) == 1
+            else (f"{row.scenario} #{row.repeat}")
+        )
+        for problem in row.problems:
+            console.print(f"  {where}: {problem}", highlight=False, markup=False)
+    passed = sum(r.passed for r in reports)
+    verdict = "[green]all passed[/green]" if passed == len(reports) else "[red]FAILED[/red]"
+    console.print(f"{passed} of {len(reports)} scenarios passed: {verdict}")
+
+
+def _rows_of(reports: Sequence[ScenarioReport], name: str) -> list[RunRow]:
+    return [row for r in reports if r.scenario.name == name for row in r.rows]
+
+
+def _cells(report: ScenarioReport) -> tuple[str, ...]:
+    rows = report.rows
+    if len(rows) == 1:
+        (row,) = rows
+        actual = row.actual
+        synthesized = row.synthesized or "no"
+        result = "[green]pass[/green]" if row.passed else "[red]FAIL[/red]"
+    else:
+        actual = ", ".join(f"{end}: {n}" for end, n in report.outcomes.most_common())
+        synthesized = f"{sum(1 for r in rows if r.synthesized)}/{len(rows)}"
+        passes = sum(r.passed for r in rows)
+        colour = "green" if passes == len(rows) else "red"
+        word = "pass" if passes == len(rows) else "FAIL"
+        result = f"[{colour}]{word} {passes}/{len(rows)}[/{colour}]"
+    return (
+        report.scenario.name,
+        rows[0].expected if rows else "",
+        actual,
+        _span([r.model_calls for r in rows]),
+        _span([r.tool_calls for r in rows]),
+        synthesized,
+        result,
+        f"{sum(r.seconds for r in rows):.2f}s",
+    )
+
+
+def _span(values: list[int]) -> str:
+    if not values:
+        return ""
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"

@@ -1,0 +1,381 @@
+"""Running a scenario for real and judging how it ended.
+
+Nothing is simulated below the model: each run starts its own page server, builds the real web
+(and file, and browser) tools, a real Agent with the scenario's limits and a store, and runs the
+question. Only the model is scripted, unless ``--model`` names a real one. The result row records
+what an expectation can be checked against: the end of the run, the calls, the events that show
+a rule at work (evidence resets, elided results), the requests each page received (so "nothing
+was dispatched" is observed at the server, not inferred from the runtime's own account), and the
+scripted turns left unused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from keel.agent import Agent
+from keel.errors import ConfigError
+from keel.evals.pageserver import PageServer
+from keel.evals.scenario import (
+    BROWSER_TOOLS,
+    FILE_TOOLS,
+    WEB_TOOLS,
+    Bounds,
+    ChangingPage,
+    Count,
+    ErrorPage,
+    Expect,
+    LargePage,
+    Page,
+    ProgressPage,
+    RedirectPage,
+    Scenario,
+    ScenarioSpec,
+    ScriptPage,
+    SettlingPage,
+    SlowPage,
+    StaticPage,
+)
+from keel.models import resolve_model
+from keel.result import RunResult
+from keel.store import Store
+from keel.tools.base import Tool
+from keel.tools.files import file_tools
+from keel.tools.web import web_tools
+from keel.transports.base import Transport
+from keel.transports.scripted import ScriptedTransport
+
+ALLOW_HOSTS = ("127.0.0.1",)
+Closer = Callable[[], Awaitable[None]]
+
+
+@dataclass(slots=True)
+class RunRow:
+    """One run of one scenario, and whether it met the expectation."""
+
+    scenario: str
+    repeat: int
+    """1-based."""
+    expected: str
+    actual: str
+    """How the run ended: "answer", "synthesized: <reason>", a failure kind, "cancelled",
+    "awaiting approval", or "error" when the evaluation itself could not run it."""
+    passed: bool
+    problems: list[str]
+    model_calls: int = 0
+    tool_calls: int = 0
+    synthesized: str | None = None
+    evidence_resets: int = 0
+    results_elided: int = 0
+    page_hits: dict[str, int] = field(default_factory=dict)
+    unused_turns: int | None = None
+    """Scripted turns left unused; None with a real model."""
+    seconds: float = 0.0
+    run_id: str | None = None
+    answer: str | None = None
+    failure: dict[str, Any] | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(slots=True)
+class ScenarioReport:
+    """All repeats of one scenario."""
+
+    scenario: Scenario
+    rows: list[RunRow]
+
+    @property
+    def passed(self) -> bool:
+        return all(row.passed for row in self.rows)
+
+    @property
+    def outcomes(self) -> Counter[str]:
+        """How often runs ended each way: the figure that matters with a real model."""
+        return Counter(row.actual for row in self.rows)
+
+
+# --- how runs end ---------------------------------------------------------------------------
+
+
+def expected_end(expect: Expect) -> str:
+    if expect.status == "completed":
+        if expect.synthesized is False:
+            return "answer"
+        return f"synthesized: {expect.synthesized}" if expect.synthesized else "completed"
+    if expect.status == "failed":
+        return expect.failure or "failed"
+    return expect.status.replace("_", " ")
+
+
+def actual_end(result: RunResult) -> str:
+    if result.status == "completed":
+        return f"synthesized: {result.synthesized}" if result.synthesized else "answer"
+    if result.status == "failed":
+        return result.failure.kind if result.failure else "failed"
+    return result.status.replace("_", " ")
+
+
+def _count_problem(what: str, value: int, want: Count | None) -> str | None:
+    if want is None:
+        return None
+    if isinstance(want, Bounds):
+        return None if want.check(value) else f"{what}: {value}, expected {want}"
+    return None if value == want else f"{what}: {value}, expected {want}"
+
+
+def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
+    """Every way the run missed the expectation, each as a sentence; empty when it passed."""
+    problems: list[str] = []
+    end, want = row.actual, expected_end(expect)
+    status_ok = result.status == expect.status
+    failure_ok = expect.failure is None or (
+        result.failure is not None and result.failure.kind == expect.failure
+    )
+    synth_ok = expect.synthesized is None or (result.synthesized or False) == expect.synthesized
+    if not (status_ok and failure_ok and synth_ok):
+        why = f" ({result.failure.message})" if result.failure else ""
+        problems.append(f"ended with {end}, expected {want}{why}")
+    counts = (
+        ("model calls", row.model_calls, expect.model_calls),
+        ("tool calls", row.tool_calls, expect.tool_calls),
+        ("evidence resets", row.evidence_resets, expect.evidence_resets),
+        ("results elided", row.results_elided, expect.results_elided),
+        *((f"requests to {p}", row.page_hits.get(p, 0), c) for p, c in expect.page_hits.items()),
+    )
+    for what, value, bound in counts:
+        if (problem := _count_problem(what, value, bound)) is not None:
+            problems.append(problem)
+    answer = (result.answer or "").casefold()
+    problems += [
+        f"answer lacks {t!r}" for t in expect.answer_contains if t.casefold() not in answer
+    ]
+    problems += [f"answer contains {t!r}" for t in expect.answer_excludes if t.casefold() in answer]
+    if row.unused_turns is not None and row.unused_turns != expect.unused_turns:
+        problems.append(
+            f"scripted turns left unused: {row.unused_turns}, expected {expect.unused_turns}"
+        )
+    return problems
+
+
+# --- one run --------------------------------------------------------------------------------
+
+
+def substitute(value: Any, base: str) -> Any:
+    """``{base}`` in every string of a parsed script or question becomes the server's URL."""
+    if isinstance(value, str):
+        return value.replace("{base}", base)
+    if isinstance(value, list):
+        return [substitute(v, base) for v in value]
+    if isinstance(value, dict):
+        return {k: substitute(v, base) for k, v in value.items()}
+    return value
+
+
+def serve(server: PageServer, pages: Sequence[Page], base: str) -> None:
+    for page in pages:
+        path = page.path
+        match page:
+            case StaticPage():
+                server.add_page(path, page.body, page.content_type, page.status)
+            case ChangingPage():
+                server.add_changing(path, page.template)
+            case ProgressPage():
+                server.add_progress(path, page.steps, page.done)
+            case SettlingPage():
+                server.add_settling(path, page.settle_after, page.template)
+            case LargePage():
+                server.add_large(path, page.size_kb * 1024, page.topic, page.title)
+            case SlowPage():
+                server.add_slow(path, page.seconds, page.body)
+            case ErrorPage():
+                server.add_error(path, page.status, page.body)
+            case ScriptPage():
+                server.add_script_page(
+                    path,
+                    interval_ms=page.interval_ms,
+                    ticks=page.ticks,
+                    text=page.text,
+                    title=page.title,
+                )
+            case RedirectPage():
+                server.add_redirect(path, substitute(page.location, base), page.status)
+
+
+def build_tools(spec: ScenarioSpec, folder: Path) -> tuple[list[Tool], list[Closer]]:
+    """The scenario's tools, in the order it names them, and what must be closed after."""
+    names = spec.tools.names or [*WEB_TOOLS, *(FILE_TOOLS if spec.files else ())]
+    pool: dict[str, Tool] = {}
+    closers: list[Closer] = []
+    if set(names) & set(WEB_TOOLS):
+        web = web_tools(
+            allow_hosts=ALLOW_HOSTS,
+            timeout=spec.tools.timeout,
+            max_download_bytes=spec.tools.max_download_bytes,
+        )
+        pool.update((t.name, t) for t in web)
+    if set(names) & set(FILE_TOOLS):
+        for rel, text in spec.files.items():
+            target = folder / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_text(text, encoding="utf-8")
+        pool.update((t.name, t) for t in file_tools(folder))
+    if set(names) & set(BROWSER_TOOLS):
+        from keel.tools.browser import browser_tools
+
+        browser = browser_tools(
+            allow_hosts=ALLOW_HOSTS,
+            executable_path=spec.tools.browser_executable,
+            timeout=spec.tools.timeout,
+        )
+        pool.update((t.name, t) for t in browser)
+        closers.append(browser.close)
+    return [pool[name] for name in names], closers
+
+
+def make_transport(scenario: Scenario, model: str | None, base: str) -> Transport:
+    if model is not None:
+        return resolve_model(model)
+    if scenario.spec.script is None:
+        raise ConfigError(
+            f"scenario {scenario.name} ({scenario.source}) has no script; "
+            "run it against a model with --model SPEC"
+        )
+    script = substitute(scenario.spec.script, base)
+    return ScriptedTransport.from_dict(script, scenario.source)
+
+
+class _EventCounts:
+    """A listener: how often each event type occurred in the run."""
+
+    def __init__(self) -> None:
+        self.counts: Counter[str] = Counter()
+
+    def __call__(self, type_: str, data: dict[str, Any]) -> None:
+        self.counts[type_] += 1
+
+
+async def run_once(
+    scenario: Scenario, *, model: str | None, store: Store, repeat: int = 1
+) -> RunRow:
+    """Run the scenario once, for real, and judge it."""
+    spec = scenario.spec
+    live = model is not None
+    expect = spec.expect_live if live else spec.expect
+    started = time.perf_counter()
+    counts = _EventCounts()
+    with PageServer() as server, tempfile.TemporaryDirectory(prefix="keel-eval-") as tmp:
+        base = server.base_url
+        serve(server, spec.pages, base)
+        transport = make_transport(scenario, model, base)
+        tools, closers = build_tools(spec, Path(tmp))
+        agent = Agent(
+            transport, tools=tools, limits=scenario.limits, store=store, listeners=[counts]
+        )
+        try:
+            result, stuck = await _run_with_timeout(agent, substitute(spec.question, base), spec)
+        finally:
+            for close in closers:
+                await close()
+        hits = {page.path: server.hits(page.path) for page in spec.pages}
+    unused = transport.remaining if isinstance(transport, ScriptedTransport) and not live else None
+    row = RunRow(
+        scenario=scenario.name,
+        repeat=repeat,
+        expected=expected_end(expect) if expect else "any end",
+        actual=actual_end(result),
+        passed=False,
+        problems=[],
+        model_calls=result.model_calls,
+        tool_calls=result.tool_calls,
+        synthesized=result.synthesized,
+        evidence_resets=counts.counts["evidence_reset"],
+        results_elided=counts.counts["result_elided"],
+        page_hits=hits,
+        unused_turns=unused,
+        seconds=round(time.perf_counter() - started, 3),
+        run_id=result.run_id,
+        answer=result.answer,
+        failure=None if result.failure is None else result.failure.to_dict(),
+    )
+    if stuck:
+        row.problems.append(f"the run did not end within {spec.timeout:g}s and was cancelled")
+    if expect is not None:
+        row.problems += check(expect, row, result)
+    row.passed = not row.problems
+    return row
+
+
+async def _run_with_timeout(
+    agent: Agent, question: str, spec: ScenarioSpec
+) -> tuple[RunResult, bool]:
+    """The run's result, and whether it had to be cancelled for outliving the timeout.
+
+    A stuck run is cancelled the runtime's own way, so it still ends with a RunResult."""
+    handle = agent.start(question)
+    waiter: asyncio.Future[RunResult] = asyncio.ensure_future(handle)
+    done, _ = await asyncio.wait({waiter}, timeout=spec.timeout)
+    if done:
+        return waiter.result(), False
+    handle.cancel()
+    return await waiter, True
+
+
+def _error_row(scenario: Scenario, repeat: int, expect: Expect | None, exc: Exception) -> RunRow:
+    return RunRow(
+        scenario=scenario.name,
+        repeat=repeat,
+        expected=expected_end(expect) if expect else "any end",
+        actual="error",
+        passed=False,
+        problems=[f"the evaluation could not run: {type(exc).__name__}: {exc}"],
+    )
+
+
+async def run_scenarios(
+    scenarios: Sequence[Scenario],
+    *,
+    model: str | None = None,
+    repeat: int = 1,
+    store: Store,
+    on_row: Callable[[RunRow], None] | None = None,
+) -> list[ScenarioReport]:
+    """Every scenario, `repeat` times each, one run at a time (runs must not share a CPU
+    budget: several evaluate timing). Misuse (a scenario without a script and no model, a bad
+    model spec) raises ConfigError before anything runs; anything else that goes wrong while
+    running one becomes a failed row, and the others still run."""
+    if repeat < 1:
+        raise ConfigError(f"--repeat must be at least 1 (got {repeat})")
+    for s in scenarios:
+        if model is None:
+            make_transport(s, None, "http://127.0.0.1")
+        if set(s.spec.tools.names or ()) & set(BROWSER_TOOLS):
+            from keel.tools.browser import browser_tools
+
+            browser_tools(executable_path=s.spec.tools.browser_executable)  # present?
+    if model is not None:
+        resolve_model(model)
+    reports: list[ScenarioReport] = []
+    for scenario in scenarios:
+        rows: list[RunRow] = []
+        expect = scenario.spec.expect_live if model else scenario.spec.expect
+        for n in range(1, repeat + 1):
+            try:
+                row = await run_once(scenario, model=model, store=store, repeat=n)
+            except ConfigError:
+                raise
+            except Exception as exc:
+                row = _error_row(scenario, n, expect, exc)
+            rows.append(row)
+            if on_row is not None:
+                on_row(row)
+        reports.append(ScenarioReport(scenario, rows))
+    return reports

@@ -1,0 +1,298 @@
+"""The scenario format: what an evaluation runs and what it must end with.
+
+A scenario is one TOML or JSON file. It names a question, a scripted model (the format of
+`keel.ScriptedTransport`, ignored when `keel eval --model` picks a real one), the tools and their
+settings, pages for the loopback page server, files for the file tools, the run's limits, and
+the expected outcome. ``{base}`` anywhere in the question or the script becomes the page
+server's base URL, which is only known once it has started on a free port::
+
+    question = "Has the job at {base}/job finished?"
+    [limits]
+    loop_threshold = 5
+    [[pages]]
+    path = "/job"
+    kind = "progress"          # also: static, changing, settling, large, slow, error, script
+    steps = 1                  # done on the first poll
+    [script]
+    turns = [
+      { tool_calls = [{ name = "observe_page", arguments = { url = "{base}/job" } }] },
+      { text = "The job finished." },
+    ]
+    [expect]
+    status = "completed"
+    synthesized = false        # false: a plain answer; "repeated_tool" / "budget"; absent: any
+    page_hits = { "/job" = 1 }
+
+Counts in ``[expect]`` are a number (exactly) or ``{ min = N, max = M }``. `loading.py` reads
+and validates files; a typo fails before anything runs, with the file and the field named.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+import pydantic
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from keel.errors import FailureKind
+from keel.limits import Limits
+
+WEB_TOOLS = ("fetch", "observe_page")
+FILE_TOOLS = ("list_files", "read_file", "search_files")
+BROWSER_TOOLS = ("browser_observe", "browser_act")
+KNOWN_TOOLS = WEB_TOOLS + FILE_TOOLS + BROWSER_TOOLS
+SUFFIXES = (".toml", ".json")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --- pages ----------------------------------------------------------------------------------
+
+
+class _PageBase(_Strict):
+    path: str = Field(pattern=r"^/")
+
+
+class StaticPage(_PageBase):
+    kind: Literal["static"] = "static"
+    body: str
+    content_type: str = "text/html; charset=utf-8"
+    status: int = Field(default=200, ge=200, le=599)
+
+
+class ChangingPage(_PageBase):
+    """Differs on every request."""
+
+    kind: Literal["changing"]
+    template: str = "<p>version {n}</p>"
+
+
+class ProgressPage(_PageBase):
+    kind: Literal["progress"]
+    steps: int = Field(default=4, ge=1)
+    done: str = "finished"
+
+
+class SettlingPage(_PageBase):
+    kind: Literal["settling"]
+    settle_after: int = Field(ge=1)
+    template: str = "<p>status: pending, check {n}</p>"
+
+
+class LargePage(_PageBase):
+    kind: Literal["large"]
+    size_kb: int = Field(ge=1, le=50_000)
+    topic: str
+    title: str = "Design document"
+
+
+class SlowPage(_PageBase):
+    kind: Literal["slow"]
+    seconds: float = Field(gt=0, le=600)
+    body: str = "slow"
+
+
+class ErrorPage(_PageBase):
+    kind: Literal["error"]
+    status: int = Field(default=500, ge=400, le=599)
+    body: str = "internal server error"
+
+
+class ScriptPage(_PageBase):
+    """Visible text written only by JavaScript (for the browser tools)."""
+
+    kind: Literal["script"]
+    interval_ms: int = Field(default=100, ge=0)
+    ticks: int | None = Field(default=None, ge=1)
+    text: str = "ticks:"
+    title: str = "Live status"
+
+
+class RedirectPage(_PageBase):
+    kind: Literal["redirect"]
+    location: str
+    """May use ``{base}``."""
+    status: int = Field(default=302, ge=300, le=399)
+
+
+def _page_kind(value: Any) -> str | None:
+    if isinstance(value, dict):
+        kind = value.get("kind", "static")
+        return f"~{kind}" if isinstance(kind, str) else None
+    return f"~{getattr(value, 'kind', '')}" if isinstance(value, _PageBase) else None
+
+
+_PAGE_KINDS = (
+    StaticPage,
+    ChangingPage,
+    ProgressPage,
+    SettlingPage,
+    LargePage,
+    SlowPage,
+    ErrorPage,
+    ScriptPage,
+    RedirectPage,
+)
+_KIND_NAMES = ", ".join(typing.get_args(m.model_fields["kind"].annotation)[0] for m in _PAGE_KINDS)
+
+Page = Annotated[
+    Annotated[StaticPage, Tag("~static")]
+    | Annotated[ChangingPage, Tag("~changing")]
+    | Annotated[ProgressPage, Tag("~progress")]
+    | Annotated[SettlingPage, Tag("~settling")]
+    | Annotated[LargePage, Tag("~large")]
+    | Annotated[SlowPage, Tag("~slow")]
+    | Annotated[ErrorPage, Tag("~error")]
+    | Annotated[ScriptPage, Tag("~script")]
+    | Annotated[RedirectPage, Tag("~redirect")],
+    Discriminator(
+        _page_kind,
+        custom_error_type="page_kind",
+        custom_error_message=f"a page's kind is one of {_KIND_NAMES}",
+    ),
+]
+
+
+# --- tools, limits, expectations ------------------------------------------------------------
+
+
+class ToolsSpec(_Strict):
+    names: list[str] | None = None
+    """Tools the agent gets; default: fetch and observe_page, plus the file tools with files."""
+    timeout: float = Field(default=20.0, gt=0)
+    """Seconds one web or browser call may take."""
+    max_download_bytes: int = Field(default=5_000_000, ge=1)
+    browser_executable: str | None = None
+    """Chromium for the browser tools; default: found on PATH."""
+
+    @model_validator(mode="after")
+    def _known(self) -> ToolsSpec:
+        unknown = sorted(set(self.names or ()) - set(KNOWN_TOOLS))
+        if unknown:
+            raise ValueError(
+                f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(KNOWN_TOOLS)}"
+            )
+        return self
+
+
+def _limits_model() -> type[BaseModel]:
+    """The [limits] table mirrors keel.Limits field by field, so the two cannot drift."""
+    hints = typing.get_type_hints(Limits)
+    fields: dict[str, Any] = {
+        f.name: (hints[f.name], f.default) for f in dataclasses.fields(Limits)
+    }
+    model: type[BaseModel] = pydantic.create_model(
+        "LimitsSpec", __config__=ConfigDict(extra="forbid", frozen=True), **fields
+    )
+    return model
+
+
+if TYPE_CHECKING:
+    LimitsSpec = BaseModel
+else:
+    LimitsSpec = _limits_model()
+
+
+class Bounds(_Strict):
+    min: int | None = Field(default=None, ge=0)
+    max: int | None = Field(default=None, ge=0)
+
+    def check(self, value: int) -> bool:
+        return (self.min is None or value >= self.min) and (self.max is None or value <= self.max)
+
+    def __str__(self) -> str:
+        if self.min is not None and self.max is not None:
+            return f"between {self.min} and {self.max}"
+        if self.min is not None:
+            return f"at least {self.min}"
+        return f"at most {self.max}" if self.max is not None else "any number"
+
+
+Count = Annotated[int, Field(ge=0)] | Bounds
+"""A number (exactly that) or { min, max }."""
+
+RunEnd = Literal["completed", "failed", "awaiting_approval", "cancelled"]
+
+
+class Expect(_Strict):
+    status: RunEnd
+    failure: FailureKind | None = None
+    """With status "failed": the failure kind the run must end with."""
+    synthesized: Literal["repeated_tool", "budget", False] | None = None
+    """With status "completed": the synthesis reason, or false for a plain answer."""
+    model_calls: Count | None = None
+    tool_calls: Count | None = None
+    evidence_resets: Count | None = None
+    """`evidence_reset` events: observations that restarted their counter."""
+    results_elided: Count | None = None
+    """`result_elided` events: results the context builder replaced by pointers."""
+    page_hits: dict[str, Count] = {}
+    """Requests the page server saw per path; 0 shows that nothing was dispatched there."""
+    answer_contains: list[str] = []
+    """Texts the answer must contain (case-insensitive)."""
+    answer_excludes: list[str] = []
+    unused_turns: int = Field(default=0, ge=0)
+    """Scripted turns the run must leave unused: what the model would have done next had the
+    rule under test not stopped it (the twin that breaks the rule uses them)."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Expect:
+        if self.failure is not None and self.status != "failed":
+            raise ValueError('failure is only checked with status = "failed"')
+        if self.synthesized is not None and self.status != "completed":
+            raise ValueError('synthesized is only checked with status = "completed"')
+        return self
+
+
+class ScenarioSpec(_Strict):
+    """One scenario file, as written."""
+
+    name: str | None = Field(default=None, pattern=r"^[A-Za-z0-9_.-]+$")
+    """Default: the file name without its suffix."""
+    description: str = ""
+    question: str = Field(min_length=1)
+    script: dict[str, Any] | None = None
+    """A scripted model (`keel.ScriptedTransport` format); required unless --model is given."""
+    tools: ToolsSpec = ToolsSpec()
+    files: dict[str, str] = {}
+    """Files (relative path: text) written to a temporary folder the file tools are rooted at."""
+    pages: list[Page] = []
+    limits: LimitsSpec = LimitsSpec()
+    expect: Expect
+    expect_live: Expect | None = None
+    """Checked instead of `expect` with a real model (--model); without it, a live run passes
+    when it ends with an answer, a classified failure or a pause."""
+    timeout: float = Field(default=120.0, gt=0)
+    """Seconds the evaluation waits for one run before calling it stuck."""
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ScenarioSpec:
+        paths = [p.path for p in self.pages]
+        dupes = sorted({p for p in paths if paths.count(p) > 1})
+        if dupes:
+            raise ValueError(f"pages: path {dupes[0]} is served twice")
+        for label, key in (("expect", self.expect), ("expect_live", self.expect_live)):
+            stray = sorted(set(key.page_hits) - set(paths)) if key is not None else []
+            if stray:
+                raise ValueError(f"{label}.page_hits: {stray[0]} is not one of the pages served")
+        for rel in self.files:
+            if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise ValueError(f"files: {rel!r} must be a relative path inside the folder")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    """A loaded, validated scenario."""
+
+    name: str
+    source: str
+    """The file it came from."""
+    spec: ScenarioSpec
+    limits: Limits
