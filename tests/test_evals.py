@@ -15,13 +15,24 @@ import typer
 from typer.testing import CliRunner
 
 import keel
+import keel.agent
+import keel.batch
 import keel.evals.scenario
+import keel.resume
 import keel.synthesis
 from keel.breaker import IdenticalCallBreaker
 from keel.evals import builtin_names
 from keel.evals.command import eval_command
 
-BUILTIN = ["budget_synthesis", "changing_page", "evidence_reset_cap", "loop", "repeated_research"]
+BUILTIN = [
+    "budget_synthesis",
+    "changing_page",
+    "denial",
+    "evidence_reset_cap",
+    "loop",
+    "repeated_research",
+    "resume_at_threshold",
+]
 
 app = typer.Typer(add_completion=False)
 
@@ -57,7 +68,7 @@ def only_row(report: dict[str, Any]) -> dict[str, Any]:
 # --- the built-in scenarios pass -------------------------------------------------------------
 
 
-def test_builtin_scenarios_are_the_five_of_the_issue() -> None:
+def test_builtin_scenarios_are_the_seven_of_the_issue() -> None:
     assert builtin_names() == BUILTIN
 
 
@@ -68,7 +79,7 @@ def test_every_builtin_scenario_passes_and_the_table_says_so() -> None:
         assert name in out
     for header in ("expected end", "actual end", "model calls", "tool calls", "synthesized"):
         assert header in out
-    assert "5 of 5 scenarios passed" in out
+    assert f"{len(BUILTIN)} of {len(BUILTIN)} scenarios passed" in out
     assert "FAIL" not in out
 
 
@@ -125,6 +136,29 @@ def ignore_reset_cap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(IdenticalCallBreaker, "__init__", init)
 
 
+def forget_denials(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An identical call already denied is asked about again instead of denied again."""
+    original = keel.batch.BatchAnswerer._ask_approvals
+
+    def ask(self: Any, batch: Any) -> None:
+        self.run.state.denied.clear()
+        original(self, batch)
+
+    monkeypatch.setattr(keel.batch.BatchAnswerer, "_ask_approvals", ask)
+
+
+def resume_without_counters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A resumed run starts its identical-call counters from zero."""
+    original = keel.resume.load
+
+    def load(store: Any, run_id: str) -> Any:
+        point = original(store, run_id)
+        point.counters.clear()
+        return point
+
+    monkeypatch.setattr(keel.agent.resume, "load", load)
+
+
 Breakage = Callable[[pytest.MonkeyPatch], None]
 
 
@@ -142,6 +176,12 @@ Breakage = Callable[[pytest.MonkeyPatch], None]
         ("loop", no_hard_breaker, "ModelError"),
         # Without the cap a page that always changes keeps the run polling.
         ("evidence_reset_cap", ignore_reset_cap, "ModelError"),
+        # Forgetting the denial, the identical request asks a person again: the run stays
+        # paused with no decision left to apply.
+        ("denial", forget_denials, "awaiting approval"),
+        # Resumed without its counters, the run keeps researching instead of synthesizing:
+        # it spends the turn scripted as "what the model would do next", then runs dry.
+        ("resume_at_threshold", resume_without_counters, "ModelError"),
     ],
 )
 def test_each_scenario_fails_when_its_rule_is_broken(

@@ -12,6 +12,7 @@ scripted turns left unused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import tempfile
 import time
 from collections import Counter
@@ -20,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from keel.agent import Agent
+from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError
 from keel.evals.pageserver import PageServer
 from keel.evals.scenario import (
@@ -74,6 +75,8 @@ class RunRow:
     synthesized: str | None = None
     evidence_resets: int = 0
     results_elided: int = 0
+    approvals_requested: int = 0
+    resumes: int = 0
     page_hits: dict[str, int] = field(default_factory=dict)
     unused_turns: int | None = None
     """Scripted turns left unused; None with a real model."""
@@ -149,6 +152,8 @@ def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
         ("tool calls", row.tool_calls, expect.tool_calls),
         ("evidence resets", row.evidence_resets, expect.evidence_resets),
         ("results elided", row.results_elided, expect.results_elided),
+        ("approvals requested", row.approvals_requested, expect.approvals_requested),
+        ("resumes", row.resumes, expect.resumes),
         *((f"requests to {p}", row.page_hits.get(p, 0), c) for p, c in expect.page_hits.items()),
     )
     for what, value, bound in counts:
@@ -238,7 +243,12 @@ def build_tools(spec: ScenarioSpec, folder: Path) -> tuple[list[Tool], list[Clos
         )
         pool.update((t.name, t) for t in browser)
         closers.append(browser.close)
-    return [pool[name] for name in names], closers
+    required = set(spec.approvals.require)
+    tools = [
+        dataclasses.replace(pool[name], requires_approval=True) if name in required else pool[name]
+        for name in names
+    ]
+    return tools, closers
 
 
 def make_transport(scenario: Scenario, model: str | None, base: str) -> Transport:
@@ -277,11 +287,40 @@ async def run_once(
         serve(server, spec.pages, base)
         transport = make_transport(scenario, model, base)
         tools, closers = build_tools(spec, Path(tmp))
-        agent = Agent(
-            transport, tools=tools, limits=scenario.limits, store=store, listeners=[counts]
-        )
+
+        def agent_on(model_transport: Transport) -> Agent:
+            return Agent(
+                model_transport,
+                tools=tools,
+                limits=scenario.limits,
+                store=store,
+                listeners=[counts],
+            )
+
         try:
-            result, stuck = await _run_with_timeout(agent, substitute(spec.question, base), spec)
+            agent = agent_on(transport)
+            result, stuck = await _run_with_timeout(
+                agent, lambda: agent.start(substitute(spec.question, base)), spec
+            )
+            for decision in spec.approvals.decisions:
+                if result.status != "awaiting_approval" or stuck:
+                    break
+                for pending in agent.pending_approvals(result.run_id):
+                    if decision.decision == "approve":
+                        agent.approve(result.run_id, pending.call_id, by=decision.by)
+                    else:
+                        agent.deny(
+                            result.run_id,
+                            pending.call_id,
+                            reason=decision.reason or "denied by the evaluation",
+                            by=decision.by,
+                        )
+                transport = make_transport(scenario, model, base)  # a new process, anew
+                agent = agent_on(transport)
+                run_id = result.run_id
+                result, stuck = await _run_with_timeout(
+                    agent, lambda: agent.start_resume(run_id), spec
+                )
         finally:
             for close in closers:
                 await close()
@@ -299,6 +338,8 @@ async def run_once(
         synthesized=result.synthesized,
         evidence_resets=counts.counts["evidence_reset"],
         results_elided=counts.counts["result_elided"],
+        approvals_requested=counts.counts["approval_requested"],
+        resumes=counts.counts["run_resumed"],
         page_hits=hits,
         unused_turns=unused,
         seconds=round(time.perf_counter() - started, 3),
@@ -315,12 +356,12 @@ async def run_once(
 
 
 async def _run_with_timeout(
-    agent: Agent, question: str, spec: ScenarioSpec
+    agent: Agent, start: Callable[[], RunHandle], spec: ScenarioSpec
 ) -> tuple[RunResult, bool]:
     """The run's result, and whether it had to be cancelled for outliving the timeout.
 
     A stuck run is cancelled the runtime's own way, so it still ends with a RunResult."""
-    handle = agent.start(question)
+    handle = start()
     waiter: asyncio.Future[RunResult] = asyncio.ensure_future(handle)
     done, _ = await asyncio.wait({waiter}, timeout=spec.timeout)
     if done:

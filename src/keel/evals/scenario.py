@@ -232,6 +232,10 @@ class Expect(_Strict):
     """`evidence_reset` events: observations that restarted their counter."""
     results_elided: Count | None = None
     """`result_elided` events: results the context builder replaced by pointers."""
+    approvals_requested: Count | None = None
+    """`approval_requested` events: calls a person was asked about."""
+    resumes: Count | None = None
+    """How often the run was resumed (in a fresh agent, as a new process would)."""
     page_hits: dict[str, Count] = {}
     """Requests the page server saw per path; 0 shows that nothing was dispatched there."""
     answer_contains: list[str] = []
@@ -250,6 +254,22 @@ class Expect(_Strict):
         return self
 
 
+class Decision(_Strict):
+    """What the evaluator decides at one pause, for every call waiting there."""
+
+    decision: Literal["approve", "deny"]
+    reason: str | None = None
+    by: str = "evaluator"
+
+
+class ApprovalsSpec(_Strict):
+    require: list[str] = []
+    """Tools whose every call needs approval in this scenario."""
+    decisions: list[Decision] = []
+    """Applied in order, one per pause; after each, the run is resumed in a fresh agent (a new
+    transport reading the script anew, the same store), as `keel resume` in a new process."""
+
+
 class ScenarioSpec(_Strict):
     """One scenario file, as written."""
 
@@ -264,6 +284,7 @@ class ScenarioSpec(_Strict):
     """Files (relative path: text) written to a temporary folder the file tools are rooted at."""
     pages: list[Page] = []
     limits: LimitsSpec = LimitsSpec()
+    approvals: ApprovalsSpec = ApprovalsSpec()
     expect: Expect
     expect_live: Expect | None = None
     """Checked instead of `expect` with a real model (--model); without it, a live run passes
