@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import tempfile
 import time
 from collections import Counter
@@ -317,9 +318,8 @@ async def run_once(
                         )
                 transport = make_transport(scenario, model, base)  # a new process, anew
                 agent = agent_on(transport)
-                run_id = result.run_id
                 result, stuck = await _run_with_timeout(
-                    agent, lambda: agent.start_resume(run_id), spec
+                    agent, functools.partial(agent.start_resume, result.run_id), spec
                 )
         finally:
             for close in closers:
