@@ -9,6 +9,8 @@ from hypothesis import settings
 
 from pageserver import PageServer
 
+pytest_plugins = ["local_model"]  # the embedded model and llama.cpp server fixtures
+
 # A loaded 2-core CI machine makes per-example timings meaningless; correctness is the point.
 settings.register_profile("keel", deadline=None)
 settings.load_profile("keel")

@@ -81,7 +81,8 @@ class Agent:
         self.limits = limits or Limits()
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
         self.system_prompt = system_prompt
-        self.token_counter = token_counter or EstimatingCounter()
+        self.token_counter: TokenCounter | None = token_counter
+        """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
         self.approve_tools = frozenset(approve_tools)
         self.run_config = dict(run_config or {})
@@ -108,11 +109,15 @@ class Agent:
             "limits": self.limits.to_dict(),
             **self.run_config,
         }
+        counter, window = _model_window(self.transport)
+        budget = self.limits.context_tokens
+        if window is not None:  # a local model's window is small and hard: stay inside it
+            budget = max(256, min(budget, window - WINDOW_MARGIN))
         context = ContextBuilder(
             self.system_prompt,
             self.executor.definitions,
-            self.token_counter,
-            budget=self.limits.context_tokens,
+            self.token_counter or counter or EstimatingCounter(),
+            budget=budget,
         )
         return RunSetup(
             transport=self.transport,
@@ -185,6 +190,21 @@ async def _drive(handle: RunHandle) -> RunResult:
     except asyncio.CancelledError:
         handle.cancel()
         raise
+
+
+WINDOW_MARGIN = 700
+"""Tokens the context builder does not see: chat markers and the XML fallback's instruction."""
+
+
+def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None]:
+    """A transport running a model in-process may offer its tokenizer and its input window
+    (directly, or under the XML fallback). Loads the model: it is needed for the run anyway."""
+    for candidate in (transport, getattr(transport, "inner", None)):
+        make_counter = getattr(candidate, "token_counter", None)
+        if callable(make_counter):
+            counter: TokenCounter = make_counter()
+            return counter, getattr(candidate, "input_token_limit", None)
+    return None, None
 
 
 def new_run_id() -> str:

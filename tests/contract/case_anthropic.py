@@ -31,8 +31,9 @@ _ERROR_TYPES = {
 """Error types from the API's error reference; other 5xx answers are ``api_error``."""
 
 
-def _message(content: list[dict[str, Any]], stop_reason: str, usage: dict[str, Any]
-             ) -> httpx.Response:
+def _message(
+    content: list[dict[str, Any]], stop_reason: str, usage: dict[str, Any]
+) -> httpx.Response:
     body = {
         "id": "msg_01XFDUDYJgAACzvnptvVoYEL",
         "type": "message",
@@ -59,16 +60,24 @@ def _expected_messages() -> list[dict[str, Any]]:
             "content": [
                 {"type": "text", "text": assistant.text},
                 {"type": "tool_use", "id": CALL_A.id, "name": "fetch", "input": CALL_A.arguments},
-                {"type": "tool_use", "id": CALL_B.id, "name": "read_file",
-                 "input": CALL_B.arguments},
+                {
+                    "type": "tool_use",
+                    "id": CALL_B.id,
+                    "name": "read_file",
+                    "input": CALL_B.arguments,
+                },
             ],
         },
         {
             "role": "user",
             "content": [
                 {"type": "tool_result", "tool_use_id": CALL_A.id, "content": RESULT_A_TEXT},
-                {"type": "tool_result", "tool_use_id": CALL_B.id, "content": RESULT_B_TEXT,
-                 "is_error": True},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": CALL_B.id,
+                    "content": RESULT_B_TEXT,
+                    "is_error": True,
+                },
             ],
         },
     ]
@@ -84,28 +93,45 @@ class AnthropicCase:
         return _message(
             [{"type": "text", "text": "The loop depends on the breaker."}],
             "end_turn",
-            {"input_tokens": 100, "cache_creation_input_tokens": 0,
-             "cache_read_input_tokens": 20, "output_tokens": 9, "service_tier": "standard"},
+            {
+                "input_tokens": 100,
+                "cache_creation_input_tokens": 0,
+                "cache_read_input_tokens": 20,
+                "output_tokens": 9,
+                "service_tier": "standard",
+            },
         )
 
     def tool_calls_response(self) -> httpx.Response:
         return _message(
             [
                 {"type": "text", "text": "I'll read both."},
-                {"type": "tool_use", "id": "call_x1", "name": "fetch",
-                 "input": {"url": "https://example.org/a"}},
-                {"type": "tool_use", "id": "call_x2", "name": "read_file",
-                 "input": {"path": "README.md"}},
+                {
+                    "type": "tool_use",
+                    "id": "call_x1",
+                    "name": "fetch",
+                    "input": {"url": "https://example.org/a"},
+                },
+                {
+                    "type": "tool_use",
+                    "id": "call_x2",
+                    "name": "read_file",
+                    "input": {"path": "README.md"},
+                },
             ],
             "tool_use",
-            {"input_tokens": 512, "cache_creation_input_tokens": 1024,
-             "cache_read_input_tokens": 0, "output_tokens": 88, "service_tier": "standard"},
+            {
+                "input_tokens": 512,
+                "cache_creation_input_tokens": 1024,
+                "cache_read_input_tokens": 0,
+                "output_tokens": 88,
+                "service_tier": "standard",
+            },
         )
 
     def error_response(self, status: int) -> httpx.Response:
         kind = _ERROR_TYPES.get(status, "api_error")
-        body = {"type": "error",
-                "error": {"type": kind, "message": f"simulated failure {status}"}}
+        body = {"type": "error", "error": {"type": kind, "message": f"simulated failure {status}"}}
         headers = {"request-id": "req_011CSHoEeqs5C35K2UUqR7Fz"}
         if status == 429:
             headers["retry-after"] = "7"

@@ -98,8 +98,7 @@ def _completion(
             "choices": [
                 {
                     "index": 0,
-                    "message": {"role": "assistant", **message, "refusal": None,
-                                "annotations": []},
+                    "message": {"role": "assistant", **message, "refusal": None, "annotations": []},
                     "logprobs": None,
                     "finish_reason": finish_reason,
                 }
@@ -145,7 +144,10 @@ class _Case:
                     {
                         "id": "call_x1",
                         "type": "function",
-                        "function": {"name": "fetch", "arguments": '{"url":"https://example.org/a"}'},
+                        "function": {
+                            "name": "fetch",
+                            "arguments": '{"url":"https://example.org/a"}',
+                        },
                     },
                     {
                         "id": "call_x2",

@@ -52,10 +52,23 @@ RESULT_B_TEXT = "1: from keel.breaker import IdenticalCallBreaker"
 HISTORY: tuple[Item, ...] = (
     UserMessage("Which modules does the run loop depend on?"),
     AssistantMessage("Let me look.", (CALL_A, CALL_B)),
-    ToolResult(CALL_A.id, CALL_A.name, CALL_A.key, RESULT_A_TEXT,
-               size=len(RESULT_A_TEXT), digest=digest_text(RESULT_A_TEXT)),
-    ToolResult(CALL_B.id, CALL_B.name, CALL_B.key, RESULT_B_TEXT, is_error=True,
-               size=len(RESULT_B_TEXT), digest=digest_text(RESULT_B_TEXT)),
+    ToolResult(
+        CALL_A.id,
+        CALL_A.name,
+        CALL_A.key,
+        RESULT_A_TEXT,
+        size=len(RESULT_A_TEXT),
+        digest=digest_text(RESULT_A_TEXT),
+    ),
+    ToolResult(
+        CALL_B.id,
+        CALL_B.name,
+        CALL_B.key,
+        RESULT_B_TEXT,
+        is_error=True,
+        size=len(RESULT_B_TEXT),
+        digest=digest_text(RESULT_B_TEXT),
+    ),
 )
 
 

