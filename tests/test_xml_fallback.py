@@ -498,3 +498,11 @@ def test_from_text_response_keeps_native_calls_first() -> None:
         ModelResponse('<call name="fetch">{"url": "a"}</call>', (native,)), lambda: "xml_9"
     )
     assert [c.id for c in response.tool_calls] == ["call_n", "xml_9"]
+
+
+def test_qwen_native_tool_call_spelling_is_accepted() -> None:
+    text = 'Reading it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    parsed = parse_calls(text)
+    assert parsed.text_without_calls == "Reading it."
+    (call,) = parsed.calls
+    assert (call.name, call.arguments) == ("read_file", {"path": "a.py"})

@@ -55,6 +55,9 @@ from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
 
 DEFAULT_NAME = "local:qwen2.5-coder-0.5b"
+REPEAT_PENALTY = 1.1
+"""Greedy decoding on a 0.5B model falls into loops (the same line listed hundreds of times);
+a mild penalty keeps answers readable without changing what it chooses to call."""
 DEFAULT_STOP = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "</call>")
 """Chat markers, and the end of the first call block (see the module docstring)."""
 
@@ -239,6 +242,7 @@ class LocalTransport:
                     max_tokens=self.max_tokens,
                     temperature=self.temperature,
                     seed=self.seed,
+                    repeat_penalty=REPEAT_PENALTY,
                     stop=self.stop,
                     logits_processor=[_stop_when(cancel, llama.token_eos())],
                 )

@@ -31,8 +31,9 @@ UNNAMED_CALL = "invalid_call"
 _NAME_ATTRIBUTES = ("name", "tool", "tool_name", "function")
 """Attribute spellings models use for the tool's name; the first one present wins."""
 
-_OPEN = re.compile(r"<\s*call\b([^<>]*)>", re.IGNORECASE)
-_CLOSE = re.compile(r"<\s*/\s*call\s*>", re.IGNORECASE)
+# `<tool_call>` is accepted too: Qwen-family models fall back to their native spelling.
+_OPEN = re.compile(r"<\s*(?:tool_)?call\b([^<>]*)>", re.IGNORECASE)
+_CLOSE = re.compile(r"<\s*/\s*(?:tool_)?call\s*>", re.IGNORECASE)
 _ATTRIBUTE = re.compile(r"""([A-Za-z_][\w.-]*)\s*=\s*(?:"([^"]*)"|'([^']*)'|([^\s"'=<>`/]+))""")
 _FENCE_OPEN = re.compile(r"\s*```[\w-]*[ \t]*\n?")
 _FENCE_CLOSE = re.compile(r"\s*```")
