@@ -501,7 +501,10 @@ def test_from_text_response_keeps_native_calls_first() -> None:
 
 
 def test_qwen_native_tool_call_spelling_is_accepted() -> None:
-    text = 'Reading it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}\n</tool_call>'
+    text = (
+        'Reading it.\n<tool_call>\n{"name": "read_file", "arguments": {"path": "a.py"}}'
+        "\n</tool_call>"
+    )
     parsed = parse_calls(text)
     assert parsed.text_without_calls == "Reading it."
     (call,) = parsed.calls
