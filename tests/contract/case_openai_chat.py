@@ -13,6 +13,7 @@ import httpx
 from keel.transports.openai_chat import OpenAIChatTransport
 
 from .harness import CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
+from .openai_errors import openai_error_response
 
 MODEL = "gpt-4.1"
 SNAPSHOT = "gpt-4.1-2025-04-14"
@@ -68,16 +69,6 @@ WIRE_MESSAGES = [
     # Chat Completions has no error flag on a result: Keel marks the text instead.
     {"role": "tool", "tool_call_id": "call_b2", "content": "ERROR: " + RESULT_B_TEXT},
 ]
-
-ERRORS = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    403: ("invalid_request_error", "unsupported_country_region_territory"),
-    404: ("invalid_request_error", "model_not_found"),
-    429: ("requests", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    503: ("server_error", None),
-}
 
 
 def _completion(
@@ -161,27 +152,7 @@ class _Case:
         )
 
     def error_response(self, status: int) -> httpx.Response:
-        kind, code = ERRORS[status]
-        headers = {"content-type": "application/json", "x-request-id": "req_0e1d2c3b4a596877"}
-        if status == 429:
-            headers |= {
-                "retry-after": "7",
-                "x-ratelimit-limit-requests": "500",
-                "x-ratelimit-remaining-requests": "0",
-                "x-ratelimit-reset-requests": "7s",
-            }
-        return httpx.Response(
-            status,
-            headers=headers,
-            json={
-                "error": {
-                    "message": f"simulated failure {status}",
-                    "type": kind,
-                    "param": None,
-                    "code": code,
-                }
-            },
-        )
+        return openai_error_response(status, "req_0e1d2c3b4a596877")
 
     def check_ordinary(self, body: dict[str, Any]) -> None:
         assert set(body) == {"model", "messages", "tools"}

@@ -13,6 +13,7 @@ import httpx
 from keel.transports.openai_responses import OpenAIResponsesTransport
 
 from .harness import CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
+from .openai_errors import openai_error_response
 
 MODEL = "gpt-5"
 SNAPSHOT = "gpt-5-2025-08-07"
@@ -63,16 +64,6 @@ WIRE_HISTORY = [
     # The Responses API has no error flag on a result: Keel marks the text instead.
     {"type": "function_call_output", "call_id": "call_b2", "output": "ERROR: " + RESULT_B_TEXT},
 ]
-
-ERRORS = {
-    400: ("invalid_request_error", None),
-    401: ("invalid_request_error", "invalid_api_key"),
-    403: ("invalid_request_error", "unsupported_country_region_territory"),
-    404: ("invalid_request_error", "model_not_found"),
-    429: ("requests", "rate_limit_exceeded"),
-    500: ("server_error", None),
-    503: ("server_error", None),
-}
 
 
 def _response(output: list[dict[str, Any]], usage: dict[str, Any]) -> httpx.Response:
@@ -186,27 +177,7 @@ class _Case:
         )
 
     def error_response(self, status: int) -> httpx.Response:
-        kind, code = ERRORS[status]
-        headers = {"content-type": "application/json", "x-request-id": "req_9d8c7b6a5f4e3d2c"}
-        if status == 429:
-            headers |= {
-                "retry-after": "7",
-                "x-ratelimit-limit-requests": "500",
-                "x-ratelimit-remaining-requests": "0",
-                "x-ratelimit-reset-requests": "7s",
-            }
-        return httpx.Response(
-            status,
-            headers=headers,
-            json={
-                "error": {
-                    "message": f"simulated failure {status}",
-                    "type": kind,
-                    "param": None,
-                    "code": code,
-                }
-            },
-        )
+        return openai_error_response(status, "req_9d8c7b6a5f4e3d2c")
 
     def check_ordinary(self, body: dict[str, Any]) -> None:
         assert set(body) == {"model", "instructions", "tools", "input", "store"}
