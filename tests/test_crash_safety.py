@@ -74,7 +74,10 @@ class Keel:
             env=env,
         )
 
-    def run(self, *extra: str, failpoints: str = "") -> subprocess.CompletedProcess[str]:
+    def run(
+        self, *extra: str, failpoints: str = "", approve_writes: bool = True
+    ) -> subprocess.CompletedProcess[str]:
+        approve = ("--approve-tools", "write_file") if approve_writes else ()
         return self(
             "run",
             "What do the notes say? Log three notes.",
@@ -83,8 +86,7 @@ class Keel:
             "--repo",
             str(self.repo),
             "--allow-writes",
-            "--approve-tools",
-            "write_file",
+            *approve,
             "--json",
             *extra,
             failpoints=failpoints,
@@ -167,18 +169,7 @@ def test_approval_across_processes_keeps_the_synthesis_turn_at_threshold_minus_o
         "on_synthesis": {"text": "Synthesized: notes say leases expire; research repeated."},
     }
     keel.script.write_text(json.dumps(script))
-    first = keel(
-        "run",
-        "q",
-        "--model",
-        f"script:{keel.script}",
-        "--repo",
-        str(keel.repo),
-        "--allow-writes",
-        "--loop-threshold",
-        "3",
-        "--json",
-    )
+    first = keel.run("--loop-threshold", "3", approve_writes=False)
     assert first.returncode == 3, first.stderr
     paused = outcome(first)
     assert paused["status"] == "awaiting_approval"
@@ -206,16 +197,7 @@ def test_two_resumes_of_one_run_exactly_one_proceeds(tmp_path: Path) -> None:
     keel = Keel(tmp_path)
     script = dict(SCRIPT, latency_ms=300)
     keel.script.write_text(json.dumps(script))
-    paused = keel(
-        "run",
-        "q",
-        "--model",
-        f"script:{keel.script}",
-        "--repo",
-        str(keel.repo),
-        "--allow-writes",
-        "--json",
-    )
+    paused = keel.run(approve_writes=False)
     run_id = outcome(paused)["run_id"]
     keel("approve", run_id, "--all")
     env = {k: v for k, v in os.environ.items() if k != "KEEL_FAILPOINTS"}
