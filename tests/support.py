@@ -3,25 +3,28 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import keel
+from keel.records import Event
 from keel.transports.scripted import ScriptedTransport
+
+E = TypeVar("E", bound=Event)
 
 
 @dataclass
 class Outcome:
     result: keel.RunResult
     transport: ScriptedTransport
-    events: list[dict[str, Any]]
+    events: list[Event]
     store: keel.Store
 
     @property
     def requests(self) -> list[keel.ModelRequest]:
         return self.transport.requests
 
-    def of_type(self, type_: str) -> list[dict[str, Any]]:
-        return [e for e in self.events if e["type"] == type_]
+    def of_type(self, kind: type[E]) -> list[E]:
+        return [e for e in self.events if isinstance(e, kind)]
 
 
 def call(name: str, **arguments: Any) -> dict[str, Any]:

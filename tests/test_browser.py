@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import keel
+from keel.records import EvidenceReset, ToolResultRecorded
 from keel.tools.browser import BrowserToolset, browser_tools, find_chromium
 from pageserver import PageServer
 from support import call, run_script
@@ -58,9 +59,9 @@ async def test_javascript_updates_reset_the_counter(page_server: PageServer) -> 
 
     assert out.result.status == "completed", out.result.failure
     assert out.result.synthesized is None
-    assert len(out.of_type("evidence_reset")) == 3
+    assert len(out.of_type(EvidenceReset)) == 3
     assert page_server.hits("/live") == 1, "later polls read the open page, not a reload"
-    contents = [r["content"] for r in out.of_type("tool_result")]
+    contents = [r["content"] for r in out.of_type(ToolResultRecorded)]
     assert all("processed items:" in c for c in contents)
     assert len(set(contents)) == 4
 
@@ -75,7 +76,7 @@ async def test_the_same_page_over_http_looks_frozen(page_server: PageServer) -> 
         keel.web_tools(allow_hosts=["127.0.0.1"]),
         loop_threshold=3,
     )
-    assert not out.of_type("evidence_reset")
+    assert not out.of_type(EvidenceReset)
     assert out.result.synthesized == "repeated_tool"
 
 
@@ -84,8 +85,8 @@ async def test_an_unchanged_page_does_not_reset(page_server: PageServer) -> None
     page_server.add_script_page("/still", interval_ms=0, text="rendered by script")
     url = page_server.url("/still")
     out, _ = await run_in_browser(page_server, [call("browser_observe", url=url)] * 2)
-    assert out.of_type("tool_result")[0]["content"].endswith("rendered by script 0\n")
-    assert not out.of_type("evidence_reset")
+    assert out.of_type(ToolResultRecorded)[0]["content"].endswith("rendered by script 0\n")
+    assert not out.of_type(EvidenceReset)
 
 
 @needs_chromium
@@ -95,9 +96,9 @@ async def test_a_page_that_stops_changing_stops_resetting(page_server: PageServe
     turns = [call("browser_observe", url=url)] * 3 + [{"text": "It settled at stage 3."}]
     out, _ = await run_in_browser(page_server, turns)
     # Poll 1 may or may not catch the page mid-way; by polls 2 and 3 it has settled at 3.
-    contents = [r["content"] for r in out.of_type("tool_result")]
+    contents = [r["content"] for r in out.of_type(ToolResultRecorded)]
     assert contents[1] == contents[2] and contents[2].endswith("stage 3\n")
-    assert [r["step"] for r in out.of_type("evidence_reset")] in ([], [2])
+    assert [r["step"] for r in out.of_type(EvidenceReset)] in ([], [2])
     (counter,) = out.store.counters(out.result.run_id).values()
     assert counter.count == (2 if contents[0] != contents[1] else 3)
 

@@ -9,6 +9,7 @@ import pytest
 
 import keel
 from keel.gateway import RetryPolicy
+from keel.records import ModelErrorSeen, ToolCallRequested, ToolResultRecorded
 from keel.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from keel.transports.scripted import ScriptedTransport
 from support import call, run_script
@@ -46,7 +47,7 @@ async def test_tool_request_in_budget_synthesis_fails_budget_exhausted_before_di
     assert out.result.failure is not None
     assert out.result.failure.kind == "BudgetExhausted"
     assert out.result.answer is None
-    assert len(out.of_type("tool_call")) == 3
+    assert len(out.of_type(ToolCallRequested)) == 3
 
 
 async def test_exhausted_model_call_budget_fails_without_answer() -> None:
@@ -75,7 +76,7 @@ async def test_coinciding_synthesis_tool_request_fails_as_budget_exhausted() -> 
     out = await run_script({"turns": turns}, [note], loop_threshold=3, max_model_calls=3)
     assert out.result.failure is not None
     assert out.result.failure.kind == "BudgetExhausted"
-    assert len(out.of_type("tool_call")) == 2
+    assert len(out.of_type(ToolCallRequested)) == 2
 
 
 async def test_spent_tool_call_budget_leads_to_budget_synthesis() -> None:
@@ -87,9 +88,9 @@ async def test_spent_tool_call_budget_leads_to_budget_synthesis() -> None:
 async def test_calls_past_the_tool_budget_are_answered_not_run() -> None:
     turn = {"tool_calls": [{"name": "note", "arguments": {"topic": f"b{i}"}} for i in range(3)]}
     out = await run_script({"turns": [turn, ANSWER]}, [note], max_tool_calls=2)
-    results = out.of_type("tool_result")
-    assert [r["is_error"] for r in results] == [False, False, True]
-    assert "budget" in results[2]["content"]
+    results = out.of_type(ToolResultRecorded)
+    assert [r.is_error for r in results] == [False, False, True]
+    assert "budget" in results[2].content
     assert out.result.tool_calls == 2
 
 
@@ -123,7 +124,7 @@ async def test_retryable_model_errors_are_retried_then_model_error() -> None:
     assert out.result.failure.kind == "ModelError"
     assert "rate limited" in out.result.failure.message
     assert out.result.model_calls == 3
-    assert [e["retryable"] for e in out.of_type("model_error")] == [True, True, True]
+    assert [e.retryable for e in out.of_type(ModelErrorSeen)] == [True, True, True]
 
 
 async def test_retry_recovers_and_the_run_completes() -> None:
@@ -148,7 +149,7 @@ async def test_retry_after_is_waited() -> None:
     start = time.perf_counter()
     out = await run_script({"turns": turns}, [note], retry_max_delay=1.0)
     assert time.perf_counter() - start >= 0.2
-    assert out.of_type("model_error")[0]["retry_in"] >= 0.2
+    assert out.of_type(ModelErrorSeen)[0].retry_in >= 0.2
 
 
 async def test_empty_turn_is_retried_once() -> None:
@@ -178,7 +179,7 @@ async def test_deadline_cuts_a_slow_tool_and_fails_deadline_exceeded() -> None:
     assert time.perf_counter() - start < 2
     assert out.result.failure is not None
     assert out.result.failure.kind == "DeadlineExceeded"
-    assert out.of_type("tool_result")[0]["is_error"]
+    assert out.of_type(ToolResultRecorded)[0].is_error
 
 
 async def test_deadline_cuts_a_slow_model() -> None:
@@ -201,7 +202,7 @@ async def test_cancellation_is_cooperative_and_keeps_what_was_recorded() -> None
     handle.cancel()
     result = await handle
     assert result.status == "cancelled"
-    types = [e["type"] for e in store.events(result.run_id)]
+    types = [e.type for e in store.events(result.run_id)]
     assert types.count("tool_result") == 1
     assert "run_cancelled" in types
     assert store.get_run(result.run_id).status == "cancelled"  # type: ignore[union-attr]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import keel
 from keel.context import ContextBuilder
 from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage, digest_text
+from keel.records import ResultElided
 from keel.tokens import EstimatingCounter
 from support import call, run_script
 
@@ -110,7 +111,7 @@ def page(n: int) -> str:
 async def test_call_result_pairs_stay_intact_in_every_request() -> None:
     turns = [call("page", n=i) for i in range(12)] + [{"text": "done"}]
     out = await run_script({"turns": turns}, [page], context_tokens=4_000)
-    assert out.of_type("result_elided")
+    assert out.of_type(ResultElided)
     for request in out.requests:
         open_calls: set[str] = set()
         for item in request.items:

@@ -60,8 +60,8 @@ async def test_call_requiring_approval_pauses_and_approved_call_runs_on_resume(
     assert lines(repo / "out.txt") == ["hello"]
     assert transport.consumed == 2  # the resumed script continued where it stood
     events = store.events(paused.run_id)
-    decided = [e for e in events if e["type"] == "approval_decided"]
-    assert decided[0]["approved"] and decided[0]["by"] == "ana"
+    decided = [e for e in events if e.type == "approval_decided"]
+    assert decided[0].approved and decided[0].by == "ana"
     assert result.model_calls == 2 and result.tool_calls == 1
 
 
@@ -80,11 +80,11 @@ async def test_denial_reaches_the_model_and_an_identical_call_is_denied_again_wi
     result = await resumed.aresume(paused.run_id)
     assert result.status == "completed"
     assert not (repo / "out.txt").exists()
-    results = [e for e in store.events(paused.run_id) if e["type"] == "tool_result"]
-    assert "Denied by ana: not in this repo" in results[0]["content"]
-    assert "Do not request it again" in results[0]["content"]
-    assert "Denied again without asking" in results[1]["content"]
-    assert [e["type"] for e in store.events(paused.run_id)].count("approval_requested") == 1
+    results = [e for e in store.events(paused.run_id) if e.type == "tool_result"]
+    assert "Denied by ana: not in this repo" in results[0].content
+    assert "Do not request it again" in results[0].content
+    assert "Denied again without asking" in results[1].content
+    assert [e.type for e in store.events(paused.run_id)].count("approval_requested") == 1
     assert (
         store.counters(paused.run_id)['write_file {"content":"x\\n","path":"out.txt"}'].count == 2
     )

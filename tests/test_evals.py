@@ -138,13 +138,13 @@ def ignore_reset_cap(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def forget_denials(monkeypatch: pytest.MonkeyPatch) -> None:
     """An identical call already denied is asked about again instead of denied again."""
-    original = keel.batch.BatchAnswerer._ask_approvals
+    original = keel.batch.ask_approvals
 
-    def ask(self: Any, batch: Any) -> None:
-        self.run.state.denied.clear()
-        original(self, batch)
+    def ask(parts: Any, batch: Any) -> Any:
+        parts.state.denied.clear()
+        return original(parts, batch)
 
-    monkeypatch.setattr(keel.batch.BatchAnswerer, "_ask_approvals", ask)
+    monkeypatch.setattr(keel.batch, "ask_approvals", ask)
 
 
 def resume_without_counters(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import keel
 from keel.breaker import IdenticalCallBreaker
+from keel.records import EvidenceReset
 from pageserver import PageServer
 from support import call, run_script
 
@@ -24,7 +25,7 @@ async def test_progressing_observation_restarts_its_counter(page_server: PageSer
     assert out.result.status == "completed"
     assert out.result.synthesized is None
     assert page_server.hits("/progress") == 4
-    assert len(out.of_type("evidence_reset")) == 3
+    assert len(out.of_type(EvidenceReset)) == 3
     assert all(r.tool_choice is None for r in out.requests)
 
 
@@ -33,7 +34,7 @@ async def test_unchanged_observation_grows_like_any_call(page_server: PageServer
     url = page_server.url("/static")
     turns = [call("observe_page", url=url)] * 2
     out = await run_script({"turns": turns, "on_synthesis": ANSWER}, web(), loop_threshold=3)
-    assert not out.of_type("evidence_reset")
+    assert not out.of_type(EvidenceReset)
     assert out.result.synthesized == "repeated_tool"
 
 
@@ -46,7 +47,7 @@ async def test_evidence_reset_cap_then_the_counter_grows(page_server: PageServer
     out = await run_script(
         {"turns": turns, "on_synthesis": ANSWER}, web(), loop_threshold=3, evidence_reset_cap=2
     )
-    assert len(out.of_type("evidence_reset")) == 2
+    assert len(out.of_type(EvidenceReset)) == 2
     assert out.result.synthesized == "repeated_tool"
     assert page_server.hits("/ticker") == 4
     counters = out.store.counters(out.result.run_id)
@@ -62,8 +63,8 @@ async def test_resets_are_applied_before_the_synthesis_check(page_server: PageSe
     out = await run_script({"turns": turns}, web(), loop_threshold=3)
     assert [r.tool_choice for r in out.requests] == [None, None, None]
     assert out.result.synthesized is None
-    reset = out.of_type("evidence_reset")[0]
-    assert reset["step"] == 2
+    reset = out.of_type(EvidenceReset)[0]
+    assert reset.step == 2
 
 
 async def test_read_only_calls_never_reset(page_server: PageServer) -> None:
@@ -72,7 +73,7 @@ async def test_read_only_calls_never_reset(page_server: PageServer) -> None:
     out = await run_script(
         {"turns": [call("fetch", url=url)] * 2, "on_synthesis": ANSWER}, web(), loop_threshold=3
     )
-    assert not out.of_type("evidence_reset")
+    assert not out.of_type(EvidenceReset)
     assert out.result.synthesized == "repeated_tool"
 
 

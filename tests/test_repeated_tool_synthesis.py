@@ -7,6 +7,13 @@ from __future__ import annotations
 import pytest
 
 import keel
+from keel.records import (
+    ModelRequestSent,
+    ModelResponseReceived,
+    ResultElided,
+    ToolCallRequested,
+    ToolResultRecorded,
+)
 from keel.synthesis import REPEATED_TOOL_CONTROL
 from pageserver import PageServer
 from support import batch, call, run_script
@@ -77,7 +84,7 @@ async def test_tool_request_in_synthesis_turn_fails_before_dispatch_even_with_ot
     assert "synthesis" in out.result.failure.message
     assert page_server.hits("/other") == 0
     assert out.requests[-1].tool_choice == "none"
-    assert len(out.of_type("tool_call")) == 2
+    assert len(out.of_type(ToolCallRequested)) == 2
 
 
 async def test_batch_that_would_reach_threshold_fails_before_any_dispatch(
@@ -95,7 +102,7 @@ async def test_batch_that_would_reach_threshold_fails_before_any_dispatch(
     assert out.result.failure.details["count"] == 3
     assert page_server.hits("/other") == 0
     assert page_server.hits("/doc") == 1
-    assert len(out.of_type("tool_call")) == 1
+    assert len(out.of_type(ToolCallRequested)) == 1
 
 
 async def test_answered_calls_of_every_kind_count_toward_the_breaker(
@@ -108,8 +115,8 @@ async def test_answered_calls_of_every_kind_count_toward_the_breaker(
         out = await run_script(
             {"turns": [turn, turn], "on_synthesis": ANSWER}, web, loop_threshold=3
         )
-        results = out.of_type("tool_result")
-        assert len(results) == 2 and all(r["is_error"] for r in results)
+        results = out.of_type(ToolResultRecorded)
+        assert len(results) == 2 and all(r.is_error for r in results)
         assert out.result.synthesized == "repeated_tool", turn
 
 
@@ -128,16 +135,16 @@ async def test_retries_during_synthesis_turn_stay_synthesis_only(
     assert [r.tool_choice for r in out.requests] == [None, None, "none", "none", "none"]
     assert all(r.volatile == (REPEATED_TOOL_CONTROL,) for r in out.requests[2:])
     assert out.result.model_calls == 5
-    synthesis_requests = [e for e in out.of_type("model_request") if e["synthesis"]]
-    assert [e["attempt"] for e in synthesis_requests] == [1, 2, 3]
+    synthesis_requests = [e for e in out.of_type(ModelRequestSent) if e.synthesis]
+    assert [e.attempt for e in synthesis_requests] == [1, 2, 3]
 
 
 async def test_synthesis_usage_is_recorded(web: list[keel.Tool], page_server: PageServer) -> None:
     url = page_server.url("/doc")
     out = await run_script({"turns": [call("fetch", url=url), ANSWER]}, web, loop_threshold=2)
-    responses = out.of_type("model_response")
-    assert out.result.usage.input_tokens == sum(r["usage"]["input_tokens"] for r in responses)
-    assert responses[-1]["usage"]["input_tokens"] > 0
+    responses = out.of_type(ModelResponseReceived)
+    assert out.result.usage.input_tokens == sum(r.usage.input_tokens for r in responses)
+    assert responses[-1].usage.input_tokens > 0
 
 
 async def test_incident_interleaved_large_reads_elided_and_refetched_end_synthesized(
@@ -161,7 +168,7 @@ async def test_incident_interleaved_large_reads_elided_and_refetched_end_synthes
     assert out.result.status == "completed", out.result.failure
     assert out.result.synthesized == "repeated_tool"
     assert page_server.hits("/spec") == 4
-    assert out.of_type("result_elided"), "the large reads must really have been elided"
+    assert out.of_type(ResultElided), "the large reads must really have been elided"
     last = out.requests[-1]
     pointers = [i for i in last.items if isinstance(i, keel.ToolResult) and i.elided]
     assert pointers
@@ -183,6 +190,6 @@ async def test_refetching_an_elided_result_counts_the_same(page_server: PageServ
         loop_threshold=3,
         context_tokens=3_000,
     )
-    assert out.of_type("result_elided")
+    assert out.of_type(ResultElided)
     assert out.result.failure is not None and out.result.failure.kind == "ToolLoopDetected"
     assert page_server.hits("/big") == 2

@@ -8,6 +8,7 @@ import sqlite3
 from pathlib import Path
 
 import keel
+from keel.records import ApprovalRequested, ToolResultRecorded
 from keel.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from support import batch, call, run_script
 
@@ -53,13 +54,13 @@ async def test_each_step_is_checkpointed_with_counters_and_state(tmp_path: Path)
     out = await run_script({"turns": turns}, [note], store=store)
     record = store.get_run(out.result.run_id)
     assert record is not None and record.status == "completed"
-    assert record.state["model_calls"] == 4 and record.state["tool_calls"] == 3
+    assert record.state.model_calls == 4 and record.state.tool_calls == 3
     counters = store.counters(out.result.run_id)
     assert {k: c.count for k, c in counters.items()} == {
         'note {"topic":"a"}': 2,
         'note {"topic":"b"}': 1,
     }
-    seqs = [e["seq"] for e in out.events]
+    seqs = [e.seq for e in out.events]
     assert seqs == list(range(len(seqs)))
     db = sqlite3.connect(tmp_path / "runs.sqlite")
     assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -72,9 +73,9 @@ async def test_truncated_results_are_kept_whole_in_the_store() -> None:
         return "0123456789" * 2_000
 
     out = await run_script({"turns": [call("huge"), ANSWER]}, [huge], max_result_chars=1_000)
-    (result,) = out.of_type("tool_result")
-    assert result["truncated"] and len(result["content"]) < 1_200
-    assert out.store.blob(result["digest"]) == "0123456789" * 2_000
+    (result,) = out.of_type(ToolResultRecorded)
+    assert result.truncated and len(result.content) < 1_200
+    assert out.store.blob(result.digest) == "0123456789" * 2_000
 
 
 async def test_call_requiring_approval_pauses_the_run_before_dispatch() -> None:
@@ -82,8 +83,8 @@ async def test_call_requiring_approval_pauses_the_run_before_dispatch() -> None:
     assert out.result.status == "awaiting_approval"
     (pending,) = out.result.pending_approvals
     assert pending.name == "publish" and pending.arguments == {"text": "hello"}
-    assert out.of_type("approval_requested")[0]["call_key"] == 'publish {"text":"hello"}'
-    assert not out.of_type("tool_result")
+    assert out.of_type(ApprovalRequested)[0].call_key == 'publish {"text":"hello"}'
+    assert not out.of_type(ToolResultRecorded)
     assert out.store.get_run(out.result.run_id).status == "awaiting_approval"  # type: ignore[union-attr]
 
 
@@ -93,14 +94,14 @@ async def test_approval_policy_can_be_a_predicate_on_arguments() -> None:
     )
     assert out.result.status == "awaiting_approval"
     assert [p.arguments["text"] for p in out.result.pending_approvals] == ["!urgent"]
-    assert out.of_type("tool_result")[0]["content"] == "posted"
+    assert out.of_type(ToolResultRecorded)[0].content == "posted"
 
 
 async def test_hard_breaker_runs_before_asking_for_approval() -> None:
     turn = batch(*[("post", {"text": "!same"})] * 3)
     out = await run_script({"turns": [turn]}, [post], loop_threshold=3)
     assert out.result.failure is not None and out.result.failure.kind == "ToolLoopDetected"
-    assert not out.of_type("approval_requested")
+    assert not out.of_type(ApprovalRequested)
 
 
 def test_public_surface_is_explicit() -> None:

@@ -19,6 +19,7 @@ from keel.limits import Limits
 from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
 from keel.recorder import Listener
+from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import Store
 from keel.tokens import EstimatingCounter, TokenCounter
@@ -70,7 +71,7 @@ class Agent:
         token_counter: TokenCounter | None = None,
         listeners: Sequence[Listener] = (),
         approve_tools: Collection[str] = (),
-        run_config: dict[str, Any] | None = None,
+        run_config: JsonObject | None = None,
         lease_ttl: float = 30.0,
     ) -> None:
         self.model_spec = model if isinstance(model, str) else None
@@ -101,14 +102,14 @@ class Agent:
         return self._store
 
     def _setup(self) -> RunSetup:
-        config = {
-            "model": self.model_spec or self.transport.name,
-            "system_prompt": self.system_prompt,
-            "tools": [t.name for t in self.tools],
-            "approve_tools": sorted(self.approve_tools),
-            "limits": self.limits.to_dict(),
-            **self.run_config,
-        }
+        config = RunConfig(
+            model=self.model_spec or self.transport.name,
+            system_prompt=self.system_prompt,
+            tools=tuple(t.name for t in self.tools),
+            approve_tools=tuple(sorted(self.approve_tools)),
+            limits=self.limits,
+            settings=self.run_config,
+        )
         counter, window = _model_window(self.transport)
         budget = self.limits.context_tokens
         if window is not None:  # a local model's window is small and hard: stay inside it

@@ -12,6 +12,8 @@ from keel.errors import ConfigError
 from keel.result import PendingApproval
 from keel.store import Store
 
+__all__ = ["approve", "deny", "pending", "who"]
+
 
 def who() -> str:
     try:
@@ -25,10 +27,8 @@ def pending(store: Store, run_id: str) -> tuple[PendingApproval, ...]:
     record = store.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {store.path}")
-    decided = record.state.get("decisions", {})
-    return tuple(
-        PendingApproval(**p) for p in record.state.get("pending", []) if p["call_id"] not in decided
-    )
+    decided = record.state.decisions
+    return tuple(p for p in record.state.pending if p.call_id not in decided)
 
 
 def approve(

@@ -10,9 +10,9 @@ import asyncio
 import json
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar
+from typing import Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -24,9 +24,10 @@ from keel.evals.command import eval_command
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, choose_model
 from keel.progress import ProgressPrinter
+from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.store import Store
-from keel.timeline import run_json, timeline
+from keel.timeline import event_json, run_json, timeline
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
@@ -95,11 +96,10 @@ def run(
     ] = 100_000,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
-    settings = {
+    settings: JsonObject = {
         "repo": str(repo.resolve()),
-        "allow_hosts": allow_host or [],
+        "allow_hosts": cast(list[JsonValue], allow_host or []),
         "allow_writes": allow_writes,
-        "approve_tools": [t.strip() for t in approve_tools.split(",") if t.strip()],
         "browser": browser,
     }
 
@@ -116,7 +116,10 @@ def run(
 
     choice = _guard(lambda: choose_model(model, base_url))
     settings["base_url"] = choice.base_url
-    agent = _guard(lambda: _agent(choice.spec, settings, limits(), store, as_json))
+    approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    agent = _guard(
+        lambda: _agent(choice.spec, settings, limits(), store, as_json, approve_tools=approved)
+    )
     _finish(agent, lambda: agent.start(question), as_json)
 
 
@@ -133,21 +136,22 @@ def resume(
     """Continue a run that has not ended: after a pause for approval, or a crash."""
     db = _open_store(store)
     record = _guard(lambda: _known_run(db, run_id))
-    config = dict(record.config)
+    config = record.config
+    settings = dict(config.settings)
     if base_url:
-        config["base_url"] = base_url
-    limits = _guard(lambda: Limits(**config.get("limits", {})))
+        settings["base_url"] = base_url
     agent = _guard(
         lambda: _agent(
-            model or config["model"],
-            config,
-            limits,
+            model or config.model,
+            settings,
+            config.limits,
             db,
             as_json,
-            config.get("system_prompt", DEFAULT_SYSTEM_PROMPT),
+            config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            config.approve_tools,
         )
     )
-    missing = set(config.get("tools", [])) - {t.name for t in agent.tools}
+    missing = set(config.tools) - {t.name for t in agent.tools}
     if missing:
         _usage_error(
             f"run {run_id} used tools the command line cannot rebuild "
@@ -211,7 +215,8 @@ def show(
     finally:
         db.close()
     if as_json:
-        typer.echo(json.dumps({"run": run_json(record), "events": events}, ensure_ascii=False))
+        shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        typer.echo(json.dumps(shown, ensure_ascii=False))
         return
     out = Console()
     summary = run_json(record)
@@ -234,10 +239,9 @@ def runs(
     finally:
         db.close()
     for r in records:
-        state = r.state
         typer.echo(
-            f"{r.run_id}  {r.status:<17} {state.get('model_calls', 0):>3} model "
-            f"{state.get('tool_calls', 0):>4} tools  {r.question[:70]}"
+            f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
+            f"{r.state.tool_calls:>4} tools  {r.question[:70]}"
         )
 
 
@@ -259,36 +263,42 @@ def models() -> None:
 
 def _agent(
     model: str,
-    settings: dict[str, Any],
+    settings: JsonObject,
     limits: Limits,
     store: Store | Path | None,
     quiet: bool,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
+    approve_tools: Collection[str] = (),
 ) -> Agent:
-    repo = Path(settings.get("repo", "."))
+    repo = Path(str(settings.get("repo", ".")))
     if not repo.is_dir():
         raise ConfigError(f"--repo {repo} is not a folder")
-    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=settings["allow_hosts"])]
+    allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
+    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
     if settings.get("allow_writes"):
         tools += write_tools(repo)
     if settings.get("browser"):
         from keel.tools.browser import browser_tools
 
-        tools += browser_tools(allow_hosts=settings["allow_hosts"])
+        tools += browser_tools(allow_hosts=allow_hosts)
     return Agent(
         model,
-        base_url=settings.get("base_url"),
+        base_url=_text(settings.get("base_url")),
         tools=tools,
         limits=limits,
         system_prompt=system_prompt,
         store=store or default_store_path(),
         listeners=() if quiet else (ProgressPrinter(err),),
-        approve_tools=settings.get("approve_tools", ()),
+        approve_tools=approve_tools,
         run_config={
             k: settings.get(k)
             for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
         },
     )
+
+
+def _text(value: JsonValue) -> str | None:
+    return None if value is None else str(value)
 
 
 def _finish(agent: Agent, start: Callable[[], RunHandle], as_json: bool) -> NoReturn:

@@ -84,3 +84,11 @@ class ModelError(RunFailure):
 
 class EmptyModelTurn(RunFailure):
     kind = "EmptyModelTurn"
+
+
+class LeaseHeld(KeelError):
+    """Another live process is advancing this run."""
+
+
+class LeaseLost(KeelError):
+    """This process's lease was taken over (it was presumed dead); it must stop writing."""

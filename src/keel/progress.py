@@ -2,9 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.console import Console
+
+from keel.records import (
+    Event,
+    EvidenceReset,
+    ModelErrorSeen,
+    ModelRequestSent,
+    ResultElided,
+    ToolCallRequested,
+    ToolResultRecorded,
+)
+
+__all__ = ["ProgressPrinter"]
 
 
 class ProgressPrinter:
@@ -13,25 +23,26 @@ class ProgressPrinter:
     def __init__(self, console: Console) -> None:
         self.console = console
 
-    def __call__(self, type_: str, data: dict[str, Any]) -> None:
-        line = self._line(type_, data)
+    def __call__(self, event: Event) -> None:
+        line = self._line(event)
         if line:
             self.console.print(line, highlight=False, markup=False, style="dim")
 
     @staticmethod
-    def _line(type_: str, data: dict[str, Any]) -> str | None:
-        step = data.get("step")
-        if type_ == "model_request" and data["synthesis"]:
-            return f"[{step}] synthesis-only turn ({data['synthesis']}): asking for the answer"
-        if type_ == "tool_call":
-            return f"[{step}] {data['call_key'][:100]}"
-        if type_ == "tool_result" and data["is_error"]:
-            return f"[{step}]   error: {data['content'][:100]}"
-        if type_ == "model_error":
-            retry = f", retrying in {data['retry_in']:.1f}s" if data["retry_in"] else ""
-            return f"[{step}] model error: {data['message'][:100]}{retry}"
-        if type_ == "evidence_reset":
-            return f"[{step}] page changed, counter reset: {data['call_key'][:80]}"
-        if type_ == "result_elided":
-            return f"[{step}] elided an old result to save context ({data['size']} chars)"
+    def _line(event: Event) -> str | None:
+        at = f"[{event.step}]"
+        match event:
+            case ModelRequestSent(synthesis=str(reason)):
+                return f"{at} synthesis-only turn ({reason}): asking for the answer"
+            case ToolCallRequested():
+                return f"{at} {event.call_key[:100]}"
+            case ToolResultRecorded(is_error=True):
+                return f"{at}   error: {event.content[:100]}"
+            case ModelErrorSeen():
+                retry = f", retrying in {event.retry_in:.1f}s" if event.retry_in else ""
+                return f"{at} model error: {event.message[:100]}{retry}"
+            case EvidenceReset():
+                return f"{at} page changed, counter reset: {event.call_key[:80]}"
+            case ResultElided():
+                return f"{at} elided an old result to save context ({event.size} chars)"
         return None

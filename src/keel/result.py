@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
 RunStatus = Literal["running", "completed", "failed", "awaiting_approval", "cancelled"]
@@ -14,7 +15,7 @@ RunStatus = Literal["running", "completed", "failed", "awaiting_approval", "canc
 class Failure:
     """Why a run failed, with the step and the counters or budget involved."""
 
-    kind: str
+    kind: FailureKind
     message: str
     step: int
     details: dict[str, Any] = field(default_factory=dict)

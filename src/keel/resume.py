@@ -8,14 +8,22 @@ had the process not stopped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 from keel.batch import Batch
 from keel.breaker import KeyCounter
 from keel.errors import ConfigError
 from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
-from keel.state import RunState
+from keel.records import (
+    Event,
+    ModelResponseReceived,
+    RunStarted,
+    RunState,
+    ToolDispatched,
+    ToolResultRecorded,
+)
 from keel.store import RunRecord, Store
+
+__all__ = ["FINISHED", "ResumePoint", "load"]
 
 FINISHED = ("completed", "failed", "cancelled")
 
@@ -38,13 +46,13 @@ def load(store: Store, run_id: str) -> ResumePoint:
     if record.status in FINISHED:
         raise ConfigError(f"run {run_id} has already ended ({record.status}); nothing to resume")
     events = store.events(run_id)
-    state = RunState.from_dict(record.state)
-    state.next_seq = max(state.next_seq, events[-1]["seq"] + 1 if events else 0)
+    state = record.state
+    state.next_seq = max(state.next_seq, events[-1].seq + 1 if events else 0)
     history, batch = _history(events)
     return ResumePoint(record, state, store.counters(run_id), store.elided(run_id), history, batch)
 
 
-def _history(events: list[dict[str, Any]]) -> tuple[list[Item], Batch | None]:
+def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
     items: list[Item] = []
     batch: Batch | None = None
     dispatched: set[str] = set()
@@ -55,22 +63,17 @@ def _history(events: list[dict[str, Any]]) -> tuple[list[Item], Batch | None]:
                 items.append(batch.answered[call.id])  # type: ignore[union-attr]
 
     for event in events:
-        kind = event["type"]
-        if kind == "run_started":
-            items.append(UserMessage(event["question"]))
-        elif kind == "model_response" and event["tool_calls"]:
+        if isinstance(event, RunStarted):
+            items.append(UserMessage(event.question))
+        elif isinstance(event, ModelResponseReceived) and event.tool_calls:
             close_batch()
-            calls = [
-                ToolCall.from_raw(c["id"], c["name"], c["arguments"]) for c in event["tool_calls"]
-            ]
-            items.append(
-                AssistantMessage(event["text"], tuple(calls), event.get("provider_details") or {})
-            )
+            calls = [ToolCall.from_raw(c.id, c.name, c.arguments) for c in event.tool_calls]
+            items.append(AssistantMessage(event.text, tuple(calls), event.provider_details))
             batch = Batch(calls)
-        elif kind == "tool_dispatched":
-            dispatched.add(event["call_id"])
-        elif kind == "tool_result" and batch is not None:
-            batch.answered[event["call_id"]] = _result(event)
+        elif isinstance(event, ToolDispatched):
+            dispatched.add(event.call_id)
+        elif isinstance(event, ToolResultRecorded) and batch is not None:
+            batch.answered[event.call_id] = _result(event)
     if batch is None or not batch.open_calls():
         close_batch()
         return items, None
@@ -79,15 +82,15 @@ def _history(events: list[dict[str, Any]]) -> tuple[list[Item], Batch | None]:
     return items, batch
 
 
-def _result(event: dict[str, Any]) -> ToolResult:
+def _result(event: ToolResultRecorded) -> ToolResult:
     return ToolResult(
-        call_id=event["call_id"],
-        name=event["name"],
-        call_key=event["call_key"],
-        content=event["content"],
-        is_error=event["is_error"],
-        size=event["size"],
-        digest=event["digest"],
-        truncated=event["truncated"],
-        uncertain=event.get("uncertain", False),
+        call_id=event.call_id,
+        name=event.name,
+        call_key=event.call_key,
+        content=event.content,
+        is_error=event.is_error,
+        size=event.size,
+        digest=event.digest,
+        truncated=event.truncated,
+        uncertain=event.uncertain,
     )

@@ -6,86 +6,109 @@ from typing import Any
 
 from rich.table import Table
 
+from keel.records import (
+    ApprovalDecided,
+    ApprovalRequested,
+    Event,
+    EvidenceReset,
+    ModelErrorSeen,
+    ModelRequestSent,
+    ModelResponseReceived,
+    ResultElided,
+    RunCompleted,
+    RunFailed,
+    RunResumed,
+    RunStarted,
+    ToolCallRequested,
+    ToolDispatched,
+    ToolResultRecorded,
+    UnknownEvent,
+    encode_event,
+)
 from keel.store import RunRecord
+
+__all__ = ["event_json", "run_json", "timeline"]
 
 
 def run_json(record: RunRecord) -> dict[str, Any]:
     """The run's fields, the same as `keel run --json` prints."""
-    state = record.state
-    usage = state.get("usage", [0, 0, 0])
-    failure = state.get("failure")
-    return {
-        "run_id": record.run_id,
-        "status": state.get("status", record.status),
-        "answer": state.get("answer"),
-        "synthesized": state.get("synthesized"),
-        "failure": None if failure is None else {k: failure[k] for k in ("kind", "message")},
-        "model_calls": state.get("model_calls", 0),
-        "tool_calls": state.get("tool_calls", 0),
-        "usage": {"input_tokens": usage[0], "output_tokens": usage[1]},
-    }
+    return record.state.result(record.run_id).to_dict()
 
 
-def timeline(events: list[dict[str, Any]]) -> Table:
+def event_json(event: Event) -> dict[str, Any]:
+    """One event as `keel show --json` prints it: seq, type, at and the event's fields."""
+    type_, data, body = encode_event(event)
+    shown: dict[str, Any] = {"seq": event.seq, "type": type_, "at": event.at, **data}
+    if isinstance(event, ToolResultRecorded):
+        shown["content"] = body
+        shown["elided"] = event.elided
+    return shown
+
+
+def timeline(events: list[Event]) -> Table:
     table = Table("step", "event", "detail", box=None, pad_edge=False, show_edge=False)
     for event in events:
-        table.add_row(str(event.get("step", "")), _label(event), _detail(event))
+        table.add_row(str(event.step), _label(event), _detail(event))
     return table
 
 
-def _label(event: dict[str, Any]) -> str:
-    kind = str(event["type"])
-    if kind == "model_request" and event.get("synthesis"):
-        return "[bold yellow]synthesis turn[/]"
-    if kind == "tool_result" and event.get("uncertain"):
-        return "[bold red]effect unknown[/]"
-    return {
-        "run_failed": "[bold red]failed[/]",
-        "run_completed": "[bold green]completed[/]",
-        "approval_requested": "[bold]approval asked[/]",
-        "approval_decided": "[bold]decision[/]",
-    }.get(kind, kind.replace("_", " "))
+def _label(event: Event) -> str:
+    match event:
+        case ModelRequestSent(synthesis=str()):
+            return "[bold yellow]synthesis turn[/]"
+        case ToolResultRecorded(uncertain=True):
+            return "[bold red]effect unknown[/]"
+        case RunFailed():
+            return "[bold red]failed[/]"
+        case RunCompleted():
+            return "[bold green]completed[/]"
+        case ApprovalRequested():
+            return "[bold]approval asked[/]"
+        case ApprovalDecided():
+            return "[bold]decision[/]"
+        case UnknownEvent():
+            return event.type_name.replace("_", " ")
+    return event.type.replace("_", " ")
 
 
 def _size(chars: int) -> str:
     return f"{chars / 1000:.1f} KB" if chars >= 1000 else f"{chars} chars"
 
 
-def _detail(event: dict[str, Any]) -> str:
-    kind = event["type"]
-    if kind == "run_started" or kind == "run_resumed":
-        return f"model {event.get('model', '')}"
-    if kind == "model_request":
-        how = f"tool_choice={event['tool_choice']}" if event["tool_choice"] else "tools allowed"
-        return f"attempt {event['attempt']} · {how} · ~{event['estimated_input_tokens']} tokens in"
-    if kind == "model_response":
-        calls = ", ".join(c["name"] for c in event["tool_calls"])
-        usage = event["usage"]
-        tokens = f"{usage['input_tokens']}+{usage['output_tokens']} tokens"
-        if calls:
-            return f"asks for {calls} · {tokens}"
-        return "(empty turn)" if event["empty"] else f"answers · {tokens}"
-    if kind == "model_error":
-        retry = f" · retry in {event['retry_in']:.1f}s" if event.get("retry_in") else ""
-        return f"{event.get('status') or ''} {event['message']}{retry}"[:140]
-    if kind in ("tool_call", "tool_dispatched"):
-        return str(event["call_key"])[:110]
-    if kind == "tool_result":
-        flags = [f for f in ("is_error", "truncated", "elided") if event.get(f)]
-        return f"{event['name']} · {_size(event['size'])} {' '.join(flags)}".rstrip()
-    if kind == "result_elided":
-        return f"{_size(event['size'])} of {str(event['call_key'])[:80]} → pointer"
-    if kind == "evidence_reset":
-        return f"page changed: {str(event['call_key'])[:80]} (reset {event['resets']})"
-    if kind == "approval_requested":
-        return f"{event['call_id']} · {str(event['call_key'])[:100]}"
-    if kind == "approval_decided":
-        verdict = "approved" if event["approved"] else "denied"
-        reason = f": {event['reason']}" if event.get("reason") else ""
-        return f"{event['call_id']} {verdict} by {event['by']}{reason}"
-    if kind == "run_completed":
-        how = f" (synthesized: {event['synthesized']})" if event.get("synthesized") else ""
-        return f"answer{how}"
-    if kind == "run_failed":
-        return f"{event['kind']}: {event['message']}"
+def _detail(event: Event) -> str:
+    match event:
+        case RunStarted() | RunResumed():
+            return f"model {event.model}"
+        case ModelRequestSent():
+            how = f"tool_choice={event.tool_choice}" if event.tool_choice else "tools allowed"
+            return f"attempt {event.attempt} · {how} · ~{event.estimated_input_tokens} tokens in"
+        case ModelResponseReceived():
+            calls = ", ".join(c.name for c in event.tool_calls)
+            tokens = f"{event.usage.input_tokens}+{event.usage.output_tokens} tokens"
+            if calls:
+                return f"asks for {calls} · {tokens}"
+            return "(empty turn)" if event.empty else f"answers · {tokens}"
+        case ModelErrorSeen():
+            retry = f" · retry in {event.retry_in:.1f}s" if event.retry_in else ""
+            return f"{event.status or ''} {event.message}{retry}"[:140]
+        case ToolCallRequested() | ToolDispatched():
+            return event.call_key[:110]
+        case ToolResultRecorded():
+            flags = [f for f in ("is_error", "truncated", "elided") if getattr(event, f)]
+            return f"{event.name} · {_size(event.size)} {' '.join(flags)}".rstrip()
+        case ResultElided():
+            return f"{_size(event.size)} of {event.call_key[:80]} → pointer"
+        case EvidenceReset():
+            return f"page changed: {event.call_key[:80]} (reset {event.resets})"
+        case ApprovalRequested():
+            return f"{event.call_id} · {event.call_key[:100]}"
+        case ApprovalDecided():
+            verdict = "approved" if event.approved else "denied"
+            reason = f": {event.reason}" if event.reason else ""
+            return f"{event.call_id} {verdict} by {event.by}{reason}"
+        case RunCompleted():
+            how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
+            return f"answer{how}"
+        case RunFailed():
+            return f"{event.kind}: {event.message}"
     return ""

@@ -11,117 +11,119 @@ import asyncio
 from typing import TYPE_CHECKING
 
 from keel import gateway
+from keel.budgets import past_limits, running_out
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.messages import ModelResponse
-from keel.synthesis import Mode
+from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
+from keel.synthesis import Mode, decide_mode
+from keel.transports.base import Resumable
 
 if TYPE_CHECKING:
-    from keel.loop import RunLoop
+    from keel.step import StepParts
+
+__all__ = ["current_mode", "next_turn"]
 
 
-class ModelTurns:
-    def __init__(self, run: RunLoop) -> None:
-        self.run = run
-        self.policy = gateway.RetryPolicy(
-            run.limits.model_retries, run.limits.retry_base_delay, run.limits.retry_max_delay
+def current_mode(parts: StepParts) -> Mode:
+    """Step 2, asked again before every attempt: a retry may only move toward synthesis."""
+    budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
+    return decide_mode(parts.breaker.synthesis_key(), budget)
+
+
+async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
+    """A response with text or tool calls, and the mode it was asked in."""
+    state, limits = parts.state, parts.limits
+    policy = gateway.RetryPolicy(
+        limits.model_retries, limits.retry_base_delay, limits.retry_max_delay
+    )
+    errors = empty = 0
+    while True:
+        stop = past_limits(state, limits, parts.clock)
+        if stop is not None:
+            raise stop
+        mode = current_mode(parts)
+        request, newly_elided = parts.context.build("none" if mode.reason else None, mode.controls)
+        parts.recorder.elided(newly_elided)
+        state.model_calls += 1
+        parts.recorder.emit(
+            ModelRequestSent(
+                step=state.step,
+                attempt=errors + empty + 1,
+                tool_choice=request.tool_choice,
+                synthesis=mode.reason,
+                items=len(request.items),
+                estimated_input_tokens=request.estimated_input_tokens,
+            )
         )
-
-    async def next_turn(self) -> tuple[ModelResponse, Mode]:
-        """A response with text or tool calls, and the mode it was asked in."""
-        run = self.run
-        retries = empty = 0
-        while True:
-            run.check_stop()
-            mode = run.mode()
-            request, newly_elided = run.context.build(
-                "none" if mode.reason else None, mode.controls
+        try:
+            response = await gateway.attempt(parts.transport, request, parts.clock.remaining())
+        except ProviderError as error:
+            _remember_transport(parts)
+            errors += 1
+            await _after_error(parts, policy, error, errors)
+            continue
+        _remember_transport(parts)
+        state.usage = state.usage + response.usage
+        parts.recorder.emit(_response_event(state.step, response))
+        failpoint("after_model_response")
+        if not response.is_empty:
+            return response, mode
+        empty += 1
+        if empty >= 2:
+            raise EmptyModelTurn(
+                "the model returned an empty turn (no text, no tool calls) twice in a row",
+                step=state.step,
+                details={"attempts": empty},
             )
-            run.recorder.elided(newly_elided)
-            run.state.model_calls += 1
-            snapshot = getattr(run.transport, "snapshot", None)
-            run.emit(
-                "model_request",
-                {
-                    "step": run.state.step,
-                    "attempt": retries + empty + 1,
-                    "tool_choice": request.tool_choice,
-                    "synthesis": mode.reason,
-                    "items": len(request.items),
-                    "estimated_input_tokens": request.estimated_input_tokens,
-                },
-            )
-            try:
-                response = await gateway.attempt(run.transport, request, run.remaining_time())
-            except ProviderError as error:
-                if snapshot is not None:
-                    run.state.transport = snapshot()
-                retries += 1
-                await self._after_error(error, retries)
-                continue
-            if snapshot is not None:
-                run.state.transport = snapshot()
-            run.state.usage = run.state.usage + response.usage
-            self._record(response)
-            failpoint("after_model_response")
-            if not response.is_empty:
-                return response, mode
-            empty += 1
-            if empty >= 2:
-                raise EmptyModelTurn(
-                    "the model returned an empty turn (no text, no tool calls) twice in a row",
-                    step=run.state.step,
-                    details={"attempts": empty},
-                )
 
-    async def _after_error(self, error: ProviderError, retries: int) -> None:
-        run = self.run
-        retry = error.retryable and retries <= self.policy.retries
-        delay = self.policy.delay(retries, error.retry_after) if retry else None
-        run.emit(
-            "model_error",
-            {
-                "step": run.state.step,
-                "status": error.status,
-                "retryable": error.retryable,
-                "message": error.message,
-                "retry_in": delay,
-            },
+
+def _remember_transport(parts: StepParts) -> None:
+    """A deterministic transport's position is part of the checkpoint."""
+    if isinstance(parts.transport, Resumable):
+        parts.state.transport = parts.transport.snapshot()
+
+
+async def _after_error(
+    parts: StepParts, policy: gateway.RetryPolicy, error: ProviderError, retries: int
+) -> None:
+    state = parts.state
+    retry = error.retryable and retries <= policy.retries
+    delay = policy.delay(retries, error.retry_after) if retry else None
+    parts.recorder.emit(
+        ModelErrorSeen(
+            step=state.step,
+            status=error.status,
+            retryable=error.retryable,
+            message=error.message,
+            retry_in=delay,
         )
-        remaining = run.remaining_time()
-        if remaining is not None and (remaining <= 0 or (delay or 0) >= remaining):
-            raise DeadlineExceeded(
-                f"the run reached its deadline of {run.limits.deadline:g}s while the model was "
-                f"failing ({error.message})",
-                step=run.state.step,
-                details={"deadline": run.limits.deadline},
-            )
-        if delay is None:
-            what = "failed" if not error.retryable else f"kept failing after {retries} attempts"
-            raise ModelError(
-                f"the model call {what}: {error.message}",
-                step=run.state.step,
-                details={"status": error.status, "retryable": error.retryable},
-            )
-        await asyncio.sleep(delay)
-
-    def _record(self, response: ModelResponse) -> None:
-        run = self.run
-        run.emit(
-            "model_response",
-            {
-                "step": run.state.step,
-                "text": response.text,
-                "tool_calls": [
-                    {"id": c.id, "name": c.name, "arguments": c.raw_arguments}
-                    for c in response.tool_calls
-                ],
-                "usage": {
-                    "input_tokens": response.usage.input_tokens,
-                    "output_tokens": response.usage.output_tokens,
-                    "cached_input_tokens": response.usage.cached_input_tokens,
-                },
-                "stop_reason": response.stop_reason,
-                "empty": response.is_empty,
-            },
+    )
+    remaining = parts.clock.remaining()
+    if remaining is not None and (remaining <= 0 or (delay or 0) >= remaining):
+        raise DeadlineExceeded(
+            f"the run reached its deadline of {parts.limits.deadline:g}s while the model was "
+            f"failing ({error.message})",
+            step=state.step,
+            details={"deadline": parts.limits.deadline},
         )
+    if delay is None:
+        what = "failed" if not error.retryable else f"kept failing after {retries} attempts"
+        raise ModelError(
+            f"the model call {what}: {error.message}",
+            step=state.step,
+            details={"status": error.status, "retryable": error.retryable},
+        )
+    await asyncio.sleep(delay)
+
+
+def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived:
+    return ModelResponseReceived(
+        step=step,
+        text=response.text,
+        tool_calls=tuple(RecordedCall(c.id, c.name, c.raw_arguments) for c in response.tool_calls),
+        usage=response.usage,
+        stop_reason=response.stop_reason,
+        empty=response.is_empty,
+        provider_details=response.provider_details,
+    )

@@ -46,6 +46,7 @@ from keel.evals.scenario import (
     StaticPage,
 )
 from keel.models import resolve_model
+from keel.records import ApprovalRequested, Event, EvidenceReset, ResultElided, RunResumed
 from keel.result import RunResult
 from keel.store import Store
 from keel.tools.base import Tool
@@ -270,8 +271,8 @@ class _EventCounts:
     def __init__(self) -> None:
         self.counts: Counter[str] = Counter()
 
-    def __call__(self, type_: str, data: dict[str, Any]) -> None:
-        self.counts[type_] += 1
+    def __call__(self, event: Event) -> None:
+        self.counts[event.type] += 1
 
 
 async def run_once(
@@ -336,10 +337,10 @@ async def run_once(
         model_calls=result.model_calls,
         tool_calls=result.tool_calls,
         synthesized=result.synthesized,
-        evidence_resets=counts.counts["evidence_reset"],
-        results_elided=counts.counts["result_elided"],
-        approvals_requested=counts.counts["approval_requested"],
-        resumes=counts.counts["run_resumed"],
+        evidence_resets=counts.counts[EvidenceReset.type],
+        results_elided=counts.counts[ResultElided.type],
+        approvals_requested=counts.counts[ApprovalRequested.type],
+        resumes=counts.counts[RunResumed.type],
         page_hits=hits,
         unused_turns=unused,
         seconds=round(time.perf_counter() - started, 3),

@@ -1,10 +1,8 @@
 """The run store: SQLite in WAL mode behind a narrow API (see `sqlite_store`)."""
 
+from keel.errors import LeaseHeld, LeaseLost
 from keel.store.sqlite_store import (
     Checkpoint,
-    Event,
-    LeaseHeld,
-    LeaseLost,
     RunRecord,
     Store,
     new_lease_owner,
@@ -12,7 +10,6 @@ from keel.store.sqlite_store import (
 
 __all__ = [
     "Checkpoint",
-    "Event",
     "LeaseHeld",
     "LeaseLost",
     "RunRecord",

@@ -26,7 +26,18 @@ from pathlib import Path
 from typing import Any
 
 from keel.breaker import KeyCounter
-from keel.errors import ConfigError, KeelError
+from keel.errors import ConfigError, LeaseHeld, LeaseLost
+from keel.records import (
+    ApprovalDecided,
+    Decision,
+    Event,
+    RunConfig,
+    RunState,
+    ToolResultRecorded,
+    decode_event,
+    encode_event,
+)
+from keel.result import RunStatus
 from keel.store.worker import Worker
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
@@ -34,31 +45,12 @@ _dumps = _encoder.encode
 HOST = socket.gethostname()
 
 
-class LeaseHeld(KeelError):
-    """Another live process is advancing this run."""
-
-
-class LeaseLost(KeelError):
-    """This process's lease was taken over (it was presumed dead); it must stop writing."""
-
-
-@dataclass(frozen=True, slots=True)
-class Event:
-    seq: int
-    type: str
-    at: float
-    data: dict[str, Any]
-    body: str | None = None
-    """A large text (a tool result) kept out of the JSON of `data`: cheaper to write."""
-
-
 @dataclass(slots=True)
 class Checkpoint:
     """What one step adds to the store; saved in one transaction."""
 
     run_id: str
-    status: str
-    state: dict[str, Any]
+    state: RunState
     events: list[Event] = field(default_factory=list)
     counters: dict[str, KeyCounter] = field(default_factory=dict)
     elisions: list[tuple[str, int]] = field(default_factory=list)
@@ -79,9 +71,9 @@ class RunRecord:
     updated_at: float
     question: str
     model: str
-    status: str
-    config: dict[str, Any]
-    state: dict[str, Any]
+    status: RunStatus
+    config: RunConfig
+    state: RunState
 
 
 def new_lease_owner() -> str:
@@ -133,8 +125,8 @@ class Store:
         run_id: str,
         question: str,
         model: str,
-        config: dict[str, Any],
-        state: dict[str, Any],
+        config: RunConfig,
+        state: RunState,
         *,
         lease: str | None = None,
         lease_ttl: float = 0.0,
@@ -152,8 +144,8 @@ class Store:
                     question,
                     model,
                     "running",
-                    _dumps(config),
-                    _dumps(state),
+                    _dumps(config.encode()),
+                    _dumps(state.encode()),
                     lease,
                     until,
                 ),
@@ -200,17 +192,17 @@ class Store:
 
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
-    ) -> dict[str, Any]:
+    ) -> ApprovalDecided:
         """Record a person's decision on a pending call of a paused run; returns the event."""
 
-        def write(conn: sqlite3.Connection) -> dict[str, Any]:
+        def write(conn: sqlite3.Connection) -> ApprovalDecided:
             row = conn.execute("SELECT status, state FROM runs WHERE run_id = ?", (run_id,))
             found = row.fetchone()
             if found is None:
                 raise ConfigError(f"no run {run_id} in {self.path}")
             status, state_json = found
-            state = json.loads(state_json)
-            pending = {p["call_id"]: p for p in state.get("pending", [])}
+            state = RunState.decode(json.loads(state_json))
+            pending = {p.call_id: p for p in state.pending}
             if status != "awaiting_approval" or call_id not in pending:
                 waiting = ", ".join(pending) or "none"
                 raise ConfigError(
@@ -220,32 +212,27 @@ class Store:
             seq = conn.execute(
                 "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE run_id = ?", (run_id,)
             ).fetchone()[0]
-            data = {
-                "step": state.get("step"),
-                "call_id": call_id,
-                "name": pending[call_id]["name"],
-                "call_key": pending[call_id]["call_key"],
-                "approved": approved,
-                "by": by,
-                "reason": reason,
-            }
-            conn.execute(
-                "INSERT INTO events (run_id, seq, type, at, data) VALUES (?, ?, ?, ?, ?)",
-                (run_id, seq, "approval_decided", time.time(), _dumps(data)),
+            event = ApprovalDecided(
+                step=state.step,
+                seq=seq,
+                at=time.time(),
+                call_id=call_id,
+                name=pending[call_id].name,
+                call_key=pending[call_id].call_key,
+                approved=approved,
+                by=by,
+                reason=reason,
             )
-            state.setdefault("decisions", {})[call_id] = {
-                "approved": approved,
-                "by": by,
-                "reason": reason,
-            }
-            state["next_seq"] = seq + 1
+            _insert_events(conn, run_id, [event])
+            state.decisions[call_id] = Decision(approved, by, reason)
+            state.next_seq = seq + 1
             conn.execute(
                 "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",
-                (_dumps(state), time.time(), run_id),
+                (_dumps(state.encode()), time.time(), run_id),
             )
-            return data
+            return event
 
-        result: dict[str, Any] = self._write_now(write)
+        result: ApprovalDecided = self._write_now(write)
         return result
 
     # -- reads -------------------------------------------------------------------------------
@@ -264,9 +251,9 @@ class Store:
         )
         return [_record(row) for row in rows]
 
-    def events(self, run_id: str) -> list[dict[str, Any]]:
-        """The run's events in order, each with seq, type, at and its data; a tool result's
-        `elided` says whether it was elided in the last request sent."""
+    def events(self, run_id: str) -> list[Event]:
+        """The run's events in order; a tool result's `elided` says whether it was elided in
+        the last request sent."""
 
         def read(conn: sqlite3.Connection) -> tuple[list[Any], set[str]]:
             rows = conn.execute(
@@ -278,11 +265,9 @@ class Store:
         rows, elided = self._read(read)
         events = []
         for seq, type_, at, data, body in rows:
-            event = {"seq": seq, "type": type_, "at": at, **json.loads(data)}
-            if body is not None:
-                event["content"] = body
-            if type_ == "tool_result":
-                event["elided"] = event.get("call_id") in elided
+            event = decode_event(type_, seq, at, json.loads(data), body)
+            if isinstance(event, ToolResultRecorded):
+                event.elided = event.call_id in elided
             events.append(event)
         return events
 
@@ -314,7 +299,14 @@ _RUN_SELECT = (
 def _record(row: Sequence[Any]) -> RunRecord:
     run_id, created, updated, question, model, status, config, state = row
     return RunRecord(
-        run_id, created, updated, question, model, status, json.loads(config), json.loads(state)
+        run_id,
+        created,
+        updated,
+        question,
+        model,
+        status,
+        RunConfig.decode(json.loads(config)),
+        RunState.decode(json.loads(state)),
     )
 
 
@@ -322,12 +314,20 @@ def _elided(conn: sqlite3.Connection, run_id: str) -> set[str]:
     return {r[0] for r in conn.execute("SELECT call_id FROM elisions WHERE run_id = ?", (run_id,))}
 
 
+def _insert_events(conn: sqlite3.Connection, run_id: str, events: Sequence[Event]) -> None:
+    rows = []
+    for event in events:
+        type_, data, body = encode_event(event)
+        rows.append((run_id, event.seq, type_, event.at, _dumps(data), body))
+    conn.executemany(
+        "INSERT INTO events (run_id, seq, type, at, data, body) VALUES (?, ?, ?, ?, ?, ?)", rows
+    )
+
+
 def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
     """Every checkpoint of a group, one statement per table."""
-    conn.executemany(
-        "INSERT INTO events (run_id, seq, type, at, data, body) VALUES (?, ?, ?, ?, ?, ?)",
-        [(cp.run_id, e.seq, e.type, e.at, _dumps(e.data), e.body) for cp in cps for e in cp.events],
-    )
+    for cp in cps:
+        _insert_events(conn, cp.run_id, cp.events)
     conn.executemany(
         "INSERT INTO counters VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
         " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
@@ -350,8 +350,8 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
         " WHERE run_id = ? AND lease_owner IS ?",
         [
             (
-                cp.status,
-                _dumps(cp.state),
+                cp.state.status,
+                _dumps(cp.state.encode()),
                 now,
                 None if cp.release else cp.lease,
                 None if cp.release or cp.lease is None else now + cp.lease_ttl,

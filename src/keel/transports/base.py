@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from keel.messages import ModelRequest, ModelResponse
 
@@ -19,3 +19,12 @@ class Transport(Protocol):
     """A short label for logs and `keel show`, e.g. ``script:demo.json``."""
 
     async def request(self, request: ModelRequest) -> ModelResponse: ...
+
+
+@runtime_checkable
+class Resumable(Protocol):
+    """A transport whose position (a script's next turn) is saved with each checkpoint."""
+
+    def snapshot(self) -> dict[str, Any]: ...
+
+    def restore(self, state: dict[str, Any]) -> None: ...

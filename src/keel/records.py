@@ -1,0 +1,506 @@
+"""The run's record, typed: one class per event kind, the run state and the run's settings.
+
+Every writer and reader of a run (the recorder, resume, `keel show`, progress lines, approvals,
+evaluations, the store) uses these classes; nobody reads a run by string key. Each class has one
+encoding, here: an event is stored as its `type`, a JSON object of its fields and, for a tool
+result, its text as a separate body (cheaper to write than inside the JSON).
+
+Decoding is tolerant, so stores written by earlier Keel versions load: a missing optional field
+takes its default, an unknown field is ignored, and an event type this version does not know
+becomes an `UnknownEvent` that is shown, never dropped.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, ClassVar, Literal, TypeAlias, cast
+
+from keel.errors import FailureKind
+from keel.limits import Limits
+from keel.messages import SynthesisReason, Usage
+from keel.result import Failure, PendingApproval, RunResult, RunStatus
+
+__all__ = [
+    "ApprovalDecided",
+    "ApprovalRequested",
+    "Decision",
+    "Event",
+    "EvidenceReset",
+    "JsonObject",
+    "JsonValue",
+    "ModelErrorSeen",
+    "ModelRequestSent",
+    "ModelResponseReceived",
+    "RecordedCall",
+    "ResultElided",
+    "RunCancelled",
+    "RunCompleted",
+    "RunConfig",
+    "RunFailed",
+    "RunResumed",
+    "RunStarted",
+    "RunState",
+    "ToolCallRequested",
+    "ToolDispatched",
+    "ToolResultRecorded",
+    "UnknownEvent",
+    "decode_event",
+    "encode_event",
+]
+
+JsonValue: TypeAlias = "str | int | float | bool | list[JsonValue] | dict[str, JsonValue] | None"
+JsonObject: TypeAlias = "dict[str, JsonValue]"
+
+
+# -- events ----------------------------------------------------------------------------------
+
+
+@dataclass(slots=True, kw_only=True)
+class _EventBase:
+    """Fields every event has. `seq` and `at` are given when the event is logged."""
+
+    type: ClassVar[str]
+    step: int = 0
+    """The step the event belongs to (0: before the first model turn)."""
+    seq: int = -1
+    """Position in the run's log, from 0, without gaps."""
+    at: float = 0.0
+    """Unix time it was logged."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RunStarted(_EventBase):
+    type: ClassVar[str] = "run_started"
+    question: str
+    model: str
+
+
+@dataclass(slots=True, kw_only=True)
+class RunResumed(_EventBase):
+    type: ClassVar[str] = "run_resumed"
+    model: str
+    open_calls: int = 0
+    """Calls of the last batch that had no result when the run stopped."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelRequestSent(_EventBase):
+    type: ClassVar[str] = "model_request"
+    attempt: int
+    """1 for the turn's first attempt; retries and empty-turn repeats count on."""
+    tool_choice: Literal["none"] | None
+    synthesis: SynthesisReason | None
+    """Set when the turn is synthesis-only, with the reason."""
+    items: int
+    estimated_input_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class RecordedCall:
+    """A tool call as the model wrote it: replayed on resume exactly as it was received."""
+
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelResponseReceived(_EventBase):
+    type: ClassVar[str] = "model_response"
+    text: str | None
+    tool_calls: tuple[RecordedCall, ...] = ()
+    usage: Usage = field(default_factory=Usage)
+    stop_reason: str | None = None
+    empty: bool = False
+    provider_details: JsonObject = field(default_factory=dict)
+    """Vendor data replayed with the turn (reasoning items, thinking signatures)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ModelErrorSeen(_EventBase):
+    type: ClassVar[str] = "model_error"
+    status: int | None
+    retryable: bool
+    message: str
+    retry_in: float | None
+    """Seconds until the retry, or None when the error ends the turn."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolCallRequested(_EventBase):
+    type: ClassVar[str] = "tool_call"
+    call_id: str
+    name: str
+    arguments: JsonValue
+    """The parsed arguments, or the raw text when it was not valid JSON."""
+    call_key: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolDispatched(_EventBase):
+    """The journal entry written before a side effect runs; its result closes it."""
+
+    type: ClassVar[str] = "tool_dispatched"
+    call_id: str
+    call_key: str
+    name: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ToolResultRecorded(_EventBase):
+    type: ClassVar[str] = "tool_result"
+    call_id: str
+    call_key: str
+    name: str
+    content: str
+    """What the model was shown (stored as the event's body)."""
+    is_error: bool = False
+    size: int = 0
+    digest: str = ""
+    truncated: bool = False
+    uncertain: bool = False
+    duration_ms: float = 0.0
+    elided: bool = False
+    """Read back only: the result was elided in the last request sent (never written)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ResultElided(_EventBase):
+    type: ClassVar[str] = "result_elided"
+    call_id: str
+    call_key: str
+    size: int
+    digest: str
+
+
+@dataclass(slots=True, kw_only=True)
+class EvidenceReset(_EventBase):
+    type: ClassVar[str] = "evidence_reset"
+    call_key: str
+    resets: int
+
+
+@dataclass(slots=True, kw_only=True)
+class ApprovalRequested(_EventBase):
+    type: ClassVar[str] = "approval_requested"
+    call_id: str
+    name: str
+    arguments: JsonValue
+    call_key: str
+
+
+@dataclass(slots=True, kw_only=True)
+class ApprovalDecided(_EventBase):
+    type: ClassVar[str] = "approval_decided"
+    call_id: str
+    name: str
+    call_key: str
+    approved: bool
+    by: str
+    reason: str | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunCompleted(_EventBase):
+    type: ClassVar[str] = "run_completed"
+    answer: str | None
+    synthesized: SynthesisReason | None = None
+
+
+@dataclass(slots=True, kw_only=True)
+class RunFailed(_EventBase):
+    type: ClassVar[str] = "run_failed"
+    kind: FailureKind
+    message: str
+    details: JsonObject = field(default_factory=dict)
+    """The counters or budget involved (stored flat beside the other fields)."""
+
+
+@dataclass(slots=True, kw_only=True)
+class RunCancelled(_EventBase):
+    type: ClassVar[str] = "run_cancelled"
+
+
+@dataclass(slots=True, kw_only=True)
+class UnknownEvent(_EventBase):
+    """An event of a type this version does not know (written by a newer Keel)."""
+
+    type: ClassVar[str] = "unknown"
+    type_name: str
+    data: JsonObject
+
+
+Event: TypeAlias = (
+    RunStarted
+    | RunResumed
+    | ModelRequestSent
+    | ModelResponseReceived
+    | ModelErrorSeen
+    | ToolCallRequested
+    | ToolDispatched
+    | ToolResultRecorded
+    | ResultElided
+    | EvidenceReset
+    | ApprovalRequested
+    | ApprovalDecided
+    | RunCompleted
+    | RunFailed
+    | RunCancelled
+    | UnknownEvent
+)
+
+_KINDS: dict[str, type[Any]] = {
+    cls.type: cls
+    for cls in (
+        RunStarted,
+        RunResumed,
+        ModelRequestSent,
+        ModelResponseReceived,
+        ModelErrorSeen,
+        ToolCallRequested,
+        ToolDispatched,
+        ToolResultRecorded,
+        ResultElided,
+        EvidenceReset,
+        ApprovalRequested,
+        ApprovalDecided,
+        RunCompleted,
+        RunFailed,
+        RunCancelled,
+    )
+}
+_LOGGED = ("seq", "at")
+"""Stored in columns of their own, not in the JSON."""
+_NOT_IN_DATA = {"seq", "at", "content", "elided"}
+_FIELDS: dict[type[Any], tuple[str, ...]] = {
+    cls: tuple(f.name for f in fields(cls) if f.name not in _NOT_IN_DATA) for cls in _KINDS.values()
+}
+
+
+def encode_event(event: Event) -> tuple[str, JsonObject, str | None]:
+    """(type, JSON object, body): the one way an event is written."""
+    if isinstance(event, UnknownEvent):
+        return event.type_name, event.data, None
+    data: JsonObject = {name: getattr(event, name) for name in _FIELDS[type(event)]}
+    if isinstance(event, ModelResponseReceived):
+        data["tool_calls"] = [
+            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in event.tool_calls
+        ]
+        usage = event.usage
+        data["usage"] = {
+            "input_tokens": usage.input_tokens,
+            "output_tokens": usage.output_tokens,
+            "cached_input_tokens": usage.cached_input_tokens,
+        }
+        if not event.provider_details:
+            del data["provider_details"]
+    elif isinstance(event, RunFailed):
+        details = cast(JsonObject, data.pop("details"))
+        data = {**details, **data}  # flat, as `keel show --json` has always printed it
+    body = event.content if isinstance(event, ToolResultRecorded) else None
+    return event.type, data, body
+
+
+def decode_event(
+    type_name: str, seq: int, at: float, data: JsonObject, body: str | None = None
+) -> Event:
+    """The one way an event is read back; tolerant of older and newer stores."""
+    cls = _KINDS.get(type_name)
+    if cls is None:
+        return UnknownEvent(type_name=type_name, data=data, seq=seq, at=at, step=_int(data, "step"))
+    known = _FIELDS[cls]
+    values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
+    if cls is ModelResponseReceived:
+        values["tool_calls"] = tuple(
+            RecordedCall(str(c["id"]), str(c["name"]), str(c["arguments"]))
+            for c in cast(list[dict[str, Any]], data.get("tool_calls") or [])
+        )
+        usage = cast(dict[str, int], data.get("usage") or {})
+        values["usage"] = Usage(
+            usage.get("input_tokens", 0),
+            usage.get("output_tokens", 0),
+            usage.get("cached_input_tokens", 0),
+        )
+    elif cls is RunFailed:
+        values["details"] = {k: v for k, v in data.items() if k not in known}
+    elif cls is ToolResultRecorded:
+        values["content"] = body if body is not None else str(data.get("content", ""))
+    try:
+        event: Event = cls(seq=seq, at=at, **values)
+    except TypeError:  # a required field is missing: keep the event, shown raw
+        return UnknownEvent(type_name=type_name, data=data, seq=seq, at=at, step=_int(data, "step"))
+    return event
+
+
+def _int(data: JsonObject, key: str) -> int:
+    value = data.get(key)
+    return value if isinstance(value, int) else 0
+
+
+# -- the run state ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A person's decision on one pending call."""
+
+    approved: bool
+    by: str
+    reason: str | None = None
+
+
+@dataclass(slots=True)
+class RunState:
+    """What a checkpoint saves besides the counters and elisions: small, fixed-size values.
+
+    Counters live in the breaker and elisions in the context builder; the store saves them per
+    changed key beside this, so the bytes written per step do not grow with the run.
+    """
+
+    step: int = 0
+    model_calls: int = 0
+    """Every attempt sent to a provider, retries and synthesis included."""
+    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    status: RunStatus = "running"
+    answer: str | None = None
+    synthesized: SynthesisReason | None = None
+    failure: Failure | None = None
+    pending: tuple[PendingApproval, ...] = ()
+    next_seq: int = 0
+    """Sequence number of the next event in the run's log."""
+    decisions: dict[str, Decision] = field(default_factory=dict)
+    """Decisions on pending calls, by call id."""
+    denied: dict[str, Decision] = field(default_factory=dict)
+    """Denials by call key, so an identical call is denied again without asking."""
+    transport: JsonObject | None = None
+    """What a deterministic transport needs to continue where it was (a script's position)."""
+
+    def copy(self) -> RunState:
+        """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
+        return replace(self, decisions=dict(self.decisions), denied=dict(self.denied))
+
+    def encode(self) -> JsonObject:
+        failure = self.failure
+        return {
+            "step": self.step,
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+            "usage": [
+                self.usage.input_tokens,
+                self.usage.output_tokens,
+                self.usage.cached_input_tokens,
+            ],
+            "status": self.status,
+            "answer": self.answer,
+            "synthesized": self.synthesized,
+            "failure": None
+            if failure is None
+            else {
+                "kind": failure.kind,
+                "message": failure.message,
+                "step": failure.step,
+                "details": failure.details,
+            },
+            "pending": [_pending_data(p) for p in self.pending],
+            "next_seq": self.next_seq,
+            "decisions": {k: _decision_data(d) for k, d in self.decisions.items()},
+            "denied": {k: _decision_data(d) for k, d in self.denied.items()},
+            "transport": self.transport,
+        }
+
+    @classmethod
+    def decode(cls, data: JsonObject) -> RunState:
+        raw = cast(dict[str, Any], data)
+        failure = raw.get("failure")
+        return cls(
+            step=raw.get("step", 0),
+            model_calls=raw.get("model_calls", 0),
+            tool_calls=raw.get("tool_calls", 0),
+            usage=Usage(*raw.get("usage", ())),
+            status=raw.get("status", "running"),
+            answer=raw.get("answer"),
+            synthesized=raw.get("synthesized"),
+            failure=None
+            if failure is None
+            else Failure(
+                failure["kind"], failure["message"], failure["step"], failure.get("details", {})
+            ),
+            pending=tuple(
+                PendingApproval(p["call_id"], p["name"], p.get("arguments"), p["call_key"])
+                for p in raw.get("pending", ())
+            ),
+            next_seq=raw.get("next_seq", 0),
+            decisions={k: _decision(d) for k, d in raw.get("decisions", {}).items()},
+            denied={k: _decision(d, approved=False) for k, d in raw.get("denied", {}).items()},
+            transport=raw.get("transport"),
+        )
+
+    def result(self, run_id: str) -> RunResult:
+        return RunResult(
+            run_id=run_id,
+            status=self.status,
+            answer=self.answer,
+            synthesized=self.synthesized,
+            failure=self.failure,
+            model_calls=self.model_calls,
+            tool_calls=self.tool_calls,
+            usage=self.usage,
+            pending_approvals=self.pending,
+        )
+
+
+def _pending_data(p: PendingApproval) -> JsonObject:
+    return {"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "call_key": p.call_key}
+
+
+def _decision_data(d: Decision) -> JsonObject:
+    return {"approved": d.approved, "by": d.by, "reason": d.reason}
+
+
+def _decision(data: dict[str, Any], approved: bool = True) -> Decision:
+    return Decision(bool(data.get("approved", approved)), str(data["by"]), data.get("reason"))
+
+
+# -- the run's settings ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunConfig:
+    """What `keel resume` needs to rebuild a run in another process. Never a secret."""
+
+    model: str
+    system_prompt: str
+    tools: tuple[str, ...] = ()
+    approve_tools: tuple[str, ...] = ()
+    limits: Limits = field(default_factory=Limits)
+    """The limits the run started with; a resumed run keeps them."""
+    settings: JsonObject = field(default_factory=dict)
+    """The command line's settings (repo, allowed hosts, writes, base URL, browser) and any
+    extra `run_config` a library caller saved with the run."""
+
+    _FIXED: ClassVar[tuple[str, ...]] = ("model", "system_prompt", "tools", "approve_tools")
+
+    def encode(self) -> JsonObject:
+        return {
+            **self.settings,
+            "model": self.model,
+            "system_prompt": self.system_prompt,
+            "tools": list(self.tools),
+            "approve_tools": list(self.approve_tools),
+            "limits": cast(JsonObject, self.limits.to_dict()),
+        }
+
+    @classmethod
+    def decode(cls, data: JsonObject) -> RunConfig:
+        raw = cast(dict[str, Any], data)
+        known = {f.name for f in fields(Limits)}
+        limits = {k: v for k, v in (raw.get("limits") or {}).items() if k in known}
+        return cls(
+            model=str(raw.get("model", "")),
+            system_prompt=str(raw.get("system_prompt", "")),
+            tools=tuple(raw.get("tools", ())),
+            approve_tools=tuple(raw.get("approve_tools", ())),
+            limits=Limits(**limits),
+            settings={k: v for k, v in data.items() if k not in cls._FIXED and k != "limits"},
+        )
