@@ -130,7 +130,7 @@ async def per_turn(store: keel.Store, repeats: int) -> list[Case]:
             n = max(repeats, 300 // turns) if turns < 300 else max(1, min(repeats, 3))
             runs = [await timed_run(store, turns, size_kb) for _ in range(n)]
             times, run_id = [seconds for seconds, _ in runs], runs[-1][1]
-            elided = sum(e["type"] == "result_elided" for e in store.events(run_id))
+            elided = sum(e.type == "result_elided" for e in store.events(run_id))
             cases.append(Case(turns, size_kb, times, elided))
     return cases
 

@@ -27,6 +27,8 @@ from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Transport
 
+__all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
+
 DEFAULT_SYSTEM_PROMPT = (
     "You are a careful research agent. Use the tools to gather evidence from the repository "
     "and the web before you answer. Do not request the same tool call twice: results you "

@@ -33,6 +33,8 @@ from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 
+__all__ = ["app", "main"]
+
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 1, "awaiting_approval": 3}
 
 app = typer.Typer(

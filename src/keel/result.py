@@ -8,6 +8,8 @@ from typing import Any, Literal
 from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
+__all__ = ["Failure", "PendingApproval", "RunResult", "RunStatus"]
+
 RunStatus = Literal["running", "completed", "failed", "awaiting_approval", "cancelled"]
 
 

@@ -55,6 +55,20 @@ from keel.tools.web import web_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
 
+__all__ = [
+    "RunRow",
+    "ScenarioReport",
+    "actual_end",
+    "build_tools",
+    "check",
+    "expected_end",
+    "make_transport",
+    "run_once",
+    "run_scenarios",
+    "serve",
+    "substitute",
+]
+
 ALLOW_HOSTS = ("127.0.0.1",)
 Closer = Callable[[], Awaitable[None]]
 

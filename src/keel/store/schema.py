@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sqlite3
 
+__all__ = ["MIGRATIONS", "SCHEMA", "VERSION", "prepare"]
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
     run_id TEXT PRIMARY KEY,

@@ -40,6 +40,8 @@ from keel.records import (
 from keel.result import RunStatus
 from keel.store.worker import Worker
 
+__all__ = ["Checkpoint", "RunRecord", "Store", "new_lease_owner"]
+
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _dumps = _encoder.encode
 HOST = socket.gethostname()

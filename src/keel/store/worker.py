@@ -18,6 +18,8 @@ from typing import Any
 from keel.errors import ConfigError
 from keel.store import schema
 
+__all__ = ["Job", "Worker"]
+
 Work = Callable[[sqlite3.Connection], Any]
 GroupWork = Callable[[sqlite3.Connection, list[Any]], None]
 

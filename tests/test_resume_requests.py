@@ -1,0 +1,105 @@
+"""SYSTEM.md "Durability": resume continues a run "so the next request is what it would have
+been". Checked on the wire: a run paused for approval and resumed in a fresh agent sends the same
+bytes as the same run left uninterrupted, with provider data in play (OpenAI Responses reasoning
+items, Anthropic thinking blocks with their signatures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import keel
+from contract import case_anthropic, case_openai_responses
+from keel.transports.base import Transport
+
+SIGNATURE = "EqQBCkgIBRABGAIiQL6mIuBrzCvBJ2oJ3LKTH0XK4Qhfb0C4s8zRJqYxEw" + "A" * 40
+
+
+@keel.tool(requires_approval=True)
+def fetch(url: str) -> str:
+    """Download a web page as text."""
+    return f"page {url}: the loop checkpoints every step"
+
+
+@keel.tool
+def read_file(path: str) -> str:
+    """Read a file of the repository."""
+    return f"{path}: from keel.breaker import IdenticalCallBreaker"
+
+
+class Server:
+    """A fake provider: answers from a queue and keeps the bytes the real SDK sent."""
+
+    def __init__(self, *responses: httpx.Response) -> None:
+        self.responses = list(responses)
+        self.sent: list[bytes] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request.read())
+        return self.responses.pop(0)
+
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self))
+
+
+def anthropic_thinking_turn() -> httpx.Response:
+    return case_anthropic._message(
+        [
+            {"type": "thinking", "thinking": "Both sources are needed.", "signature": SIGNATURE},
+            {"type": "redacted_thinking", "data": "EmwKAhgBEgy3va3pzix/LafPsn4aDFIT2Xlxh0L5"},
+            {
+                "type": "tool_use",
+                "id": "toolu_01A",
+                "name": "fetch",
+                "input": {"url": "https://example.org/a"},
+            },
+            {"type": "tool_use", "id": "toolu_01B", "name": "read_file", "input": {"path": "x"}},
+        ],
+        "tool_use",
+        {"input_tokens": 512, "output_tokens": 88},
+    )
+
+
+Case = tuple[Callable[[httpx.AsyncClient], Transport], Callable[[], list[httpx.Response]]]
+CASES: dict[str, Case] = {
+    "openai_responses_reasoning": (
+        case_openai_responses.CASE.make,
+        lambda: [
+            case_openai_responses.CASE.tool_calls_response(),
+            case_openai_responses.CASE.text_response(),
+        ],
+    ),
+    "anthropic_thinking": (
+        case_anthropic.CASE.make,
+        lambda: [anthropic_thinking_turn(), case_anthropic.CASE.text_response()],
+    ),
+}
+
+
+def agent(transport: Transport, store: keel.Store, **options: Any) -> keel.Agent:
+    return keel.Agent(transport, tools=[fetch, read_file], store=store, **options)
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+async def test_resumed_run_sends_byte_identical_requests(name: str, tmp_path: Path) -> None:
+    make, responses = CASES[name]
+    store = keel.Store(tmp_path / "runs.sqlite")
+
+    straight = Server(*responses())
+    done = await agent(make(straight.http()), store, approve_tools=["fetch"]).arun("Which?")
+    assert done.status == "completed"
+
+    first = Server(*responses()[:1])
+    paused = await agent(make(first.http()), store).arun("Which?")
+    assert paused.status == "awaiting_approval"
+    store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
+    second = Server(*responses()[1:])  # a fresh agent and transport, as in a new process
+    resumed = await agent(make(second.http()), store).aresume(paused.run_id)
+
+    assert resumed.status == "completed"
+    assert first.sent + second.sent == straight.sent
