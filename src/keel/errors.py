@@ -92,3 +92,8 @@ class LeaseHeld(KeelError):
 
 class LeaseLost(KeelError):
     """This process's lease was taken over (it was presumed dead); it must stop writing."""
+
+
+class StoreError(KeelError):
+    """The store could not save or read a run (disk full, file deleted or corrupt, a newer
+    schema). What was saved before stays saved; the message says what to do."""
