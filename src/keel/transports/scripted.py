@@ -41,11 +41,10 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from keel.canonical import canonical_json
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
+from keel.transports.policy import is_retryable
 
 MAX_TURNS = 100_000
 """Expanded turns a script may hold; guards against a nested ``repeat`` eating the memory."""
-
-_RETRYABLE_STATUSES = frozenset({408, 429})
 
 
 # --- the script's schema --------------------------------------------------------------------
@@ -327,7 +326,7 @@ class ScriptedTransport:
             raise ProviderError(
                 f"{self.name}: scripted error {status}: {answer.error.message}",
                 status=status,
-                retryable=status >= 500 or status in _RETRYABLE_STATUSES,
+                retryable=is_retryable(status),
                 retry_after=answer.error.retry_after,
             )
         return ModelResponse(
