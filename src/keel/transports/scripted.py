@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -45,6 +47,10 @@ from keel.transports.policy import is_retryable
 
 MAX_TURNS = 100_000
 """Expanded turns a script may hold; guards against a nested ``repeat`` eating the memory."""
+
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
+"""The largest script file read (16 MiB, hundreds of thousands of turns): ``script:/dev/zero``
+once read until the memory was gone."""
 
 
 # --- the script's schema --------------------------------------------------------------------
@@ -208,6 +214,32 @@ def _expand(turn: Turn, where: str) -> list[_Answer]:
     return [_reply_answer(where, turn)]
 
 
+def _read_script(path: str | Path) -> str:
+    """The text of a script file: a regular file of at most `MAX_SCRIPT_BYTES`, else ConfigError.
+
+    Opened without blocking, so a FIFO is refused instead of waiting for a writer, and read with
+    a bound, so a file that grows (or a ``/proc`` file that claims to be empty) cannot overrun.
+    """
+    limit = f"larger than the {MAX_SCRIPT_BYTES // (1024 * 1024)} MiB a script may have"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"script {path}: not a regular file; a script is a JSON file")
+            if info.st_size > MAX_SCRIPT_BYTES:
+                raise ConfigError(f"script {path}: {info.st_size} bytes, {limit}")
+            data = file.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise ConfigError(f"script {path}: {limit}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+
+
 # --- the transport --------------------------------------------------------------------------
 
 
@@ -251,10 +283,7 @@ class ScriptedTransport:
     @classmethod
     def from_file(cls, path: str | Path, *, record: bool = False) -> ScriptedTransport:
         """Read, validate and build a script file (``--model script:FILE``)."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+        text = _read_script(path)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
