@@ -54,7 +54,19 @@ from typing import Any
 from keel.errors import ConfigError, ProviderError
 from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
+from keel.transports.base import LocalModel
 from keel.transports.policy import attempt
+
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_STOP",
+    "REPEAT_PENALTY",
+    "LlamaTokenCounter",
+    "LocalTransport",
+    "from_completion",
+    "map_error",
+    "to_messages",
+]
 
 DEFAULT_NAME = "local:qwen2.5-coder-0.5b"
 REPEAT_PENALTY = 1.1
@@ -160,8 +172,9 @@ class LlamaTokenCounter:
 # --- the transport ----------------------------------------------------------------------------
 
 
-class LocalTransport:
-    """The local model in this process; see the module docstring."""
+class LocalTransport(LocalModel):
+    """The local model in this process; see the module docstring. A `LocalModel`: the run
+    counts tokens with its tokenizer and keeps its context inside `input_token_limit`."""
 
     def __init__(
         self,

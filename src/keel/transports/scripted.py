@@ -43,7 +43,10 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from keel.canonical import canonical_json
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
+from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
+
+__all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "ScriptedTransport"]
 
 MAX_TURNS = 100_000
 """Expanded turns a script may hold; guards against a nested ``repeat`` eating the memory."""
@@ -243,8 +246,10 @@ def _read_script(path: str | Path) -> str:
 # --- the transport --------------------------------------------------------------------------
 
 
-class ScriptedTransport:
-    """Answers each model call with the script's next turn; see the module docstring."""
+class ScriptedTransport(Resumable):
+    """Answers each model call with the script's next turn; see the module docstring.
+
+    `Resumable`: a resumed run continues at the turn its script stood at."""
 
     def __init__(self, script: _Script, *, source: str, record: bool = False) -> None:
         """Use `from_file` or `from_dict`: they validate the script and name its source."""
@@ -310,14 +315,14 @@ class ScriptedTransport:
             raise ConfigError("construct the ScriptedTransport with record=True to keep requests")
         return self._requests
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, Any]:
         """Where the script stands, saved with each step so a resumed run continues here."""
         return {"consumed": self._consumed, "ids": self._ids}
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue a resumed run where its script stood (a new process reads the file anew)."""
-        self._consumed = int(snapshot.get("consumed", 0))
-        self._ids = int(snapshot.get("ids", 0))
+        self._consumed = int(state.get("consumed", 0))
+        self._ids = int(state.get("ids", 0))
 
     def assert_consumed(self) -> None:
         """Fail (AssertionError) if any turn was left unused: the agent stopped early."""
