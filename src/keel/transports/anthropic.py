@@ -44,8 +44,8 @@ THINKING_KEY = "anthropic_thinking"
 """The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
 _OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 
-Block = dict[str, Any]
-Turn = dict[str, Any]
+_Block = dict[str, Any]
+_Turn = dict[str, Any]
 
 
 # --- to the wire -----------------------------------------------------------------------------
@@ -72,10 +72,10 @@ def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, 
     return body
 
 
-def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[Turn]:
+def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[_Turn]:
     """Turns in history order. An assistant turn with nothing to send (no text, no calls) is
     left out: the API accepts no empty message, and the merge keeps the roles alternating."""
-    messages: list[Turn] = []
+    messages: list[_Turn] = []
     for item in items:
         if isinstance(item, AssistantMessage):
             _append(messages, "assistant", _assistant_blocks(item))
@@ -91,7 +91,7 @@ def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[Turn]:
     return messages
 
 
-def _append(messages: list[Turn], role: str, blocks: list[Block]) -> None:
+def _append(messages: list[_Turn], role: str, blocks: list[_Block]) -> None:
     """Add `blocks` as a `role` turn, merged into the previous turn if it has the same role:
     the API rejects two user (or two assistant) messages in a row."""
     if not blocks:
@@ -102,15 +102,15 @@ def _append(messages: list[Turn], role: str, blocks: list[Block]) -> None:
         messages.append({"role": role, "content": blocks})
 
 
-def _assistant_blocks(message: AssistantMessage) -> list[Block]:
-    blocks: list[Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
+def _assistant_blocks(message: AssistantMessage) -> list[_Block]:
+    blocks: list[_Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
     if message.text and message.text.strip():
         blocks.append({"type": "text", "text": message.text})
     blocks.extend(_tool_use_block(call) for call in message.tool_calls)
     return blocks
 
 
-def _tool_use_block(call: ToolCall) -> Block:
+def _tool_use_block(call: ToolCall) -> _Block:
     # Unparseable (or non-object) arguments go out as {} under the same id, so the call still
     # pairs with its error result and the history stays valid.
     arguments = call.arguments if call.parse_error is None else None
@@ -118,8 +118,12 @@ def _tool_use_block(call: ToolCall) -> Block:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": payload}
 
 
-def _tool_result_block(result: ToolResult) -> Block:
-    block: Block = {"type": "tool_result", "tool_use_id": result.call_id, "content": result.content}
+def _tool_result_block(result: ToolResult) -> _Block:
+    block: _Block = {
+        "type": "tool_result",
+        "tool_use_id": result.call_id,
+        "content": result.content,
+    }
     if result.is_error:
         block["is_error"] = True
     return block
@@ -132,7 +136,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
     """A Messages API response body (a ``message`` object) as a ModelResponse."""
     texts: list[str] = []
     calls: list[ToolCall] = []
-    opaque: list[Block] = []
+    opaque: list[_Block] = []
     for block in data.get("content") or ():
         kind = block.get("type")
         if kind == "text":

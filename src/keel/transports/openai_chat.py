@@ -34,6 +34,8 @@ from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
 from keel.transports.policy import attempt
 
+__all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
+
 OPENAI_HOST = "api.openai.com"
 
 

@@ -49,6 +49,8 @@ from keel.messages import (
 from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
 from keel.transports.policy import attempt
 
+__all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
+
 PROVIDER_KEY = "openai_responses"
 """The `provider_details` key this transport reads and writes; see the module docstring."""
 

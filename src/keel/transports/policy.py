@@ -74,8 +74,8 @@ REDACTED = "[redacted]"
 _DELAY_SECONDS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")
 """RFC 9110 delay-seconds (digits), also with a decimal part, which some servers send."""
 
-Failure = TypeVar("Failure", bound=Exception)
-Result = TypeVar("Result")
+_Failure = TypeVar("_Failure", bound=Exception)
+_Result = TypeVar("_Result")
 
 
 def is_retryable(status: int, code: str | None = None) -> bool:
@@ -149,12 +149,12 @@ def scrubbed(error: ProviderError, secret: str | None) -> ProviderError:
 
 
 async def attempt(
-    call: Callable[[], Awaitable[Result]],
+    call: Callable[[], Awaitable[_Result]],
     *,
-    foreign: type[Failure],
-    to_error: Callable[[Failure], ProviderError],
+    foreign: type[_Failure],
+    to_error: Callable[[_Failure], ProviderError],
     secret: str | None,
-) -> Result:
+) -> _Result:
     """One provider attempt under the policy: `call()`'s result, or a ProviderError.
 
     A `foreign` exception (the SDK's, llama.cpp's) becomes ``to_error(exc)``; a ProviderError

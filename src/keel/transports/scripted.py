@@ -107,7 +107,7 @@ class _Error(_Strict):
 
 class _Repeat(_Strict):
     repeat: int = Field(ge=1)
-    turn: Turn
+    turn: _Turn
 
 
 def _turn_shape(value: Any) -> str | None:
@@ -127,7 +127,7 @@ def _turn_shape(value: Any) -> str | None:
     return shapes[0] if len(shapes) == 1 else None
 
 
-Turn = Annotated[
+_Turn = Annotated[
     Annotated[_Reply, Tag("~reply")]
     | Annotated[_Empty, Tag("~empty")]
     | Annotated[_Error, Tag("~error")]
@@ -144,8 +144,8 @@ _Repeat.model_rebuild()
 
 
 class _Script(_Strict):
-    turns: list[Turn]
-    on_synthesis: Turn | None = None
+    turns: list[_Turn]
+    on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
 
 
@@ -205,7 +205,7 @@ def _reply_answer(where: str, turn: _Reply | _Empty) -> _Answer:
     return _Answer(where, summary or "reply", turn.text, calls, max(1, size // 4))
 
 
-def _expand(turn: Turn, where: str) -> list[_Answer]:
+def _expand(turn: _Turn, where: str) -> list[_Answer]:
     """The turn's answers, built once; a repeat copies references, not answers."""
     if isinstance(turn, _Repeat):
         once = _expand(turn.turn, f"{where}.turn")
