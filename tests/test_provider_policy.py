@@ -143,7 +143,9 @@ def test_retry_after_reads_milliseconds_seconds_and_http_dates() -> None:
     assert parse_retry_after(httpx.Headers({"Retry-After": "4"}), NOW) == 4
 
 
-@pytest.mark.parametrize("value", ["soon", "", "-5", "+5", "1e3", "nan", "inf", "1_000", "0x10"])
+@pytest.mark.parametrize(
+    "value", ["soon", "", "-5", "+5", "1e3", "nan", "inf", "1_000", "0x10", "\u0663"]
+)
 def test_retry_after_nonsense_counts_as_absent(value: str) -> None:
     assert parse_retry_after({"retry-after": value}, NOW) is None
     assert parse_retry_after({"retry-after-ms": value, "retry-after": "7"}, NOW) == 7

@@ -71,7 +71,7 @@ would cut ordinary words out of messages ("invalid [redacted]-api-key")."""
 
 REDACTED = "[redacted]"
 
-_DELAY_SECONDS = re.compile(r"\s*(\d+(?:\.\d+)?)\s*")
+_DELAY_SECONDS = re.compile(r"\s*([0-9]+(?:\.[0-9]+)?)\s*")
 """RFC 9110 delay-seconds (digits), also with a decimal part, which some servers send."""
 
 _Failure = TypeVar("_Failure", bound=Exception)
