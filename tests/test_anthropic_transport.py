@@ -35,10 +35,10 @@ from keel.transports.anthropic import (
     AnthropicTransport,
     from_wire,
     map_usage,
-    retry_after,
     to_wire,
 )
 from keel.transports.base import Transport
+from keel.transports.policy import parse_retry_after
 
 MODEL = "claude-sonnet-4-6"
 KEY = "sk-ant-api03-unit-test-secret-0123456789"
@@ -317,12 +317,12 @@ def test_usage_with_missing_cache_fields(usage: Any, expected: tuple[int, int, i
 
 def test_retry_after_reads_milliseconds_seconds_and_http_dates() -> None:
     now = 1_792_567_680.0  # Wed, 21 Oct 2026 07:28:00 GMT
-    assert retry_after({"retry-after": "Wed, 21 Oct 2026 07:28:30 GMT"}, now) == 30
-    assert retry_after({"retry-after": "Wed, 21 Oct 2026 07:27:00 GMT"}, now) == 0
-    assert retry_after({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
-    assert retry_after({"retry-after": "2.5"}, now) == 2.5
-    assert retry_after({"retry-after": "soon"}, now) is None
-    assert retry_after({}, now) is None
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2026 07:28:30 GMT"}, now) == 30
+    assert parse_retry_after({"retry-after": "Wed, 21 Oct 2026 07:27:00 GMT"}, now) == 0
+    assert parse_retry_after({"retry-after-ms": "1500", "retry-after": "9"}, now) == 1.5
+    assert parse_retry_after({"retry-after": "2.5"}, now) == 2.5
+    assert parse_retry_after({"retry-after": "soon"}, now) is None
+    assert parse_retry_after({}, now) is None
 
 
 async def test_retry_after_as_an_http_date_reaches_the_error() -> None:

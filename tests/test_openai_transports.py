@@ -26,15 +26,11 @@ from keel.messages import (
     UserMessage,
 )
 from keel.transports import openai_chat, openai_responses
-from keel.transports._openai_common import (
-    LOCAL_PLACEHOLDER_KEY,
-    map_error,
-    parse_retry_after,
-    resolve_api_key,
-)
+from keel.transports._openai_common import LOCAL_PLACEHOLDER_KEY, map_error, resolve_api_key
 from keel.transports.base import Transport
 from keel.transports.openai_chat import OpenAIChatTransport
 from keel.transports.openai_responses import PROVIDER_KEY, OpenAIResponsesTransport
+from keel.transports.policy import parse_retry_after
 
 KEY = "sk-proj-SECRET0123456789abcdefSECRET"
 TOOL = ToolDefinition("fetch", "Fetch a page.", {"type": "object", "properties": {}})

@@ -25,7 +25,7 @@ from keel.store import Store
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import Transport
+from keel.transports.base import LocalModel, Transport
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -200,13 +200,10 @@ WINDOW_MARGIN = 700
 
 
 def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None]:
-    """A transport running a model in-process may offer its tokenizer and its input window
-    (directly, or under the XML fallback). Loads the model: it is needed for the run anyway."""
-    for candidate in (transport, getattr(transport, "inner", None)):
-        make_counter = getattr(candidate, "token_counter", None)
-        if callable(make_counter):
-            counter: TokenCounter = make_counter()
-            return counter, getattr(candidate, "input_token_limit", None)
+    """A `LocalModel` transport (directly, or under the XML fallback, which forwards it) offers
+    its tokenizer and its input window. Loads the model: it is needed for the run anyway."""
+    if isinstance(transport, LocalModel):
+        return transport.token_counter(), transport.input_token_limit
     return None, None
 
 

@@ -6,17 +6,15 @@ built with ``max_retries=0``, because the gateway decides about retries, backoff
 and a hidden second layer of retries would spend budget the run cannot see.
 
 Foreign exceptions are mapped once, here, by `map_error`; the transports call it at their
-boundary and nothing else in Keel ever sees an ``openai`` exception. The API key is used to
+boundary through `keel.transports.policy.attempt`, so nothing else in Keel ever sees an
+``openai`` exception and none is chained to the ProviderError. The API key is used to
 build the client and to scrub error messages, and is never logged, stored or put in a message.
 """
 
 from __future__ import annotations
 
-import datetime
-import email.utils
 import json
 import os
-import time
 from collections.abc import Mapping
 from typing import Any, cast
 
@@ -25,6 +23,17 @@ import openai
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ToolResult
+from keel.transports.policy import is_retryable, parse_retry_after, scrub
+
+__all__ = [
+    "ERROR_MARKER",
+    "LOCAL_PLACEHOLDER_KEY",
+    "build_client",
+    "decode_body",
+    "map_error",
+    "resolve_api_key",
+    "tool_output_text",
+]
 
 LOCAL_PLACEHOLDER_KEY = "keel-no-key"
 """Sent to an explicit `base_url` when no key is configured: local servers (llama.cpp, vLLM)
@@ -33,12 +42,6 @@ ignore the Authorization header, but the SDK insists on having one."""
 ERROR_MARKER = "ERROR: "
 """OpenAI's wire formats have no error flag on a tool result, so an error result is marked in
 its text. Results that already start with "error" (Keel's own error texts do) are left alone."""
-
-RETRYABLE_STATUSES = frozenset({408, 409, 429})
-"""Besides 5xx: timeouts, conflicts (OpenAI uses 409 for transient locking) and rate limits."""
-
-NOT_RETRYABLE_CODES = frozenset({"insufficient_quota"})
-"""429s that no wait will fix: an exhausted billing quota fails at once instead of backing off."""
 
 
 def resolve_api_key(
@@ -96,31 +99,6 @@ def tool_output_text(result: ToolResult) -> str:
     return result.content
 
 
-def parse_retry_after(headers: Mapping[str, str], now: float | None = None) -> float | None:
-    """Seconds the provider asks us to wait: ``retry-after-ms``, else ``retry-after`` as seconds
-    or as an HTTP date. None when absent or unreadable; never negative."""
-    for name, scale in (("retry-after-ms", 1000.0), ("retry-after", 1.0)):
-        value = headers.get(name)
-        if value is None:
-            continue
-        try:
-            seconds = float(value) / scale
-        except ValueError:
-            continue
-        if seconds == seconds and seconds != float("inf"):  # not NaN, not infinite
-            return max(0.0, seconds)
-    value = headers.get("retry-after")
-    if value is None:
-        return None
-    try:
-        when = email.utils.parsedate_to_datetime(value)
-    except (TypeError, ValueError, IndexError):
-        return None
-    if when.tzinfo is None:  # an HTTP date is GMT by definition
-        when = when.replace(tzinfo=datetime.UTC)
-    return max(0.0, when.timestamp() - (time.time() if now is None else now))
-
-
 def _provider_message(exc: openai.APIError) -> str:
     """The provider's own words: the body's ``error.message`` when there is one.
 
@@ -144,21 +122,14 @@ def _error_code(exc: openai.APIError) -> str | None:
     return code if isinstance(code, str) else None
 
 
-def _scrub(text: str, secret: str | None) -> str:
-    """Some compatible servers echo the key they rejected; it must not reach a message."""
-    if secret and len(secret) >= 4:
-        return text.replace(secret, "[redacted]")
-    return text
-
-
 def map_error(
     exc: openai.OpenAIError, *, secret: str | None = None, now: float | None = None
 ) -> ProviderError:
     """One SDK exception as one ProviderError, classified for the gateway's retry decision.
 
-    Retryable: 408, 409, 429 (unless the quota is exhausted), 5xx, timeouts and dropped
-    connections. Everything else (400 including context-length errors, 401, 403, 404, 422, a
-    response the SDK could not read) fails at once. `secret` is scrubbed from the message.
+    Statuses are classified by `keel.transports.policy.is_retryable` (an exhausted quota is a
+    429 that fails at once); timeouts and dropped connections are retryable; a response the SDK
+    could not read, or any other SDK failure, is not. `secret` is scrubbed from the message.
     """
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError("OpenAI API: the request timed out", retryable=True)
@@ -166,25 +137,22 @@ def map_error(
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
         return ProviderError(
-            _scrub(f"OpenAI API: connection failed{detail}", secret), retryable=True
+            scrub(f"OpenAI API: connection failed{detail}", secret), retryable=True
         )
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
-        retryable = (status in RETRYABLE_STATUSES or status >= 500) and (
-            _error_code(exc) not in NOT_RETRYABLE_CODES
-        )
         message = f"OpenAI API error {status}: {_provider_message(exc)}"
         return ProviderError(
-            _scrub(message, secret),
+            scrub(message, secret),
             status=status,
-            retryable=retryable,
+            retryable=is_retryable(status, _error_code(exc)),
             retry_after=parse_retry_after(exc.response.headers, now),
         )
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError(
             f"OpenAI API: unreadable response ({exc.status_code})", status=exc.status_code
         )
-    return ProviderError(_scrub(f"OpenAI API: {type(exc).__name__}: {exc}", secret))
+    return ProviderError(scrub(f"OpenAI API: {type(exc).__name__}: {exc}", secret))
 
 
 def decode_body(text: str) -> dict[str, Any]:

@@ -17,11 +17,8 @@ tests inject ``httpx.AsyncClient``; `_HttpxBridge` carries each request across u
 from __future__ import annotations
 
 import json
-import math
 import os
-import time
 from collections.abc import Iterable, Mapping
-from email.utils import parsedate_to_datetime
 from typing import Any
 
 import anthropic
@@ -39,15 +36,16 @@ from keel.messages import (
     ToolResult,
     Usage,
 )
+from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+
+__all__ = ["THINKING_KEY", "AnthropicTransport", "from_wire", "map_error", "map_usage", "to_wire"]
 
 THINKING_KEY = "anthropic_thinking"
 """The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
 _OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
-_RETRYABLE_STATUSES = frozenset({408, 409, 429, 529})
-"""Plus every status >= 500: timeouts, conflicts, rate limits and overload pass with time."""
 
-Block = dict[str, Any]
-Turn = dict[str, Any]
+_Block = dict[str, Any]
+_Turn = dict[str, Any]
 
 
 # --- to the wire -----------------------------------------------------------------------------
@@ -74,10 +72,10 @@ def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, 
     return body
 
 
-def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[Turn]:
+def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[_Turn]:
     """Turns in history order. An assistant turn with nothing to send (no text, no calls) is
     left out: the API accepts no empty message, and the merge keeps the roles alternating."""
-    messages: list[Turn] = []
+    messages: list[_Turn] = []
     for item in items:
         if isinstance(item, AssistantMessage):
             _append(messages, "assistant", _assistant_blocks(item))
@@ -93,7 +91,7 @@ def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[Turn]:
     return messages
 
 
-def _append(messages: list[Turn], role: str, blocks: list[Block]) -> None:
+def _append(messages: list[_Turn], role: str, blocks: list[_Block]) -> None:
     """Add `blocks` as a `role` turn, merged into the previous turn if it has the same role:
     the API rejects two user (or two assistant) messages in a row."""
     if not blocks:
@@ -104,15 +102,15 @@ def _append(messages: list[Turn], role: str, blocks: list[Block]) -> None:
         messages.append({"role": role, "content": blocks})
 
 
-def _assistant_blocks(message: AssistantMessage) -> list[Block]:
-    blocks: list[Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
+def _assistant_blocks(message: AssistantMessage) -> list[_Block]:
+    blocks: list[_Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
     if message.text and message.text.strip():
         blocks.append({"type": "text", "text": message.text})
     blocks.extend(_tool_use_block(call) for call in message.tool_calls)
     return blocks
 
 
-def _tool_use_block(call: ToolCall) -> Block:
+def _tool_use_block(call: ToolCall) -> _Block:
     # Unparseable (or non-object) arguments go out as {} under the same id, so the call still
     # pairs with its error result and the history stays valid.
     arguments = call.arguments if call.parse_error is None else None
@@ -120,8 +118,12 @@ def _tool_use_block(call: ToolCall) -> Block:
     return {"type": "tool_use", "id": call.id, "name": call.name, "input": payload}
 
 
-def _tool_result_block(result: ToolResult) -> Block:
-    block: Block = {"type": "tool_result", "tool_use_id": result.call_id, "content": result.content}
+def _tool_result_block(result: ToolResult) -> _Block:
+    block: _Block = {
+        "type": "tool_result",
+        "tool_use_id": result.call_id,
+        "content": result.content,
+    }
     if result.is_error:
         block["is_error"] = True
     return block
@@ -134,7 +136,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
     """A Messages API response body (a ``message`` object) as a ModelResponse."""
     texts: list[str] = []
     calls: list[ToolCall] = []
-    opaque: list[Block] = []
+    opaque: list[_Block] = []
     for block in data.get("content") or ():
         kind = block.get("type")
         if kind == "text":
@@ -172,8 +174,9 @@ def map_usage(usage: Mapping[str, Any] | None) -> Usage:
 def map_error(
     exc: anthropic.AnthropicError, *, now: float | None = None, secret: str | None = None
 ) -> ProviderError:
-    """The one place SDK exceptions become ProviderErrors. `secret` (the API key) is scrubbed
-    from the message in case a proxy echoes it; `now` is for Retry-After dates."""
+    """The one place SDK exceptions become ProviderErrors, classified by the provider policy
+    (`keel.transports.policy`). `secret` (the API key) is scrubbed from the message in case a
+    proxy echoes it; `now` is for Retry-After dates."""
     if isinstance(exc, anthropic.APIStatusError):
         status = exc.status_code
         kind = exc.type or "error"
@@ -182,42 +185,20 @@ def map_error(
         if exc.request_id:
             message += f" (request-id {exc.request_id})"
         error = ProviderError(
-            _scrub(message, secret),
+            scrub(message, secret),
             status=status,
-            retryable=status in _RETRYABLE_STATUSES or status >= 500,
-            retry_after=retry_after(exc.response.headers, time.time() if now is None else now),
+            retryable=is_retryable(status, exc.type),
+            retry_after=parse_retry_after(exc.response.headers, now),
         )
     elif isinstance(exc, anthropic.APITimeoutError):
-        error = ProviderError(f"anthropic: request timed out: {_root_cause(exc)}", retryable=True)
+        message = f"anthropic: request timed out: {_root_cause(exc)}"
+        error = ProviderError(scrub(message, secret), retryable=True)
     elif isinstance(exc, anthropic.APIConnectionError):
         message = f"anthropic: connection failed: {_root_cause(exc)}"
-        error = ProviderError(_scrub(message, secret), retryable=True)
+        error = ProviderError(scrub(message, secret), retryable=True)
     else:  # a response that did not match the schema, missing credentials, another SDK failure
-        error = ProviderError(_scrub(f"anthropic: {exc}", secret), retryable=False)
+        error = ProviderError(scrub(f"anthropic: {exc}", secret), retryable=False)
     return error
-
-
-def retry_after(headers: Mapping[str, str], now: float) -> float | None:
-    """Seconds to wait, from ``retry-after-ms`` or ``retry-after`` (seconds or an HTTP date)."""
-    millis = _number(headers.get("retry-after-ms"))
-    if millis is not None:
-        return millis / 1000
-    value = headers.get("retry-after")
-    seconds = _number(value)
-    if seconds is not None or not value:
-        return seconds
-    try:
-        return max(0.0, parsedate_to_datetime(value).timestamp() - now)
-    except (TypeError, ValueError):
-        return None
-
-
-def _number(text: str | None) -> float | None:
-    try:
-        value = float(text) if text else math.nan
-    except ValueError:
-        return None
-    return value if math.isfinite(value) and value >= 0 else None
 
 
 def _short(body: object) -> str:
@@ -228,10 +209,6 @@ def _root_cause(exc: BaseException) -> str:
     while exc.__cause__ is not None:
         exc = exc.__cause__
     return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-
-
-def _scrub(message: str, secret: str | None) -> str:
-    return message.replace(secret, "[redacted]") if secret else message
 
 
 # --- the shell -------------------------------------------------------------------------------
@@ -315,9 +292,17 @@ class AnthropicTransport:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(request, model=self.model, max_tokens=self.max_tokens)
-        try:
-            message: SdkMessage = await self._client.messages.create(**body)
-        except anthropic.AnthropicError as exc:
-            # `from None`: the SDK exception holds the request, and its headers hold the key.
-            raise map_error(exc, secret=self._client.api_key) from None
+        return await attempt(
+            lambda: self._send(body),
+            foreign=anthropic.AnthropicError,
+            to_error=map_error,
+            secret=self._client.api_key,
+        )
+
+    async def _send(self, body: dict[str, Any]) -> ModelResponse:
+        message: object = await self._client.messages.create(**body)
+        if not isinstance(message, SdkMessage):
+            # A 200 that is not JSON (a proxy's login page) comes back from the SDK as text.
+            # Waiting does not fix a wrong base_url, so it fails at once.
+            raise ProviderError(f"anthropic: the response is not a message: {message!r:.200}")
         return from_wire(message.to_dict(mode="json"))

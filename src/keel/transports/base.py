@@ -1,10 +1,25 @@
-"""The one interface every model transport implements."""
+"""The one interface every model transport implements, and the optional capabilities beside it.
+
+`Transport` is all the run loop needs. A transport may also declare a capability, by inheriting
+the protocol (so mypy checks the signatures) or simply by having the methods; the runtime asks
+with ``isinstance``, never by probing attribute names:
+
+- `Resumable`: its position (a script's next turn) is saved with each step and restored when a
+  paused or crashed run resumes in a new process;
+- `LocalModel`: it runs a model in this process and can lend the run that model's tokenizer and
+  input window, so the context budget matches the real prompt.
+
+A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
+"""
 
 from __future__ import annotations
 
 from typing import Any, Protocol, runtime_checkable
 
 from keel.messages import ModelRequest, ModelResponse
+from keel.tokens import TokenCounter
+
+__all__ = ["LocalModel", "Resumable", "Transport"]
 
 
 @runtime_checkable
@@ -23,8 +38,31 @@ class Transport(Protocol):
 
 @runtime_checkable
 class Resumable(Protocol):
-    """A transport whose position (a script's next turn) is saved with each checkpoint."""
+    """A transport with a position that a resumed run must continue from.
 
-    def snapshot(self) -> dict[str, Any]: ...
+    The run loop stores `snapshot()` with every checkpoint and, when a run resumes (possibly in
+    another process, with a transport built anew from the same model spec), hands it back to
+    `restore` before the first request.
+    """
 
-    def restore(self, state: dict[str, Any]) -> None: ...
+    def snapshot(self) -> dict[str, Any]:
+        """Where the transport stands, as JSON-serialisable data (it goes into the store)."""
+        ...
+
+    def restore(self, state: dict[str, Any]) -> None:
+        """Continue from a `snapshot()` taken earlier, by this instance or another."""
+        ...
+
+
+@runtime_checkable
+class LocalModel(Protocol):
+    """A transport running its model in this process, which can lend the run its tokenizer."""
+
+    @property
+    def input_token_limit(self) -> int:
+        """The most prompt tokens one request may carry (the window less the output limit)."""
+        ...
+
+    def token_counter(self) -> TokenCounter:
+        """A counter using the model's own tokenizer; may load the model."""
+        ...

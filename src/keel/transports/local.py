@@ -31,9 +31,10 @@ request that does is refused as misuse. What it does:
   ``completion_tokens`` as usage, and as cached input the prompt prefix llama.cpp kept from the
   previous turn (its KV cache reuses the longest common prefix, which the frozen prefix makes
   long).
-- **Failures** become ProviderError, none retryable (nothing here gets better by waiting): a
-  prompt longer than the context window says so with both numbers; a model that cannot be
-  found or loaded says what to install or fix.
+- **Failures** become ProviderError in `request`, through `keel.transports.policy.attempt` like
+  every transport's, none retryable (nothing here gets better by waiting): a prompt longer
+  than the context window says so with both numbers; a model that cannot be found or loaded
+  says what to install or fix.
 
 `to_messages`, `from_completion` and `map_error` are pure; `LocalTransport` is the shell.
 """
@@ -53,6 +54,19 @@ from typing import Any
 from keel.errors import ConfigError, ProviderError
 from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
+from keel.transports.base import LocalModel
+from keel.transports.policy import attempt
+
+__all__ = [
+    "DEFAULT_NAME",
+    "DEFAULT_STOP",
+    "REPEAT_PENALTY",
+    "LlamaTokenCounter",
+    "LocalTransport",
+    "from_completion",
+    "map_error",
+    "to_messages",
+]
 
 DEFAULT_NAME = "local:qwen2.5-coder-0.5b"
 REPEAT_PENALTY = 1.1
@@ -158,8 +172,9 @@ class LlamaTokenCounter:
 # --- the transport ----------------------------------------------------------------------------
 
 
-class LocalTransport:
-    """The local model in this process; see the module docstring."""
+class LocalTransport(LocalModel):
+    """The local model in this process; see the module docstring. A `LocalModel`: the run
+    counts tokens with its tokenizer and keeps its context inside `input_token_limit`."""
 
     def __init__(
         self,
@@ -214,7 +229,12 @@ class LocalTransport:
         messages = to_messages(request)
         cancel = threading.Event()
         try:
-            return await asyncio.to_thread(self._generate, messages, cancel)
+            return await attempt(
+                lambda: asyncio.to_thread(self._generate, messages, cancel),
+                foreign=Exception,  # llama.cpp raises whatever it likes
+                to_error=lambda exc: map_error(exc, n_ctx=self.n_ctx),
+                secret=None,
+            )
         except asyncio.CancelledError:
             cancel.set()  # the thread ends its generation at the next token
             raise
@@ -231,23 +251,17 @@ class LocalTransport:
         with self._generate_lock:  # lock order everywhere: generate, then load
             if cancel.is_set():
                 raise ProviderError("local model: the request was cancelled before it started")
-            try:
-                llama = self._load()
-            except ConfigError as exc:
-                raise map_error(exc, n_ctx=self.n_ctx) from exc
+            llama = self._load()  # a ConfigError becomes a ProviderError in `request`
             before = llama.input_ids[: llama.n_tokens].copy()
-            try:
-                data = llama.create_chat_completion(
-                    messages,
-                    max_tokens=self.max_tokens,
-                    temperature=self.temperature,
-                    seed=self.seed,
-                    repeat_penalty=REPEAT_PENALTY,
-                    stop=self.stop,
-                    logits_processor=[_stop_when(cancel, llama.token_eos())],
-                )
-            except Exception as exc:
-                raise map_error(exc, n_ctx=self.n_ctx) from exc
+            data = llama.create_chat_completion(
+                messages,
+                max_tokens=self.max_tokens,
+                temperature=self.temperature,
+                seed=self.seed,
+                repeat_penalty=REPEAT_PENALTY,
+                stop=self.stop,
+                logits_processor=[_stop_when(cancel, llama.token_eos())],
+            )
             prompt_tokens = (data.get("usage") or {}).get("prompt_tokens") or 0
             # llama.cpp re-evaluates at least the prompt's last token, so that one never counts.
             kept = llama.input_ids[: min(llama.n_tokens, max(prompt_tokens - 1, 0))]

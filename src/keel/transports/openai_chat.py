@@ -32,6 +32,9 @@ import openai
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
+from keel.transports.policy import attempt
+
+__all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
 
 OPENAI_HOST = "api.openai.com"
 
@@ -66,10 +69,15 @@ class OpenAIChatTransport:
         body = to_wire(
             request, model=self.model, max_tokens=self.max_tokens, limit_field=self._limit_field
         )
-        try:
-            raw = await self._client.chat.completions.with_raw_response.create(**body)
-        except openai.OpenAIError as exc:
-            raise map_error(exc, secret=self._client.api_key) from exc
+        return await attempt(
+            lambda: self._send(body),
+            foreign=openai.OpenAIError,
+            to_error=map_error,
+            secret=self._client.api_key,
+        )
+
+    async def _send(self, body: dict[str, Any]) -> ModelResponse:
+        raw = await self._client.chat.completions.with_raw_response.create(**body)
         return from_wire(decode_body(raw.text))
 
 

@@ -47,6 +47,9 @@ from keel.messages import (
     Usage,
 )
 from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
+from keel.transports.policy import attempt
+
+__all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
 
 PROVIDER_KEY = "openai_responses"
 """The `provider_details` key this transport reads and writes; see the module docstring."""
@@ -79,10 +82,15 @@ class OpenAIResponsesTransport:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)
-        try:
-            raw = await self._client.responses.with_raw_response.create(**body)
-        except openai.OpenAIError as exc:
-            raise map_error(exc, secret=self._client.api_key) from exc
+        return await attempt(
+            lambda: self._send(body),
+            foreign=openai.OpenAIError,
+            to_error=map_error,
+            secret=self._client.api_key,
+        )
+
+    async def _send(self, body: dict[str, Any]) -> ModelResponse:
+        raw = await self._client.responses.with_raw_response.create(**body)
         return from_wire(decode_body(raw.text))
 
 

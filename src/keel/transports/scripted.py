@@ -23,6 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -41,11 +43,17 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from keel.canonical import canonical_json
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
+from keel.transports.base import Resumable
+from keel.transports.policy import is_retryable
+
+__all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "ScriptedTransport"]
 
 MAX_TURNS = 100_000
 """Expanded turns a script may hold; guards against a nested ``repeat`` eating the memory."""
 
-_RETRYABLE_STATUSES = frozenset({408, 429})
+MAX_SCRIPT_BYTES = 16 * 1024 * 1024
+"""The largest script file read (16 MiB, hundreds of thousands of turns): ``script:/dev/zero``
+once read until the memory was gone."""
 
 
 # --- the script's schema --------------------------------------------------------------------
@@ -99,7 +107,7 @@ class _Error(_Strict):
 
 class _Repeat(_Strict):
     repeat: int = Field(ge=1)
-    turn: Turn
+    turn: _Turn
 
 
 def _turn_shape(value: Any) -> str | None:
@@ -119,7 +127,7 @@ def _turn_shape(value: Any) -> str | None:
     return shapes[0] if len(shapes) == 1 else None
 
 
-Turn = Annotated[
+_Turn = Annotated[
     Annotated[_Reply, Tag("~reply")]
     | Annotated[_Empty, Tag("~empty")]
     | Annotated[_Error, Tag("~error")]
@@ -136,8 +144,8 @@ _Repeat.model_rebuild()
 
 
 class _Script(_Strict):
-    turns: list[Turn]
-    on_synthesis: Turn | None = None
+    turns: list[_Turn]
+    on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
 
 
@@ -197,7 +205,7 @@ def _reply_answer(where: str, turn: _Reply | _Empty) -> _Answer:
     return _Answer(where, summary or "reply", turn.text, calls, max(1, size // 4))
 
 
-def _expand(turn: Turn, where: str) -> list[_Answer]:
+def _expand(turn: _Turn, where: str) -> list[_Answer]:
     """The turn's answers, built once; a repeat copies references, not answers."""
     if isinstance(turn, _Repeat):
         once = _expand(turn.turn, f"{where}.turn")
@@ -209,11 +217,39 @@ def _expand(turn: Turn, where: str) -> list[_Answer]:
     return [_reply_answer(where, turn)]
 
 
+def _read_script(path: str | Path) -> str:
+    """The text of a script file: a regular file of at most `MAX_SCRIPT_BYTES`, else ConfigError.
+
+    Opened without blocking, so a FIFO is refused instead of waiting for a writer, and read with
+    a bound, so a file that grows (or a ``/proc`` file that claims to be empty) cannot overrun.
+    """
+    limit = f"larger than the {MAX_SCRIPT_BYTES // (1024 * 1024)} MiB a script may have"
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0))
+        with os.fdopen(fd, "rb") as file:
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):
+                raise ConfigError(f"script {path}: not a regular file; a script is a JSON file")
+            if info.st_size > MAX_SCRIPT_BYTES:
+                raise ConfigError(f"script {path}: {info.st_size} bytes, {limit}")
+            data = file.read(MAX_SCRIPT_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise ConfigError(f"script {path}: {limit}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+
+
 # --- the transport --------------------------------------------------------------------------
 
 
-class ScriptedTransport:
-    """Answers each model call with the script's next turn; see the module docstring."""
+class ScriptedTransport(Resumable):
+    """Answers each model call with the script's next turn; see the module docstring.
+
+    `Resumable`: a resumed run continues at the turn its script stood at."""
 
     def __init__(self, script: _Script, *, source: str, record: bool = False) -> None:
         """Use `from_file` or `from_dict`: they validate the script and name its source."""
@@ -252,10 +288,7 @@ class ScriptedTransport:
     @classmethod
     def from_file(cls, path: str | Path, *, record: bool = False) -> ScriptedTransport:
         """Read, validate and build a script file (``--model script:FILE``)."""
-        try:
-            text = Path(path).read_text(encoding="utf-8")
-        except (OSError, UnicodeDecodeError) as exc:
-            raise ConfigError(f"script {path}: cannot read it: {exc}") from None
+        text = _read_script(path)
         try:
             data = json.loads(text)
         except json.JSONDecodeError as exc:
@@ -282,14 +315,14 @@ class ScriptedTransport:
             raise ConfigError("construct the ScriptedTransport with record=True to keep requests")
         return self._requests
 
-    def snapshot(self) -> dict[str, int]:
+    def snapshot(self) -> dict[str, Any]:
         """Where the script stands, saved with each step so a resumed run continues here."""
         return {"consumed": self._consumed, "ids": self._ids}
 
-    def restore(self, snapshot: dict[str, Any]) -> None:
+    def restore(self, state: dict[str, Any]) -> None:
         """Continue a resumed run where its script stood (a new process reads the file anew)."""
-        self._consumed = int(snapshot.get("consumed", 0))
-        self._ids = int(snapshot.get("ids", 0))
+        self._consumed = int(state.get("consumed", 0))
+        self._ids = int(state.get("ids", 0))
 
     def assert_consumed(self) -> None:
         """Fail (AssertionError) if any turn was left unused: the agent stopped early."""
@@ -327,7 +360,7 @@ class ScriptedTransport:
             raise ProviderError(
                 f"{self.name}: scripted error {status}: {answer.error.message}",
                 status=status,
-                retryable=status >= 500 or status in _RETRYABLE_STATUSES,
+                retryable=is_retryable(status),
                 retry_after=answer.error.retry_after,
             )
         return ModelResponse(

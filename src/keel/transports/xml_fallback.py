@@ -16,6 +16,11 @@ In a synthesis turn (``tool_choice="none"``, ADR-0136) the instruction and schem
 nothing invites a call; the history still replays as text. The mapping both ways is pure
 (`to_text_request`, `from_text_response`); the transport is a thin shell around the inner one, and
 a `ProviderError` from it passes through unchanged.
+
+The wrapper offers exactly the capabilities of the transport it wraps (`keel.transports.base`):
+over a `Resumable` transport it is Resumable (``xml:script:FILE`` pauses and resumes at the right
+turn), over a `LocalModel` it is a LocalModel (``local`` lends the run its tokenizer), and over
+anything else it claims neither.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import html
 import json
 import re
 from collections.abc import Callable, Iterable
+from typing import Any, cast
 
 from keel.messages import (
     AssistantMessage,
@@ -35,7 +41,8 @@ from keel.messages import (
     ToolResult,
     UserMessage,
 )
-from keel.transports.base import Transport
+from keel.tokens import TokenCounter
+from keel.transports.base import LocalModel, Resumable, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
 __all__ = [
@@ -139,7 +146,16 @@ def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> Mo
 
 
 class XmlFallbackTransport:
-    """Tools over any text-capable transport; see the module docstring."""
+    """Tools over any text-capable transport; see the module docstring.
+
+    Constructing one picks the subclass that forwards the capabilities `inner` has, so
+    ``isinstance(XmlFallbackTransport(inner), Resumable)`` answers for `inner`.
+    """
+
+    def __new__(cls, inner: Transport) -> XmlFallbackTransport:
+        if cls is XmlFallbackTransport:
+            cls = _FORWARDING[isinstance(inner, Resumable), isinstance(inner, LocalModel)]
+        return super().__new__(cls)
 
     def __init__(self, inner: Transport) -> None:
         self.inner = inner
@@ -156,6 +172,43 @@ class XmlFallbackTransport:
     def _new_id(self) -> str:
         self._issued += 1
         return f"xml_{self._issued}"
+
+
+class _ResumableXml(XmlFallbackTransport, Resumable):
+    """Over a Resumable transport. The wrapper's own state, the highest ``xml_<n>`` id given
+    out, is rebuilt from the replayed history, so the inner snapshot is the whole snapshot."""
+
+    def snapshot(self) -> dict[str, Any]:
+        return cast(Resumable, self.inner).snapshot()
+
+    def restore(self, state: dict[str, Any]) -> None:
+        cast(Resumable, self.inner).restore(state)
+
+
+class _LocalXml(XmlFallbackTransport, LocalModel):
+    """Over a LocalModel transport: the tokenizer and window are the inner model's. (The
+    instruction and schemas the wrapper adds are within the agent's `WINDOW_MARGIN`.)"""
+
+    @property
+    def input_token_limit(self) -> int:
+        return cast(LocalModel, self.inner).input_token_limit
+
+    def token_counter(self) -> TokenCounter:
+        return cast(LocalModel, self.inner).token_counter()
+
+
+class _ResumableLocalXml(_ResumableXml, _LocalXml):
+    """Over a transport that is both."""
+
+
+_FORWARDING: dict[tuple[bool, bool], type[XmlFallbackTransport]] = {
+    (False, False): XmlFallbackTransport,
+    (True, False): _ResumableXml,
+    (False, True): _LocalXml,
+    (True, True): _ResumableLocalXml,
+}
+"""The class to build, by (inner is Resumable, inner is a LocalModel); every cast above holds
+because `XmlFallbackTransport.__new__` picks from here."""
 
 
 def _replay(items: Iterable[Item]) -> Iterable[Item]:

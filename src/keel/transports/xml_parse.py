@@ -25,6 +25,8 @@ from dataclasses import dataclass
 
 from keel.messages import ToolCall
 
+__all__ = ["UNNAMED_CALL", "ParsedText", "parse_calls"]
+
 UNNAMED_CALL = "invalid_call"
 """The name given to a block that names no tool: no tool has it, so the model is told which do."""
 
