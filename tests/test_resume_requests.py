@@ -1,7 +1,7 @@
 """SYSTEM.md "Durability": resume continues a run "so the next request is what it would have
 been". Checked on the wire: a run paused for approval and resumed in a fresh agent sends the same
 bytes as the same run left uninterrupted, with provider data in play (OpenAI Responses reasoning
-items, Anthropic thinking blocks with their signatures).
+items, Anthropic thinking blocks with their signatures) and over the XML fallback.
 """
 
 from __future__ import annotations
@@ -16,6 +16,8 @@ import pytest
 import keel
 from contract import case_anthropic, case_openai_responses
 from keel.transports.base import Transport
+from keel.transports.scripted import ScriptedTransport
+from keel.transports.xml_fallback import XmlFallbackTransport
 
 SIGNATURE = "EqQBCkgIBRABGAIiQL6mIuBrzCvBJ2oJ3LKTH0XK4Qhfb0C4s8zRJqYxEw" + "A" * 40
 
@@ -103,3 +105,28 @@ async def test_resumed_run_sends_byte_identical_requests(name: str, tmp_path: Pa
 
     assert resumed.status == "completed"
     assert first.sent + second.sent == straight.sent
+
+
+async def test_resumed_xml_script_run_sends_the_same_text_requests(tmp_path: Path) -> None:
+    """`xml:script:`: the text requests the wrapped model reads, before and after a pause."""
+    calls = '<call name="fetch">{"url": "https://example.org/a"}</call>'
+    script = {"turns": [{"text": calls}, {"text": "The loop checkpoints every step."}]}
+    store = keel.Store(tmp_path / "runs.sqlite")
+
+    def xml_script() -> tuple[Transport, ScriptedTransport]:
+        inner = ScriptedTransport.from_dict(script, record=True)
+        return XmlFallbackTransport(inner), inner
+
+    straight, straight_inner = xml_script()
+    done = await agent(straight, store, approve_tools=["fetch"]).arun("Which?")
+    assert done.status == "completed"
+
+    first, first_inner = xml_script()
+    paused = await agent(first, store).arun("Which?")
+    assert paused.status == "awaiting_approval"
+    store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
+    second, second_inner = xml_script()
+    resumed = await agent(second, store).aresume(paused.run_id)
+
+    assert resumed.status == "completed"
+    assert first_inner.requests + second_inner.requests == straight_inner.requests
