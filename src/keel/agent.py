@@ -15,6 +15,7 @@ import platformdirs
 
 from keel import approvals, resume
 from keel.context import ContextBuilder
+from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
@@ -103,17 +104,19 @@ class Agent:
             self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
         return self._store
 
-    def _setup(self) -> RunSetup:
+    def _setup(self, limits: Limits | None = None) -> RunSetup:
+        """`limits`: a resumed run's own, saved with it; else this agent's."""
+        limits = limits or self.limits
         config = RunConfig(
             model=self.model_spec or self.transport.name,
             system_prompt=self.system_prompt,
             tools=tuple(t.name for t in self.tools),
             approve_tools=tuple(sorted(self.approve_tools)),
-            limits=self.limits,
+            limits=limits,
             settings=self.run_config,
         )
         counter, window = _model_window(self.transport)
-        budget = self.limits.context_tokens
+        budget = limits.context_tokens
         if window is not None:  # a local model's window is small and hard: stay inside it
             budget = max(256, min(budget, window - WINDOW_MARGIN))
         context = ContextBuilder(
@@ -124,8 +127,10 @@ class Agent:
         )
         return RunSetup(
             transport=self.transport,
-            executor=self.executor,
-            limits=self.limits,
+            executor=self.executor
+            if limits == self.limits
+            else ToolExecutor(self.tools, max_result_chars=limits.max_result_chars),
+            limits=limits,
             context=context,
             store=self.store,
             listeners=self.listeners,
@@ -136,6 +141,13 @@ class Agent:
 
     def start(self, question: str) -> RunHandle:
         """Begin a run in the running event loop; returns at once."""
+        try:
+            question.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise ConfigError(
+                f"the question is not valid text: it holds {exc.object[exc.start : exc.end]!r} "
+                "(bytes that are not UTF-8?)"
+            ) from None
         loop = RunLoop(new_run_id(), question, self._setup())
         return RunHandle(loop, asyncio.ensure_future(loop.run()))
 
@@ -144,7 +156,9 @@ class Agent:
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
         point = resume.load(self.store, run_id)
-        loop = RunLoop(run_id, point.record.question, self._setup(), point)
+        loop = RunLoop(
+            run_id, point.record.question, self._setup(point.record.config.limits), point
+        )
         return RunHandle(loop, asyncio.ensure_future(loop.run()))
 
     async def arun(self, question: str) -> RunResult:

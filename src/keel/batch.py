@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
-from keel.records import ApprovalRequested, Decision, EvidenceReset, ToolDispatched
+from keel.records import ApprovalRequested, EvidenceReset, ToolDispatched
 from keel.result import PendingApproval
 from keel.tools.base import Effect, Tool
 from keel.tools.executor import ExecutedCall
@@ -67,6 +67,10 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     if pending:
         return pending
     state = parts.state
+    for call in batch.open_calls():  # a denial covers identical calls of the batch too
+        decision = state.decisions.get(call.id)
+        if decision is not None and not decision.approved:
+            state.denied.setdefault(call.key, decision)
     results: dict[str, ToolResult] = dict(batch.answered)
     to_run: list[ToolCall] = []
     for call in batch.open_calls():
@@ -136,9 +140,14 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
 def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     """The calls that need a decision nobody has made yet. The breaker already ran."""
     state = parts.state
+    denied_here = {
+        c.key
+        for c in batch.calls
+        if (d := state.decisions.get(c.id)) is not None and not d.approved
+    }
     waiting = []
     for call in batch.open_calls():
-        if call.id in state.decisions or call.key in state.denied:
+        if call.id in state.decisions or call.key in state.denied or call.key in denied_here:
             continue
         if call.id in batch.journaled:
             continue
@@ -172,7 +181,6 @@ def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
     state = parts.state
     decision = state.decisions.get(call.id)
     if decision is not None and not decision.approved:
-        state.denied[call.key] = Decision(False, decision.by, decision.reason)
         return denial_text(call, decision.by, decision.reason, again=False)
     if decision is None and call.key in state.denied:
         denial = state.denied[call.key]

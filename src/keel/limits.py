@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -42,7 +43,7 @@ class Limits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
-        if self.deadline is not None and self.deadline <= 0:
+        if self.deadline is not None and not (math.isfinite(self.deadline) and self.deadline > 0):
             raise ConfigError(
                 f"deadline must be a positive number of seconds (got {self.deadline})"
             )

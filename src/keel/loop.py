@@ -133,8 +133,9 @@ class RunLoop:
     async def _open(self) -> None:
         """Create the run, or take over a stored one: lease, history, counters, elisions."""
         limits, context, emit = self.setup.limits, self.parts.context, self.recorder.emit
-        if limits.deadline is not None:
-            self.parts.clock.deadline_at = time.time() + limits.deadline
+        if self.state.deadline_at is None and limits.deadline is not None:
+            self.state.deadline_at = time.time() + limits.deadline  # kept across resumes
+        self.parts.clock.deadline_at = self.state.deadline_at
         name = self.setup.transport.name
         if self.resume is None:
             await self.recorder.start(

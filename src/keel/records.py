@@ -375,6 +375,8 @@ class RunState:
     """Denials by call key, so an identical call is denied again without asking."""
     transport: JsonObject | None = None
     """What a deterministic transport needs to continue where it was (a script's position)."""
+    deadline_at: float | None = None
+    """Unix time the run must end by: wall-clock from the run's start, across resumes."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
@@ -407,6 +409,7 @@ class RunState:
             "decisions": {k: _decision_data(d) for k, d in self.decisions.items()},
             "denied": {k: _decision_data(d) for k, d in self.denied.items()},
             "transport": self.transport,
+            "deadline_at": self.deadline_at,
         }
 
     @classmethod
@@ -434,6 +437,7 @@ class RunState:
             decisions={k: _decision(d) for k, d in raw.get("decisions", {}).items()},
             denied={k: _decision(d, approved=False) for k, d in raw.get("denied", {}).items()},
             transport=raw.get("transport"),
+            deadline_at=raw.get("deadline_at"),
         )
 
     def result(self, run_id: str) -> RunResult:

@@ -38,6 +38,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         limits.model_retries, limits.retry_base_delay, limits.retry_max_delay
     )
     errors = empty = 0
+    last_was_empty = False
     while True:
         stop = past_limits(state, limits, parts.clock)
         if stop is not None:
@@ -61,6 +62,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         except ProviderError as error:
             _remember_transport(parts)
             errors += 1
+            last_was_empty = False
             await _after_error(parts, policy, error, errors)
             continue
         _remember_transport(parts)
@@ -71,11 +73,13 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             return response, mode
         empty += 1
         if empty >= 2:
+            how = "twice in a row" if last_was_empty else "twice in this turn's attempts"
             raise EmptyModelTurn(
-                "the model returned an empty turn (no text, no tool calls) twice in a row",
+                f"the model returned an empty turn (no text, no tool calls) {how}",
                 step=state.step,
                 details={"attempts": empty},
             )
+        last_was_empty = True
 
 
 def _remember_transport(parts: StepParts) -> None:

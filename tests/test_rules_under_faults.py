@@ -1,0 +1,120 @@
+"""Rules of SYSTEM.md that held in the ordinary path but drifted under resume, repeats and bad
+input (tracker issue 9, "Rules that drift from the spec"). Each test failed on the code before
+its fix."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import keel
+from keel.records import ModelRequestSent, ToolResultRecorded
+from keel.transports.scripted import ScriptedTransport
+from support import batch, call, run_script
+
+ANSWER = {"text": "Done."}
+
+
+@keel.tool
+def note(topic: str) -> str:
+    """Look a topic up in the notes."""
+    return f"notes on {topic}"
+
+
+@keel.tool(effect="side_effecting", requires_approval=True)
+def publish(text: str) -> str:
+    """Publish a note."""
+    return f"posted {text}"
+
+
+def agent(script: dict[str, Any], store: keel.Store, **limits: Any) -> keel.Agent:
+    transport = ScriptedTransport.from_dict(script, record=True)
+    return keel.Agent(
+        transport, tools=[note, publish], store=store, limits=keel.Limits(**limits)
+    )
+
+
+async def test_resume_keeps_the_checkpointed_limits(tmp_path: Path) -> None:
+    """A run paused with T=3 and a counter at 2 gets its synthesis turn when resumed by an agent
+    built with default limits: the limits saved with the run win."""
+    store = keel.Store(tmp_path / "runs.sqlite")
+    script = {
+        "turns": [
+            call("note", topic="a"),
+            batch(("note", {"topic": "a"}), ("publish", {"text": "x"})),
+            ANSWER,
+        ]
+    }
+    paused = await agent(script, store, loop_threshold=3).arun("q")
+    assert paused.status == "awaiting_approval"
+    store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
+
+    resumed = await agent(script, store).aresume(paused.run_id)  # default limits: T=5
+    assert (resumed.status, resumed.synthesized) == ("completed", "repeated_tool")
+    requests = [e for e in store.events(paused.run_id) if isinstance(e, ModelRequestSent)]
+    assert requests[-1].tool_choice == "none"
+
+
+async def test_identical_call_in_the_batch_of_a_denied_call_is_denied_without_asking(
+    tmp_path: Path,
+) -> None:
+    store = keel.Store(tmp_path / "runs.sqlite")
+    script = {"turns": [batch(("publish", {"text": "x"}), ("publish", {"text": "x"})), ANSWER]}
+    paused = await agent(script, store).arun("q")
+    first, second = paused.pending_approvals
+    store.decide(paused.run_id, first.call_id, approved=False, by="ana", reason="not now")
+
+    resumed = await agent(script, store).aresume(paused.run_id)
+    assert resumed.status == "completed"
+    results = [e for e in store.events(paused.run_id) if isinstance(e, ToolResultRecorded)]
+    assert [r.call_id for r in results] == [first.call_id, second.call_id]
+    assert results[1].content.startswith("Denied again without asking: ana")
+
+
+async def test_the_deadline_is_wall_clock_from_the_run_start_across_resumes(
+    tmp_path: Path,
+) -> None:
+    store = keel.Store(tmp_path / "runs.sqlite")
+    script = {"turns": [call("publish", text="x"), ANSWER]}
+    paused = await agent(script, store, deadline=0.5).arun("q")
+    assert paused.status == "awaiting_approval"
+    store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
+    await asyncio.sleep(0.6)
+
+    resumed = await agent(script, store, deadline=0.5).aresume(paused.run_id)
+    assert resumed.failure is not None and resumed.failure.kind == "DeadlineExceeded"
+
+
+async def test_empty_turn_message_does_not_claim_twice_in_a_row_across_an_error() -> None:
+    error = {"error": {"status": 500, "message": "boom"}}
+    out = await run_script({"turns": [{"text": ""}, error, {"text": ""}]}, [note])
+    failure = out.result.failure
+    assert failure is not None and failure.kind == "EmptyModelTurn"
+    assert "in a row" not in failure.message
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf])
+def test_deadline_must_be_a_finite_number_of_seconds(bad: float) -> None:
+    with pytest.raises(keel.ConfigError, match="deadline"):
+        keel.Limits(deadline=bad)
+
+
+def test_a_question_that_is_not_text_is_a_configuration_error(tmp_path: Path) -> None:
+    store = keel.Store(tmp_path / "runs.sqlite")
+    with pytest.raises(keel.ConfigError, match="question"):
+        agent({"turns": [ANSWER]}, store).run("bad \udcff bytes")
+    assert store.list_runs() == []
+
+
+def test_started_runs_record_an_absolute_deadline(tmp_path: Path) -> None:
+    store = keel.Store(tmp_path / "runs.sqlite")
+    before = time.time()
+    result = agent({"turns": [ANSWER]}, store, deadline=30).run("q")
+    record = store.get_run(result.run_id)
+    assert record is not None and record.state.deadline_at is not None
+    assert before + 30 <= record.state.deadline_at <= time.time() + 30
