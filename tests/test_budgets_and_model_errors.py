@@ -95,9 +95,15 @@ async def test_calls_past_the_tool_budget_are_answered_not_run() -> None:
 
 
 async def test_token_budget_spent_fails_budget_exhausted() -> None:
-    out = await run_script({"turns": distinct_calls(50)}, [note], max_tokens=300)
-    assert out.result.failure is not None
-    assert out.result.failure.kind == "BudgetExhausted"
+    # One long turn (a 4000-character preamble beside its call) spends the whole budget, so
+    # the next step stops on the hard token check, before any synthesis turn.
+    long_turn = {**call("note", topic="a"), "text": "x" * 4000}
+    out = await run_script({"turns": [long_turn, *distinct_calls(5)]}, [note], max_tokens=1000)
+    failure = out.result.failure
+    assert failure is not None and failure.kind == "BudgetExhausted"
+    assert failure.message.startswith("the token budget of 1000 was spent")
+    assert failure.details == {"budget": "tokens", "limit": 1000}
+    assert out.result.model_calls == 1
 
 
 async def test_token_budget_running_low_gives_budget_synthesis() -> None:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import sqlite3
 from pathlib import Path
 
@@ -50,8 +51,23 @@ async def test_volatile_control_text_never_enters_the_store(tmp_path: Path) -> N
 
 async def test_each_step_is_checkpointed_with_counters_and_state(tmp_path: Path) -> None:
     store = keel.Store(tmp_path / "runs.sqlite")
+    seen_mid_run: list[tuple[int, int]] = []
+
+    @keel.tool(name="note")
+    def peeking_note(topic: str) -> str:
+        """Look a topic up; peeks at what another process would read from the store now."""
+        with sqlite3.connect(tmp_path / "runs.sqlite") as other:
+            (state,) = other.execute("SELECT state FROM runs").fetchone()
+            (results,) = other.execute(
+                "SELECT count(*) FROM events WHERE type = 'tool_result'"
+            ).fetchone()
+        seen_mid_run.append((json.loads(state)["step"], results))
+        return f"note on {topic}"
+
     turns = [call("note", topic="a"), call("note", topic="a"), call("note", topic="b"), ANSWER]
-    out = await run_script({"turns": turns}, [note], store=store)
+    out = await run_script({"turns": turns}, [peeking_note], store=store)
+    # While step N's tool runs, steps before it (and step N's model turn) are already saved.
+    assert seen_mid_run == [(1, 0), (2, 1), (3, 2)]
     record = store.get_run(out.result.run_id)
     assert record is not None and record.status == "completed"
     assert record.state.model_calls == 4 and record.state.tool_calls == 3

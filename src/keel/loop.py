@@ -1,7 +1,7 @@
 """The run loop: a `while` over steps, each ending in one of a closed set of outcomes.
 
     open (create the run, or take a stored one over)
-    keep the lease:  step -> Continue: checkpoint, step again
+    keep the lease:  step -> Continue: step again (the next model attempt checkpoints first)
                           -> Completed | Paused | Failed: stop
     end (record the outcome) and checkpoint, releasing the lease
 
@@ -20,7 +20,6 @@ from keel.batch import Batch
 from keel.breaker import IdenticalCallBreaker
 from keel.budgets import Clock
 from keel.context import ContextBuilder
-from keel.failpoints import failpoint
 from keel.lease import Lease
 from keel.limits import Limits
 from keel.messages import UserMessage
@@ -115,13 +114,13 @@ class RunLoop:
         return self.state.result(self.run_id)
 
     async def _advance(self) -> StepOutcome:
+        """Steps until one ends the run. A step's additions are saved by the checkpoint that
+        journals the next model attempt (before it is sent): one transaction per step."""
         while True:
             outcome = await take_step(self.parts, self.batch)
             self.batch = None
             if not isinstance(outcome, Continue):
                 return outcome
-            await self.checkpoint()
-            failpoint("after_checkpoint")
 
     async def checkpoint(self, release: bool = False) -> None:
         await self.recorder.checkpoint(

@@ -57,6 +57,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
                 estimated_input_tokens=request.estimated_input_tokens,
             )
         )
+        await parts.checkpoint()  # the step so far, and this attempt, before it is sent
+        failpoint("after_checkpoint")
         try:
             response = await gateway.attempt(parts.transport, request, parts.clock.remaining())
         except ProviderError as error:
