@@ -26,20 +26,14 @@ from pathlib import Path
 from typing import Any
 
 from keel.breaker import KeyCounter
-from keel.errors import ConfigError, KeelError
+from keel.errors import ConfigError
+from keel.errors import LeaseHeld as LeaseHeld  # keel.store re-exports both
+from keel.errors import LeaseLost as LeaseLost
 from keel.store.worker import Worker
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _dumps = _encoder.encode
 HOST = socket.gethostname()
-
-
-class LeaseHeld(KeelError):
-    """Another live process is advancing this run."""
-
-
-class LeaseLost(KeelError):
-    """This process's lease was taken over (it was presumed dead); it must stop writing."""
 
 
 @dataclass(frozen=True, slots=True)
