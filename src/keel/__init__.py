@@ -17,7 +17,10 @@ from keel.errors import (
     ConfigError,
     DeadlineExceeded,
     EmptyModelTurn,
+    FailureKind,
     KeelError,
+    LeaseHeld,
+    LeaseLost,
     ModelError,
     ProviderError,
     RunFailure,
@@ -34,7 +37,7 @@ from keel.messages import (
     Usage,
     UserMessage,
 )
-from keel.result import Failure, PendingApproval, RunResult
+from keel.result import Failure, PendingApproval, RunResult, RunStatus
 from keel.store import Store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
@@ -45,15 +48,23 @@ from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
 
 __all__ = [
+    # running agents
     "Agent",
+    # models: the one interface, a scripted model for tests, and the messages they exchange
     "AssistantMessage",
+    # the exception tree (drawn in keel.errors)
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",
+    # tools
     "Effect",
     "EmptyModelTurn",
+    # what a run ends with, and where it is kept
     "Failure",
+    "FailureKind",
     "KeelError",
+    "LeaseHeld",
+    "LeaseLost",
     "Limits",
     "ModelError",
     "ModelRequest",
@@ -63,6 +74,7 @@ __all__ = [
     "RunFailure",
     "RunHandle",
     "RunResult",
+    "RunStatus",
     "ScriptedTransport",
     "Store",
     "Tool",
