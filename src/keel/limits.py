@@ -7,6 +7,10 @@ from typing import Any
 
 from keel.errors import ConfigError
 
+__all__ = [
+    "Limits",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:
