@@ -21,6 +21,7 @@ failures of the run: they become error results the model reads, and the run goes
 author raises `ToolError` to say what went wrong in words meant for the model.
 Constructors have no side effects; foreign exceptions are mapped once, where they enter.
 """
+
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
