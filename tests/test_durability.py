@@ -209,3 +209,16 @@ def test_store_file_of_the_first_schema_is_migrated(tmp_path: Path) -> None:
     store.close()
     columns = {r[1] for r in sqlite3.connect(path).execute("PRAGMA table_info(runs)")}
     assert {"lease_owner", "lease_until"} <= columns
+
+
+async def test_a_holder_whose_lease_was_taken_over_must_stop_writing(
+    repo: Path, tmp_path: Path
+) -> None:
+    store = keel.Store(tmp_path / "runs.sqlite")
+    agent, _ = agent_for({"turns": [call("write_file", path="o", content="a")]}, repo, store)
+    paused = await agent.arun("q")
+    await store.acquire_lease(paused.run_id, "elsewhere:1:old", ttl=0.01)
+    time.sleep(0.05)
+    await store.acquire_lease(paused.run_id, "elsewhere:2:new", ttl=60)
+    with pytest.raises(keel.LeaseLost, match="taken over"):
+        await store.renew_lease(paused.run_id, "elsewhere:1:old", ttl=60)

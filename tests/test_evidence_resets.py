@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import keel
 from keel.breaker import IdenticalCallBreaker
-from keel.records import EvidenceReset
+from keel.records import EvidenceReset, ToolResultRecorded
 from pageserver import PageServer
 from support import call, run_script
 
@@ -87,3 +87,25 @@ def test_breaker_reset_bookkeeping() -> None:
     assert breaker.observe("k", "d3") is False  # cap reached
     assert breaker.take_dirty()["k"].resets == 1
     assert breaker.take_dirty() == {}
+
+
+
+async def test_changing_error_results_never_reset() -> None:
+    # An observation that fails differently on every poll is not evidence of progress.
+    polls = iter(range(1, 100))
+
+    @keel.tool(effect="observation")
+    def poll_job(job: str) -> str:
+        """Poll a job's status."""
+        raise RuntimeError(f"backend unavailable (attempt {next(polls)})")
+
+    out = await run_script(
+        {"turns": [call("poll_job", job="j1")] * 2, "on_synthesis": ANSWER},
+        [poll_job],
+        loop_threshold=3,
+    )
+    results = out.of_type(ToolResultRecorded)
+    assert [r.is_error for r in results] == [True, True]
+    assert results[0].digest != results[1].digest
+    assert not out.of_type(EvidenceReset)
+    assert out.result.synthesized == "repeated_tool"

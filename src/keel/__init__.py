@@ -17,10 +17,15 @@ from keel.errors import (
     ConfigError,
     DeadlineExceeded,
     EmptyModelTurn,
+    FailureKind,
     KeelError,
+    LeaseHeld,
+    LeaseLost,
     ModelError,
     ProviderError,
     RunFailure,
+    StoreError,
+    ToolError,
     ToolLoopDetected,
 )
 from keel.limits import Limits
@@ -34,7 +39,7 @@ from keel.messages import (
     Usage,
     UserMessage,
 )
-from keel.result import Failure, PendingApproval, RunResult
+from keel.result import Failure, PendingApproval, RunResult, RunStatus
 from keel.store import Store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
@@ -53,7 +58,10 @@ __all__ = [
     "Effect",
     "EmptyModelTurn",
     "Failure",
+    "FailureKind",
     "KeelError",
+    "LeaseHeld",
+    "LeaseLost",
     "Limits",
     "ModelError",
     "ModelRequest",
@@ -63,11 +71,14 @@ __all__ = [
     "RunFailure",
     "RunHandle",
     "RunResult",
+    "RunStatus",
     "ScriptedTransport",
     "Store",
+    "StoreError",
     "Tool",
     "ToolCall",
     "ToolDefinition",
+    "ToolError",
     "ToolLoopDetected",
     "ToolResult",
     "Transport",

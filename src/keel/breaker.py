@@ -11,6 +11,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+__all__ = [
+    "IdenticalCallBreaker",
+    "KeyCounter",
+]
+
 
 @dataclass(slots=True)
 class KeyCounter:

@@ -15,6 +15,14 @@ import math
 from decimal import Decimal
 from typing import Any
 
+__all__ = [
+    "call_key",
+    "canonical_json",
+    "key_from_text",
+    "parse_arguments",
+    "raw_call_key",
+]
+
 _PLAIN_INTEGER_DIGITS = 4000
 """Whole numbers are written with all their digits (below Python's int-parsing limit)."""
 _PLAIN_FRACTION_DIGITS = 21

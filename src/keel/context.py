@@ -25,6 +25,11 @@ from keel.messages import (
 )
 from keel.tokens import TokenCounter, item_tokens
 
+__all__ = [
+    "ContextBuilder",
+    "pointer_text",
+]
+
 _KEY_SHOWN = 160
 """Characters of a call key quoted in a pointer: enough to recognise the call."""
 

@@ -1,24 +1,49 @@
 """Keel's one exception tree.
 
-    KeelError
+    KeelError                  base of every error Keel raises on purpose
     ├── ConfigError            misuse: a bad option, limit, model spec or script (exit code 2)
+    ├── LeaseHeld              refusal: another live process is advancing that run (exit code 2)
+    ├── LeaseLost              this process's lease on a run was taken over: it must stop writing
     ├── ProviderError          one failed model attempt, mapped at the transport boundary;
     │                          the gateway retries it or turns it into a ModelError failure
-    └── RunFailure             why a run failed; carried in RunResult.failure, never lost
-        ├── ToolLoopDetected
-        ├── BudgetExhausted
-        ├── DeadlineExceeded
-        ├── ModelError
-        └── EmptyModelTurn
+    ├── RunFailure             why a run failed; carried in RunResult.failure, never lost
+    │   ├── ToolLoopDetected   an identical call would reach the threshold, or a tool was
+    │   │                      requested in a repeated-tool synthesis turn
+    │   ├── BudgetExhausted    model calls, tool calls or tokens ran out
+    │   ├── DeadlineExceeded   the run's wall-clock deadline passed
+    │   ├── ModelError         the provider refused, or retries ran out
+    │   └── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
+    ├── StoreError             the store could not save or read a run (disk full, file deleted or
+    │                          corrupt, a newer schema); what was saved stays saved
+    └── ToolError              raised by a tool: its message goes to the model as an error
+                               result, and the run goes on
 
 Errors fed back to the model (invalid arguments, unknown tools, a tool that raised) are not
-exceptions here: they become error results the model reads, and the run goes on.
+failures of the run: they become error results the model reads, and the run goes on. A tool
+author raises `ToolError` to say what went wrong in words meant for the model.
 Constructors have no side effects; foreign exceptions are mapped once, where they enter.
 """
 
 from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
+
+__all__ = [
+    "BudgetExhausted",
+    "ConfigError",
+    "DeadlineExceeded",
+    "EmptyModelTurn",
+    "FailureKind",
+    "KeelError",
+    "LeaseHeld",
+    "LeaseLost",
+    "ModelError",
+    "ProviderError",
+    "RunFailure",
+    "StoreError",
+    "ToolError",
+    "ToolLoopDetected",
+]
 
 FailureKind = Literal[
     "ToolLoopDetected", "BudgetExhausted", "DeadlineExceeded", "ModelError", "EmptyModelTurn"
@@ -31,6 +56,14 @@ class KeelError(Exception):
 
 class ConfigError(KeelError):
     """The runtime was misused: the message says what to change."""
+
+
+class LeaseHeld(KeelError):
+    """Another live process is advancing this run: a refusal, like ConfigError (exit code 2)."""
+
+
+class LeaseLost(KeelError):
+    """This process's lease was taken over (it was presumed dead); it must stop writing."""
 
 
 class ProviderError(KeelError):
@@ -86,14 +119,11 @@ class EmptyModelTurn(RunFailure):
     kind = "EmptyModelTurn"
 
 
-class LeaseHeld(KeelError):
-    """Another live process is advancing this run."""
-
-
-class LeaseLost(KeelError):
-    """This process's lease was taken over (it was presumed dead); it must stop writing."""
-
-
 class StoreError(KeelError):
     """The store could not save or read a run (disk full, file deleted or corrupt, a newer
     schema). What was saved before stays saved; the message says what to do."""
+
+
+class ToolError(KeelError):
+    """Raise it from a tool to send its message to the model as an error result; the run goes
+    on."""

@@ -11,6 +11,11 @@ from __future__ import annotations
 import os
 import signal
 
+__all__ = [
+    "ENV",
+    "failpoint",
+]
+
 ENV = "KEEL_FAILPOINTS"
 
 

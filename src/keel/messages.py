@@ -13,6 +13,21 @@ from typing import Any, Literal
 
 from keel.canonical import call_key, canonical_json, key_from_text, parse_arguments
 
+__all__ = [
+    "AssistantMessage",
+    "Item",
+    "ModelRequest",
+    "ModelResponse",
+    "SynthesisReason",
+    "ToolCall",
+    "ToolChoice",
+    "ToolDefinition",
+    "ToolResult",
+    "Usage",
+    "UserMessage",
+    "digest_text",
+]
+
 ToolChoice = Literal["none"] | None
 SynthesisReason = Literal["repeated_tool", "budget"]
 

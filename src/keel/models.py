@@ -25,6 +25,18 @@ import platformdirs
 from keel.errors import ConfigError
 from keel.transports.base import Transport
 
+__all__ = [
+    "CONFIG_NAME",
+    "DEFAULT_ANTHROPIC",
+    "DEFAULT_OPENAI",
+    "SPEC_HELP",
+    "ModelChoice",
+    "available_models",
+    "choose_model",
+    "config_files",
+    "resolve_model",
+]
+
 SPEC_HELP = "local, openai:MODEL, openai-chat:MODEL, anthropic:MODEL, xml:SPEC or script:FILE"
 DEFAULT_OPENAI = "openai:gpt-5-mini"
 DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"

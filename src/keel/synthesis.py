@@ -16,6 +16,14 @@ from dataclasses import dataclass
 
 from keel.messages import SynthesisReason
 
+__all__ = [
+    "BUDGET_CONTROL",
+    "NORMAL",
+    "REPEATED_TOOL_CONTROL",
+    "Mode",
+    "decide_mode",
+]
+
 REPEATED_TOOL_CONTROL = (
     "Research has stopped because it was repeating the same tool request, so no tools are "
     "available for this reply. Write the best answer the evidence already gathered supports. "

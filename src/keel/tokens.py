@@ -12,6 +12,13 @@ from typing import Protocol
 
 from keel.messages import AssistantMessage, Item, ToolResult, UserMessage
 
+__all__ = [
+    "MESSAGE_OVERHEAD",
+    "EstimatingCounter",
+    "TokenCounter",
+    "item_tokens",
+]
+
 MESSAGE_OVERHEAD = 4
 """Tokens a chat template spends around each message (role markers, separators)."""
 

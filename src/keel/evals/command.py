@@ -23,6 +23,10 @@ from keel.evals.scenario import Scenario
 from keel.models import SPEC_HELP
 from keel.store import Store
 
+__all__ = [
+    "eval_command",
+]
+
 
 def eval_command(
     scenarios: Annotated[

@@ -23,6 +23,14 @@ from keel.evals.scenario import SUFFIXES, Scenario, ScenarioSpec
 from keel.limits import Limits
 from keel.transports.scripted import ScriptedTransport
 
+__all__ = [
+    "builtin_folder",
+    "builtin_names",
+    "load_file",
+    "parse",
+    "resolve",
+]
+
 
 def builtin_folder() -> Path:
     return Path(str(resources.files("keel.evals").joinpath("scenarios")))

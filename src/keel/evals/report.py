@@ -15,6 +15,12 @@ from rich.table import Table
 
 from keel.evals.runner import RunRow, ScenarioReport
 
+__all__ = [
+    "WIDE",
+    "print_table",
+    "to_json",
+]
+
 WIDE = 160
 """Columns for the table when stdout is not a terminal (a log, a pipe): no wrapping."""
 

@@ -41,6 +41,33 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 from keel.errors import FailureKind
 from keel.limits import Limits
 
+__all__ = [
+    "BROWSER_TOOLS",
+    "FILE_TOOLS",
+    "KNOWN_TOOLS",
+    "SUFFIXES",
+    "WEB_TOOLS",
+    "ApprovalsSpec",
+    "Bounds",
+    "ChangingPage",
+    "Count",
+    "Decision",
+    "ErrorPage",
+    "Expect",
+    "LargePage",
+    "Page",
+    "ProgressPage",
+    "RedirectPage",
+    "RunEnd",
+    "Scenario",
+    "ScenarioSpec",
+    "ScriptPage",
+    "SettlingPage",
+    "SlowPage",
+    "StaticPage",
+    "ToolsSpec",
+]
+
 WEB_TOOLS = ("fetch", "observe_page")
 FILE_TOOLS = ("list_files", "read_file", "search_files")
 BROWSER_TOOLS = ("browser_observe", "browser_act")
