@@ -18,7 +18,7 @@ from typing import Any, overload
 
 import pydantic
 
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.messages import ToolDefinition
 
 
@@ -36,7 +36,7 @@ class Effect(StrEnum):
 ApprovalPolicy = bool | Callable[[dict[str, Any]], bool]
 
 
-class ToolArgumentError(Exception):
+class ToolArgumentError(ToolError):
     """Arguments the model sent do not fit the schema; the message is for the model."""
 
 
@@ -65,8 +65,30 @@ class Tool:
         return ToolDefinition(self.name, self.description, self.parameters)
 
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with `arguments` must wait for a person's decision.
+
+        A predicate policy sees the arguments only once they fit the schema, as the validated
+        values the tool would get (defaults filled in, types coerced), so it cannot be dodged
+        by sending ``"1000"`` for ``1000``. Arguments that fail the schema need no approval:
+        the call is answered with the validation error and never runs.
+
+        Raises `keel.errors.ToolError`, naming the tool and the predicate's error, when the
+        predicate itself raises; the caller answers the call with that message.
+        """
         policy = self.requires_approval
-        return bool(policy(arguments)) if callable(policy) else bool(policy)
+        if not callable(policy):
+            return bool(policy)
+        try:
+            validated = self.validate(arguments)
+        except ToolArgumentError:
+            return False
+        try:
+            return bool(policy(validated.model_dump()))
+        except Exception as exc:
+            detail = str(exc).strip() or "(no message)"
+            raise ToolError(
+                f"the approval check of {self.name} failed: {type(exc).__name__}: {detail}"
+            ) from exc
 
     def validate(self, arguments: Any) -> pydantic.BaseModel:
         if not isinstance(arguments, dict):

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from keel.errors import ToolError
 from keel.tools.browser_proxy import REFUSED_HEADER, GuardProxy
 from keel.tools.netguard import check_url
 
@@ -51,7 +52,7 @@ MAX_TEXT_CHARS = 500_000
 CLOSE_TIMEOUT = 15.0
 
 
-class BrowserError(Exception):
+class BrowserError(ToolError):
     """A page could not be reached or acted on; the message is for the model."""
 
 

@@ -3,7 +3,8 @@
 Every call in a batch gets exactly one `ExecutedCall`, returned in request order. Nothing a
 model or a tool does raises out of `ToolExecutor.run_batch`: arguments that are not JSON, a
 tool that does not exist, arguments that break the schema, a tool that raises and a tool that
-runs out of time are all answered with an error result the model can read and act on. Only
+runs out of time are all answered with an error result the model can read and act on. A tool
+that raises `keel.errors.ToolError` is answered with its message as it stands. Only
 `asyncio.CancelledError` propagates, because cancelling the run must stop the run.
 
 Concurrency follows the effects. The batch is cut, in request order, into segments:
@@ -31,7 +32,7 @@ from dataclasses import dataclass
 
 import pydantic
 
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.tools.base import Effect, Tool, ToolArgumentError
 
@@ -198,6 +199,9 @@ class ToolExecutor:
                 dispatched=True,
                 timed_out=True,
             )
+        except ToolError as exc:
+            text = str(exc).strip() or f"Error: {name} failed (no message)"
+            return _Outcome(text, True, _ms(loop.time() - started), dispatched=True)
         except Exception as exc:
             return _Outcome(_raised(name, exc), True, _ms(loop.time() - started), dispatched=True)
         return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)

@@ -13,7 +13,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.tools.base import Effect, Tool, make_tool
 
 MAX_LIST_ENTRIES = 1000
@@ -25,7 +25,7 @@ _SKIP_DIRS = frozenset({".git"})
 _SNIFF_BYTES = 8192
 
 
-class FileToolError(Exception):
+class FileToolError(ToolError):
     """A file request the tools refuse or cannot serve; the message is for the model."""
 
 

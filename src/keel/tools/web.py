@@ -21,6 +21,7 @@ from urllib.parse import urljoin
 import html2text
 import httpx
 
+from keel.errors import ToolError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.netguard import check_url
 
@@ -33,7 +34,7 @@ _HEADERS = {
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
 
 
-class FetchError(Exception):
+class FetchError(ToolError):
     """A page could not be fetched or read; the message is for the model."""
 
 
