@@ -6,8 +6,8 @@ schema the model sees and the validation Keel applies are the same pydantic mode
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import inspect
 import json
 import typing
@@ -20,6 +20,17 @@ import pydantic
 
 from keel.errors import ConfigError, ToolError
 from keel.messages import ToolDefinition
+from keel.tools.threads import run_in_daemon_thread
+
+__all__ = [
+    "ApprovalPolicy",
+    "Effect",
+    "Tool",
+    "ToolArgumentError",
+    "make_tool",
+    "render_result",
+    "tool",
+]
 
 
 class Effect(StrEnum):
@@ -64,6 +75,11 @@ class Tool:
     def definition(self) -> ToolDefinition:
         return ToolDefinition(self.name, self.description, self.parameters)
 
+    @property
+    def runs_in_thread(self) -> bool:
+        """Plain functions run in a thread, which a timeout abandons but cannot stop."""
+        return not inspect.iscoroutinefunction(self.fn)
+
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
         """Whether a call with `arguments` must wait for a person's decision.
 
@@ -105,7 +121,8 @@ class Tool:
             raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
 
     async def invoke(self, validated: pydantic.BaseModel) -> str:
-        """Run the tool. Plain functions run in a thread so they never block the loop."""
+        """Run the tool. Plain functions run in a daemon thread so they never block the loop,
+        and never keep the process alive if they hang (see `keel.tools.threads`)."""
         if self.pass_model:
             args: tuple[Any, ...] = (validated,)
             kwargs: dict[str, Any] = {}
@@ -114,7 +131,8 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             value = await self.fn(*args, **kwargs)
         else:
-            value = await asyncio.to_thread(self.fn, *args, **kwargs)
+            work = functools.partial(self.fn, *args, **kwargs)
+            value = await run_in_daemon_thread(work, name=f"keel-tool-{self.name}")
         return render_result(value)
 
 

@@ -18,9 +18,13 @@ a time in the order the model asked for them, and a read placed after a write se
 Calls answered without running (bad JSON, unknown tool, invalid arguments) take no part.
 
 Each dispatched call gets ``min(tool.timeout, deadline - now)`` seconds; a call with no time
-left at all is not dispatched. Results longer than the size cap are shown truncated with a
-marker that names the full result's digest; the whole text travels in `ExecutedCall.full_content`
-so the run's store can keep it.
+left at all is not dispatched. A timeout is reported as what is known, nothing more: an async
+tool is cancelled, so it was stopped; a plain function runs in a thread that cannot be stopped,
+so it is abandoned and its result discarded. A side_effecting call that timed out may have
+taken effect either way, so it is answered "effect unknown" (`uncertain`), never "try again".
+
+Results longer than the size cap are shown truncated with a marker that names the full result's
+digest; the whole text travels in `ExecutedCall.full_content` so the run's store can keep it.
 """
 
 from __future__ import annotations
@@ -35,6 +39,8 @@ import pydantic
 from keel.errors import ConfigError, ToolError
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.tools.base import Effect, Tool, ToolArgumentError
+
+__all__ = ["ExecutedCall", "OnDispatch", "ToolExecutor"]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
 
@@ -72,6 +78,7 @@ class _Outcome:
     duration_ms: float = 0.0
     dispatched: bool = False
     timed_out: bool = False
+    uncertain: bool = False
 
 
 class ToolExecutor:
@@ -191,14 +198,7 @@ class ToolExecutor:
             if not timer.expired():
                 return _Outcome(_raised(name, exc), True, _ms(elapsed), dispatched=True)
             why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
-            return _Outcome(
-                f"Error: {name} timed out after {elapsed:.1f}s ({why}) and was stopped. "
-                "Try a smaller request, or go on without this result.",
-                is_error=True,
-                duration_ms=_ms(elapsed),
-                dispatched=True,
-                timed_out=True,
-            )
+            return _timed_out(tool, elapsed, why)
         except ToolError as exc:
             text = str(exc).strip() or f"Error: {name} failed (no message)"
             return _Outcome(text, True, _ms(loop.time() - started), dispatched=True)
@@ -227,6 +227,7 @@ class ToolExecutor:
             size=len(full),
             digest=digest,
             truncated=truncated,
+            uncertain=outcome.uncertain,
         )
         return ExecutedCall(
             call=call,
@@ -236,6 +237,30 @@ class ToolExecutor:
             dispatched=outcome.dispatched,
             timed_out=outcome.timed_out,
         )
+
+
+def _timed_out(tool: Tool, elapsed: float, why: str) -> _Outcome:
+    """What a timeout means depends on whether the tool could be stopped and on its effect."""
+    head = f"{tool.name} timed out after {elapsed:.1f}s ({why})"
+    if tool.runs_in_thread:
+        fate = "it could not be stopped, so it was abandoned and its result will be discarded"
+    else:
+        fate = "it was stopped"
+    if tool.effect is Effect.SIDE_EFFECTING:
+        text = (
+            f"Effect unknown: {head}; {fate}. It may or may not have taken effect. Check its "
+            "effect before relying on it, and do not repeat it blindly."
+        )
+    else:
+        text = f"Error: {head}; {fate}. Try a smaller request, or go on without this result."
+    return _Outcome(
+        text,
+        is_error=True,
+        duration_ms=_ms(elapsed),
+        dispatched=True,
+        timed_out=True,
+        uncertain=tool.effect is Effect.SIDE_EFFECTING,
+    )
 
 
 def _raised(name: str, exc: BaseException) -> str:
