@@ -12,7 +12,10 @@ from pathlib import Path
 
 from keel.failpoints import failpoint
 from keel.tools.base import Effect, Tool, make_tool
-from keel.tools.files import FileToolError, Root
+from keel.tools.fileio import FileToolError, open_for_write
+from keel.tools.files import Root
+
+__all__ = ["MAX_WRITE_CHARS", "write_tools"]
 
 MAX_WRITE_CHARS = 1_000_000
 
@@ -48,8 +51,8 @@ def _write(base: Root, path: str, content: str, append: bool) -> str:
         raise FileToolError(f"{path!r} is outside the repository")
     parent.mkdir(parents=True, exist_ok=True)
     failpoint("before_side_effect")
-    with target.open("a" if append else "w", encoding="utf-8") as handle:
-        handle.write(content)
+    with open_for_write(target, path, append) as handle:
+        handle.write(content.encode("utf-8"))
     failpoint("inside_side_effect")
     verb = "appended" if append else "wrote"
     return f"{verb} {len(content)} characters to {base.rel(target)}"
