@@ -27,7 +27,17 @@ from keel.tools.fileio import (
 )
 from keel.tools.search import Pattern, compile_pattern
 
-__all__ = ["FileToolError", "Root", "file_tools"]
+__all__ = [
+    "MAX_LINE_BYTES",
+    "MAX_READ_BYTES",
+    "MAX_READ_LINES",
+    "MAX_SEARCH_FILE_BYTES",
+    "MAX_SEARCH_MATCHES",
+    "MAX_SEARCH_TOTAL_BYTES",
+    "FileToolError",
+    "Root",
+    "file_tools",
+]
 
 MAX_LIST_ENTRIES = 1000
 MAX_READ_LINES = 2000

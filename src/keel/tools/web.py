@@ -25,6 +25,8 @@ from keel.errors import ToolError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.netguard import check_url
 
+__all__ = ["MAX_REDIRECTS", "FetchError", "web_tools"]
+
 MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
 _HEADERS = {
