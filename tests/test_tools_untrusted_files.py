@@ -173,3 +173,16 @@ def test_read_file_stops_at_the_byte_budget_and_says_where_to_go_on(repo: Path) 
     assert f"lines 1-{budget_lines} of 2000" in header
     assert f"call again with start_line={budget_lines + 1}" in header
     assert len(text) < files.MAX_READ_BYTES + 20_000
+
+
+# -- VCS metadata --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "path", [".git/config", ".git/hooks/pre-commit", "sub/.git/HEAD", ".GIT/x"]
+)
+async def test_write_file_never_writes_vcs_metadata(repo: Path, path: str) -> None:
+    (repo / ".git").mkdir()
+    executed = await use(repo, "write_file", path=path, content="[core]\n")
+    assert executed.result.is_error and ".git" in executed.result.content
+    assert not (repo / path).exists()

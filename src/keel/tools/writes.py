@@ -1,8 +1,9 @@
 """`write_file`: the built-in side-effecting tool, confined to the repository and worth approving.
 
 It is off unless the user asks for it (`--allow-writes`) and asks for approval on every call
-unless pre-granted (`--approve-tools write_file`). Appending is supported so that repeated
-effects are visible (and countable) rather than silently overwritten.
+unless pre-granted (`--approve-tools write_file`). Nothing under a `.git` folder is ever
+written, even through a link. Appending is supported so that repeated effects are visible (and
+countable) rather than silently overwritten.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ def _write(base: Root, path: str, content: str, append: bool) -> str:
     if len(content) > MAX_WRITE_CHARS:
         raise FileToolError(f"content is {len(content)} characters; the limit is {MAX_WRITE_CHARS}")
     target = base.resolve(path)
+    if any(part.casefold() == ".git" for part in Path(base.rel(target)).parts):
+        raise FileToolError(f"{path!r} is inside .git (version-control metadata), never written")
     if target.is_dir():
         raise FileToolError(f"{path!r} is a directory")
     parent = Path(os.path.realpath(target.parent))
