@@ -118,3 +118,20 @@ def test_started_runs_record_an_absolute_deadline(tmp_path: Path) -> None:
     record = store.get_run(result.run_id)
     assert record is not None and record.state.deadline_at is not None
     assert before + 30 <= record.state.deadline_at <= time.time() + 30
+
+
+async def test_an_approval_predicate_that_raises_is_an_error_result_not_a_crash() -> None:
+    def over_limit(arguments: dict[str, Any]) -> bool:
+        raise RuntimeError("limits table unavailable")
+
+    @keel.tool(effect="side_effecting", requires_approval=over_limit)
+    def pay(to: str, amount: int) -> str:
+        """Pay someone."""
+        return "paid"
+
+    turns = [call("pay", to="ana", amount=5), call("pay", amount="lots"), ANSWER]
+    out = await run_script({"turns": turns}, [pay])
+    assert out.result.status == "completed"
+    first, second = out.of_type(ToolResultRecorded)
+    assert first.is_error and "limits table unavailable" in first.content
+    assert second.is_error and "amount" in second.content  # invalid: answered, never asked

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from keel.errors import ToolError
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
 from keel.records import ApprovalRequested, EvidenceReset, ToolDispatched
@@ -34,6 +35,8 @@ class Batch:
     """Results already recorded (a resumed batch), by call id."""
     journaled: set[str] = field(default_factory=set)
     """Side-effecting calls dispatched earlier whose results were never recorded."""
+    refused: dict[str, str] = field(default_factory=dict)
+    """Calls answered with an error without running, by call id: their approval check failed."""
 
     def open_calls(self) -> list[ToolCall]:
         return [c for c in self.calls if c.id not in self.answered]
@@ -152,8 +155,11 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
         if call.id in batch.journaled:
             continue
         tool = parts.executor.get(call.name)
-        if tool is not None and _needs_approval(parts, tool, call):
-            waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key))
+        try:
+            if tool is not None and _needs_approval(parts, tool, call):
+                waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key))
+        except ToolError as error:  # the user's approval predicate failed: never run it
+            batch.refused[call.id] = f"Error: {error} The call was not run."
     asked = {p.call_id for p in state.pending}
     for p in waiting:
         if p.call_id not in asked:
@@ -187,7 +193,7 @@ def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
         return denial_text(call, denial.by, denial.reason, again=True)
     if call.id in batch.journaled:
         return uncertain_text(call)
-    return None
+    return batch.refused.get(call.id)
 
 
 # -- recording ---------------------------------------------------------------------------------

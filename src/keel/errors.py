@@ -125,5 +125,8 @@ class StoreError(KeelError):
 
 
 class ToolError(KeelError):
-    """Raise it from a tool to send its message to the model as an error result; the run goes
-    on."""
+    """Raise it from a tool to send its message to the model as an error result; the run goes on.
+
+    The message is all the model sees, so say what went wrong and what to do instead. Keel's
+    own tools raise subclasses of it (bad arguments, a page or file that cannot be served).
+    """

@@ -6,8 +6,8 @@ schema the model sees and the validation Keel applies are the same pydantic mode
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
+import functools
 import inspect
 import json
 import typing
@@ -18,8 +18,19 @@ from typing import Any, overload
 
 import pydantic
 
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.messages import ToolDefinition
+from keel.tools.threads import run_in_daemon_thread
+
+__all__ = [
+    "ApprovalPolicy",
+    "Effect",
+    "Tool",
+    "ToolArgumentError",
+    "make_tool",
+    "render_result",
+    "tool",
+]
 
 
 class Effect(StrEnum):
@@ -36,7 +47,7 @@ class Effect(StrEnum):
 ApprovalPolicy = bool | Callable[[dict[str, Any]], bool]
 
 
-class ToolArgumentError(Exception):
+class ToolArgumentError(ToolError):
     """Arguments the model sent do not fit the schema; the message is for the model."""
 
 
@@ -64,9 +75,36 @@ class Tool:
     def definition(self) -> ToolDefinition:
         return ToolDefinition(self.name, self.description, self.parameters)
 
+    @property
+    def runs_in_thread(self) -> bool:
+        """Plain functions run in a thread, which a timeout abandons but cannot stop."""
+        return not inspect.iscoroutinefunction(self.fn)
+
     def needs_approval(self, arguments: dict[str, Any]) -> bool:
+        """Whether a call with `arguments` must wait for a person's decision.
+
+        A predicate policy sees the arguments only once they fit the schema, as the validated
+        values the tool would get (defaults filled in, types coerced), so it cannot be dodged
+        by sending ``"1000"`` for ``1000``. Arguments that fail the schema need no approval:
+        the call is answered with the validation error and never runs.
+
+        Raises `keel.errors.ToolError`, naming the tool and the predicate's error, when the
+        predicate itself raises; the caller answers the call with that message.
+        """
         policy = self.requires_approval
-        return bool(policy(arguments)) if callable(policy) else bool(policy)
+        if not callable(policy):
+            return bool(policy)
+        try:
+            validated = self.validate(arguments)
+        except ToolArgumentError:
+            return False
+        try:
+            return bool(policy(validated.model_dump()))
+        except Exception as exc:
+            detail = str(exc).strip() or "(no message)"
+            raise ToolError(
+                f"the approval check of {self.name} failed: {type(exc).__name__}: {detail}"
+            ) from exc
 
     def validate(self, arguments: Any) -> pydantic.BaseModel:
         if not isinstance(arguments, dict):
@@ -83,7 +121,8 @@ class Tool:
             raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
 
     async def invoke(self, validated: pydantic.BaseModel) -> str:
-        """Run the tool. Plain functions run in a thread so they never block the loop."""
+        """Run the tool. Plain functions run in a daemon thread so they never block the loop,
+        and never keep the process alive if they hang (see `keel.tools.threads`)."""
         if self.pass_model:
             args: tuple[Any, ...] = (validated,)
             kwargs: dict[str, Any] = {}
@@ -92,7 +131,8 @@ class Tool:
         if inspect.iscoroutinefunction(self.fn):
             value = await self.fn(*args, **kwargs)
         else:
-            value = await asyncio.to_thread(self.fn, *args, **kwargs)
+            work = functools.partial(self.fn, *args, **kwargs)
+            value = await run_in_daemon_thread(work, name=f"keel-tool-{self.name}")
         return render_result(value)
 
 

@@ -31,6 +31,8 @@ from keel.errors import ConfigError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.browser_session import Action, BrowserError, Session
 
+__all__ = ["CHROMIUM_NAMES", "BrowserToolset", "browser_tools", "find_chromium"]
+
 __all__ = ["BrowserError", "BrowserToolset", "browser_tools", "find_chromium"]
 
 CHROMIUM_NAMES = ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable")

@@ -23,6 +23,8 @@ from urllib.parse import urlsplit
 
 from keel.tools.netguard import check_url
 
+__all__ = ["CONNECT_TIMEOUT", "REFUSED_HEADER", "GuardProxy"]
+
 CONNECT_TIMEOUT = 10.0
 _HOP_HEADERS = frozenset(
     {b"proxy-connection", b"proxy-authorization", b"keep-alive", b"connection"}

@@ -5,7 +5,8 @@ with their loops (`Agent.run` is one `asyncio.run` per run). So the session runs
 a daemon thread and every tool call is handed to it: the browser survives from one run to the
 next, calls from any loop (or thread) are serialized on it, cancelling a call (a tool timeout)
 cancels the work in the browser loop, and `close()` works from anywhere. Sessions still open at
-interpreter exit are closed then, so no Chromium or profile folder outlives the process.
+interpreter exit are closed then, so no Chromium or profile folder outlives the process; the
+exit hook that does it is registered when the first browser starts, not when Keel is imported.
 
 Network access goes through `GuardProxy`, the browser's only way out, so the host guard sees
 every request, redirect hops included (see `browser_proxy.py`).
@@ -25,8 +26,18 @@ import weakref
 from collections.abc import Coroutine
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
+from keel.errors import ToolError
 from keel.tools.browser_proxy import REFUSED_HEADER, GuardProxy
 from keel.tools.netguard import check_url
+
+__all__ = [
+    "CLOSE_TIMEOUT",
+    "LAUNCH_ARGS",
+    "MAX_TEXT_CHARS",
+    "Action",
+    "BrowserError",
+    "Session",
+]
 
 if TYPE_CHECKING:
     from playwright.async_api import BrowserContext, Page, Playwright, Request, Response
@@ -51,7 +62,7 @@ MAX_TEXT_CHARS = 500_000
 CLOSE_TIMEOUT = 15.0
 
 
-class BrowserError(Exception):
+class BrowserError(ToolError):
     """A page could not be reached or acted on; the message is for the model."""
 
 
@@ -193,6 +204,7 @@ class Session:
         that fails or is cancelled half-way (a tool timeout) is torn down, not leaked."""
         from playwright.async_api import async_playwright
 
+        _register_exit_hook()
         self._profile = tempfile.mkdtemp(prefix="keel-browser-")
         _OPEN.add(self)
         try:
@@ -306,7 +318,19 @@ def _remove_profile(path: str, attempts: int = 20) -> None:
     _LEFTOVER_PROFILES.add(path)
 
 
-@atexit.register
+_EXIT_HOOK = threading.Lock()
+_exit_hook_registered = False
+
+
+def _register_exit_hook() -> None:
+    """Register `_close_at_exit` once, when a browser is first started."""
+    global _exit_hook_registered
+    with _EXIT_HOOK:
+        if not _exit_hook_registered:
+            atexit.register(_close_at_exit)
+            _exit_hook_registered = True
+
+
 def _close_at_exit() -> None:
     """Runs while daemon threads still live, so open browsers can be closed properly."""
     for session in list(_OPEN):

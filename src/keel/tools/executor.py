@@ -3,7 +3,8 @@
 Every call in a batch gets exactly one `ExecutedCall`, returned in request order. Nothing a
 model or a tool does raises out of `ToolExecutor.run_batch`: arguments that are not JSON, a
 tool that does not exist, arguments that break the schema, a tool that raises and a tool that
-runs out of time are all answered with an error result the model can read and act on. Only
+runs out of time are all answered with an error result the model can read and act on. A tool
+that raises `keel.errors.ToolError` is answered with its message as it stands. Only
 `asyncio.CancelledError` propagates, because cancelling the run must stop the run.
 
 Concurrency follows the effects. The batch is cut, in request order, into segments:
@@ -17,9 +18,13 @@ a time in the order the model asked for them, and a read placed after a write se
 Calls answered without running (bad JSON, unknown tool, invalid arguments) take no part.
 
 Each dispatched call gets ``min(tool.timeout, deadline - now)`` seconds; a call with no time
-left at all is not dispatched. Results longer than the size cap are shown truncated with a
-marker that names the full result's digest; the whole text travels in `ExecutedCall.full_content`
-so the run's store can keep it.
+left at all is not dispatched. A timeout is reported as what is known, nothing more: an async
+tool is cancelled, so it was stopped; a plain function runs in a thread that cannot be stopped,
+so it is abandoned and its result discarded. A side_effecting call that timed out may have
+taken effect either way, so it is answered "effect unknown" (`uncertain`), never "try again".
+
+Results longer than the size cap are shown truncated with a marker that names the full result's
+digest; the whole text travels in `ExecutedCall.full_content` so the run's store can keep it.
 """
 
 from __future__ import annotations
@@ -31,9 +36,11 @@ from dataclasses import dataclass
 
 import pydantic
 
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.tools.base import Effect, Tool, ToolArgumentError
+
+__all__ = ["ExecutedCall", "OnDispatch", "ToolExecutor"]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
 
@@ -71,6 +78,7 @@ class _Outcome:
     duration_ms: float = 0.0
     dispatched: bool = False
     timed_out: bool = False
+    uncertain: bool = False
 
 
 class ToolExecutor:
@@ -190,14 +198,10 @@ class ToolExecutor:
             if not timer.expired():
                 return _Outcome(_raised(name, exc), True, _ms(elapsed), dispatched=True)
             why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
-            return _Outcome(
-                f"Error: {name} timed out after {elapsed:.1f}s ({why}) and was stopped. "
-                "Try a smaller request, or go on without this result.",
-                is_error=True,
-                duration_ms=_ms(elapsed),
-                dispatched=True,
-                timed_out=True,
-            )
+            return _timed_out(tool, elapsed, why)
+        except ToolError as exc:
+            text = str(exc).strip() or f"Error: {name} failed (no message)"
+            return _Outcome(text, True, _ms(loop.time() - started), dispatched=True)
         except Exception as exc:
             return _Outcome(_raised(name, exc), True, _ms(loop.time() - started), dispatched=True)
         return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)
@@ -223,6 +227,7 @@ class ToolExecutor:
             size=len(full),
             digest=digest,
             truncated=truncated,
+            uncertain=outcome.uncertain,
         )
         return ExecutedCall(
             call=call,
@@ -232,6 +237,30 @@ class ToolExecutor:
             dispatched=outcome.dispatched,
             timed_out=outcome.timed_out,
         )
+
+
+def _timed_out(tool: Tool, elapsed: float, why: str) -> _Outcome:
+    """What a timeout means depends on whether the tool could be stopped and on its effect."""
+    head = f"{tool.name} timed out after {elapsed:.1f}s ({why})"
+    if tool.runs_in_thread:
+        fate = "it could not be stopped, so it was abandoned and its result will be discarded"
+    else:
+        fate = "it was stopped"
+    if tool.effect is Effect.SIDE_EFFECTING:
+        text = (
+            f"Effect unknown: {head}; {fate}. It may or may not have taken effect. Check its "
+            "effect before relying on it, and do not repeat it blindly."
+        )
+    else:
+        text = f"Error: {head}; {fate}. Try a smaller request, or go on without this result."
+    return _Outcome(
+        text,
+        is_error=True,
+        duration_ms=_ms(elapsed),
+        dispatched=True,
+        timed_out=True,
+        uncertain=tool.effect is Effect.SIDE_EFFECTING,
+    )
 
 
 def _raised(name: str, exc: BaseException) -> str:

@@ -19,6 +19,8 @@ import socket
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
+__all__ = ["IPAddress", "check_url"]
+
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 _DEFAULT_PORTS = {"http": 80, "https": 443}

@@ -21,8 +21,11 @@ from urllib.parse import urljoin
 import html2text
 import httpx
 
+from keel.errors import ToolError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.netguard import check_url
+
+__all__ = ["MAX_REDIRECTS", "FetchError", "web_tools"]
 
 MAX_REDIRECTS = 5
 _REDIRECT_STATUSES = frozenset({301, 302, 303, 307, 308})
@@ -33,7 +36,7 @@ _HEADERS = {
 _TITLE = re.compile(r"<title[^>]*>(.*?)</title\s*>", re.IGNORECASE | re.DOTALL)
 
 
-class FetchError(Exception):
+class FetchError(ToolError):
     """A page could not be fetched or read; the message is for the model."""
 
 

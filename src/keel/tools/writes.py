@@ -1,8 +1,9 @@
 """`write_file`: the built-in side-effecting tool, confined to the repository and worth approving.
 
 It is off unless the user asks for it (`--allow-writes`) and asks for approval on every call
-unless pre-granted (`--approve-tools write_file`). Appending is supported so that repeated
-effects are visible (and countable) rather than silently overwritten.
+unless pre-granted (`--approve-tools write_file`). Nothing under a `.git` folder is ever
+written, even through a link. Appending is supported so that repeated effects are visible (and
+countable) rather than silently overwritten.
 """
 
 from __future__ import annotations
@@ -12,7 +13,10 @@ from pathlib import Path
 
 from keel.failpoints import failpoint
 from keel.tools.base import Effect, Tool, make_tool
-from keel.tools.files import FileToolError, Root
+from keel.tools.fileio import FileToolError, open_for_write
+from keel.tools.files import Root
+
+__all__ = ["MAX_WRITE_CHARS", "write_tools"]
 
 MAX_WRITE_CHARS = 1_000_000
 
@@ -41,6 +45,8 @@ def _write(base: Root, path: str, content: str, append: bool) -> str:
     if len(content) > MAX_WRITE_CHARS:
         raise FileToolError(f"content is {len(content)} characters; the limit is {MAX_WRITE_CHARS}")
     target = base.resolve(path)
+    if any(part.casefold() == ".git" for part in Path(base.rel(target)).parts):
+        raise FileToolError(f"{path!r} is inside .git (version-control metadata), never written")
     if target.is_dir():
         raise FileToolError(f"{path!r} is a directory")
     parent = Path(os.path.realpath(target.parent))
@@ -48,8 +54,8 @@ def _write(base: Root, path: str, content: str, append: bool) -> str:
         raise FileToolError(f"{path!r} is outside the repository")
     parent.mkdir(parents=True, exist_ok=True)
     failpoint("before_side_effect")
-    with target.open("a" if append else "w", encoding="utf-8") as handle:
-        handle.write(content)
+    with open_for_write(target, path, append) as handle:
+        handle.write(content.encode("utf-8"))
     failpoint("inside_side_effect")
     verb = "appended" if append else "wrote"
     return f"{verb} {len(content)} characters to {base.rel(target)}"
