@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "status",
     "answer",
     "synthesized",
+    "cut_off",
     "failure",
     "model_calls",
     "tool_calls",

@@ -5,15 +5,22 @@ its fix."""
 from __future__ import annotations
 
 import asyncio
+import io
 import math
 import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from rich.console import Console
 
 import keel
+from contract import case_openai_chat
+from contract.case_openai_chat import _usage
+from keel.progress import ProgressPrinter
 from keel.records import ModelRequestSent, ToolResultRecorded
+from keel.timeline import run_json, timeline
 from keel.transports.scripted import ScriptedTransport
 from support import batch, call, run_script
 
@@ -135,3 +142,28 @@ async def test_an_approval_predicate_that_raises_is_an_error_result_not_a_crash(
     first, second = out.of_type(ToolResultRecorded)
     assert first.is_error and "limits table unavailable" in first.content
     assert second.is_error and "amount" in second.content  # invalid: answered, never asked
+
+
+async def test_an_answer_cut_at_the_output_limit_says_so(tmp_path: Path) -> None:
+    """A completed run whose answer stopped at the model's output limit is marked `cut_off` in
+    the result, its JSON, `keel show` and the progress line; the partial answer is kept."""
+    cut = case_openai_chat._completion(
+        {"content": "The loop depends on the breaker, the context"}, "length", _usage(90, 0, 16)
+    )
+    http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: cut))
+    lines: list[str] = []
+    printer = ProgressPrinter(Console(file=io.StringIO()))
+    listener = lambda event: lines.append(printer._line(event) or "")  # noqa: E731
+    store = keel.Store(tmp_path / "runs.sqlite")
+    agent = keel.Agent(case_openai_chat.CASE.make(http), store=store, listeners=[listener])
+    result = await agent.arun("Which modules?")
+
+    assert (result.status, result.cut_off) == ("completed", True)
+    assert result.answer == "The loop depends on the breaker, the context"
+    assert result.to_dict()["cut_off"] is True
+    assert "cut off at the model's output limit" in lines[-1]
+    shown = io.StringIO()
+    Console(file=shown, width=200).print(timeline(store.events(result.run_id)))
+    assert "cut off at the output limit" in shown.getvalue()
+    record = store.get_run(result.run_id)
+    assert record is not None and run_json(record)["cut_off"] is True

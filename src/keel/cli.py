@@ -332,6 +332,8 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
+    if result.cut_off:
+        status += " (the answer was cut off at the model's output limit)"
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:

@@ -158,9 +158,14 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         state, emit = self.state, self.recorder.emit
         match outcome:
-            case Completed(answer, synthesized):
+            case Completed(answer, synthesized, cut_off):
                 state.status, state.answer, state.synthesized = "completed", answer, synthesized
-                emit(RunCompleted(step=state.step, answer=answer, synthesized=synthesized))
+                state.cut_off = cut_off
+                emit(
+                    RunCompleted(
+                        step=state.step, answer=answer, synthesized=synthesized, cut_off=cut_off
+                    )
+                )
             case Paused():
                 state.status = "awaiting_approval"
             case Failed(failure):

@@ -162,6 +162,16 @@ class ModelResponse:
     def is_empty(self) -> bool:
         return not self.tool_calls and not (self.text and self.text.strip())
 
+    @property
+    def cut_off(self) -> bool:
+        """The provider stopped it at its output-token limit: the text may end mid-sentence."""
+        return self.stop_reason in CUT_OFF_REASONS
+
+
+CUT_OFF_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
+"""Stop reasons that mean "cut at the output limit": Chat Completions and llama.cpp say
+``length``, Anthropic ``max_tokens``, the Responses API ``max_output_tokens``."""
+
 
 def digest_text(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()

@@ -10,6 +10,7 @@ from keel.records import (
     ModelErrorSeen,
     ModelRequestSent,
     ResultElided,
+    RunCompleted,
     ToolCallRequested,
     ToolResultRecorded,
 )
@@ -45,4 +46,6 @@ class ProgressPrinter:
                 return f"{at} page changed, counter reset: {event.call_key[:80]}"
             case ResultElided():
                 return f"{at} elided an old result to save context ({event.size} chars)"
+            case RunCompleted(cut_off=True):
+                return f"{at} the answer was cut off at the model's output limit"
         return None

@@ -205,6 +205,8 @@ class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
     synthesized: SynthesisReason | None = None
+    cut_off: bool = False
+    """The answer stopped at the model's output limit."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -365,6 +367,8 @@ class RunState:
     status: RunStatus = "running"
     answer: str | None = None
     synthesized: SynthesisReason | None = None
+    cut_off: bool = False
+    """The answer was cut at the model's output limit."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -396,6 +400,7 @@ class RunState:
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,
+            "cut_off": self.cut_off,
             "failure": None
             if failure is None
             else {
@@ -424,6 +429,7 @@ class RunState:
             status=raw.get("status", "running"),
             answer=raw.get("answer"),
             synthesized=raw.get("synthesized"),
+            cut_off=bool(raw.get("cut_off", False)),
             failure=None
             if failure is None
             else Failure(
@@ -446,6 +452,7 @@ class RunState:
             status=self.status,
             answer=self.answer,
             synthesized=self.synthesized,
+            cut_off=self.cut_off,
             failure=self.failure,
             model_calls=self.model_calls,
             tool_calls=self.tool_calls,

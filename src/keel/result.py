@@ -45,6 +45,8 @@ class RunResult:
     tool_calls: int
     usage: Usage
     pending_approvals: tuple[PendingApproval, ...] = ()
+    cut_off: bool = False
+    """The answer stopped at the model's output-token limit: complete as far as it goes."""
 
     @property
     def ok(self) -> bool:
@@ -57,6 +59,7 @@ class RunResult:
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,
+            "cut_off": self.cut_off,
             "failure": self.failure.to_dict() if self.failure else None,
             "model_calls": self.model_calls,
             "tool_calls": self.tool_calls,

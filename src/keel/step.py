@@ -50,6 +50,8 @@ class Continue:
 class Completed:
     answer: str | None
     synthesized: SynthesisReason | None
+    cut_off: bool = False
+    """The answer was cut at the model's output limit (kept, and said so)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,7 @@ async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcom
             failpoint("step_start")
             response, mode = await turns.next_turn(parts)
             if not response.tool_calls:
-                return Completed(response.text, mode.reason)
+                return Completed(response.text, mode.reason, response.cut_off)
             batch = _accept_batch(parts, response, mode)
         pending = await batches.answer(parts, batch)
     except RunFailure as failure:

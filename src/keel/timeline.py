@@ -108,7 +108,8 @@ def _detail(event: Event) -> str:
             return f"{event.call_id} {verdict} by {event.by}{reason}"
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
-            return f"answer{how}"
+            cut = " · cut off at the output limit" if event.cut_off else ""
+            return f"answer{how}{cut}"
         case RunFailed():
             return f"{event.kind}: {event.message}"
     return ""
