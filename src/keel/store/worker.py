@@ -2,6 +2,11 @@
 disk. Writes that queue up together share one transaction (group commit); if that transaction
 fails, each write is tried alone so a bad step fails only its own run. WAL checkpoints run on a
 thread of their own, so no commit waits for one.
+
+A job, once submitted, runs whole even if its caller stops waiting: its future is marked running
+at once, so cancelling the awaiting task cannot cancel it (the recorder has already handed its
+events over; dropping them would lose them, and half of them cannot be written). Nothing a job
+does, and no way its future ends, stops the thread.
 """
 
 from __future__ import annotations
@@ -10,7 +15,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any
@@ -52,6 +57,7 @@ class Worker:
         if not self._thread.is_alive():
             raise RuntimeError("the store is closed")
         job = Job(work, write, Future())
+        job.future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
         self._jobs.put(job)
         return job.future
 
@@ -122,11 +128,23 @@ class Worker:
                 conn.execute("ROLLBACK")
             if settle_errors:
                 for job in jobs:
-                    job.future.set_exception(exc)
+                    _settle(job.future, error=exc)
             return False
         for job in jobs:
-            job.future.set_result(results.get(id(job)))
+            _settle(job.future, result=results.get(id(job)))
         return True
+
+
+def _settle(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+    """End a job's future; one that already ended (it cannot be cancelled, see `submit`) is
+    left as it is, never allowed to raise in the worker thread."""
+    try:
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
+    except InvalidStateError:
+        pass
 
 
 class _Checkpointer:
