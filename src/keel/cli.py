@@ -210,10 +210,10 @@ def show(
     store: StoreOption = None,
 ) -> None:
     """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
-    db = _open_store(store)
+    db = _open_store(store, read_only=True)
     try:
         record = _guard(lambda: _known_run(db, run_id))
-        events = db.events(run_id)
+        events = _guard(lambda: db.events(run_id))
     finally:
         db.close()
     if as_json:
@@ -235,9 +235,9 @@ def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
 ) -> None:
     """List recent runs, newest first."""
-    db = _open_store(store)
+    db = _open_store(store, read_only=True)
     try:
-        records = db.list_runs(limit)
+        records = _guard(lambda: db.list_runs(limit))
     finally:
         db.close()
     for r in records:
@@ -354,11 +354,13 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     )
 
 
-def _open_store(path: Path | None) -> Store:
+def _open_store(path: Path | None, *, read_only: bool = False) -> Store:
+    """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
+    never write to it, not even a schema upgrade, and work on a read-only file or folder."""
     target = path or default_store_path()
     if not target.exists():
         _usage_error(f"no store at {target} (run `keel run` first)")
-    return _guard(lambda: Store(target))
+    return _guard(lambda: Store(target, read_only=read_only))
 
 
 def _known_run(db: Store, run_id: str) -> Any:
@@ -380,7 +382,7 @@ def _guard(action: Callable[[], T]) -> T:
 
 
 def _usage_error(message: str) -> NoReturn:
-    err.print(f"keel: {message}", highlight=False, markup=False)
+    err.print(f"keel: {message}", highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(2)
 
 

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import sqlite3
 
-__all__ = ["MIGRATIONS", "SCHEMA", "VERSION", "prepare"]
+from keel.store.failures import newer_schema
+
+__all__ = ["MIGRATIONS", "SCHEMA", "VERSION", "check_version", "prepare"]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -60,12 +62,21 @@ def _statements(script: str) -> list[str]:
     return [part.strip() for part in script.split(";") if part.strip()]
 
 
-def prepare(conn: sqlite3.Connection) -> None:
+def check_version(conn: sqlite3.Connection, path: str) -> int:
+    """The file's schema version; a newer one than this Keel knows is refused by name, for
+    reading as for writing (its meaning may have changed)."""
+    current = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if current > VERSION:
+        raise newer_schema(path, current, VERSION)
+    return current
+
+
+def prepare(conn: sqlite3.Connection, path: str) -> None:
     """Bring any store file, new or old, to the current schema, in one transaction (several
-    processes may open the same file at once)."""
+    processes may open the same file at once). A newer file is left untouched."""
     conn.execute("BEGIN IMMEDIATE")
     try:
-        current = conn.execute("PRAGMA user_version").fetchone()[0]
+        current = check_version(conn, path)
         exists = conn.execute("SELECT count(*) FROM sqlite_master WHERE name = 'runs'").fetchone()
         if exists[0] and current < VERSION:
             for migration in MIGRATIONS[max(current, 1) - 1 :]:
@@ -76,5 +87,6 @@ def prepare(conn: sqlite3.Connection) -> None:
         conn.execute(f"PRAGMA user_version={VERSION}")
         conn.execute("COMMIT")
     except BaseException:
-        conn.execute("ROLLBACK")
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
         raise

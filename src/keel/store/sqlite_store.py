@@ -9,6 +9,11 @@ One process at a time advances a run: it holds the run's lease, renewed with eve
 A lease whose holder died (same host: its pid is gone; elsewhere: the lease expired) can be
 taken over. `synchronous=NORMAL` with WAL survives a killed process; a power cut may lose the
 last commits but never corrupts the file.
+
+Every SQLite or file-system failure leaves here as a StoreError naming the file and what was not
+saved (`failures.py`); a failed step is rolled back whole, so the run stays at its last saved
+step and `keel resume` continues it once the cause is fixed. `Store(path, read_only=True)`
+reads without ever writing (`reading.py`).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import socket
 import sqlite3
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,11 +38,11 @@ from keel.records import (
     Event,
     RunConfig,
     RunState,
-    ToolResultRecorded,
-    decode_event,
     encode_event,
 )
-from keel.result import RunStatus
+from keel.store import reading
+from keel.store.failures import StoreMoved, store_error
+from keel.store.reading import RunRecord
 from keel.store.worker import Worker
 
 __all__ = ["Checkpoint", "RunRecord", "Store", "new_lease_owner"]
@@ -66,18 +71,6 @@ class Checkpoint:
     """Let go of the lease (the run finished or paused)."""
 
 
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    run_id: str
-    created_at: float
-    updated_at: float
-    question: str
-    model: str
-    status: RunStatus
-    config: RunConfig
-    state: RunState
-
-
 def new_lease_owner() -> str:
     return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -97,28 +90,40 @@ def _holder_alive(owner: str) -> bool:
 
 
 class Store:
-    """One SQLite file; all access goes through one worker thread that owns the connection."""
+    """One SQLite file; all access goes through one worker thread that owns the connection.
 
-    def __init__(self, path: str | Path) -> None:
+    `read_only`: open an existing store for reading only; nothing is ever written to it (no
+    schema upgrade either), and the write methods raise ConfigError."""
+
+    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
         self.path = str(path)
-        if self.path != ":memory:":
+        if self.path != ":memory:" and not read_only:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"cannot create the folder for {self.path}: {exc}") from exc
-        self._worker = Worker(self.path, _write_checkpoints)
+        self._worker = Worker(self.path, _write_checkpoints, read_only=read_only)
 
     def close(self) -> None:
         self._worker.close()
 
-    async def _write(self, work: Any) -> Any:
-        return await asyncio.wrap_future(self._worker.submit(work, write=True))
+    async def _write(self, work: Any, doing: str, resume: str | None = None) -> Any:
+        try:
+            return await asyncio.wrap_future(self._worker.submit(work, write=True))
+        except (sqlite3.Error, StoreMoved) as exc:
+            raise store_error(self.path, exc, doing, resume=resume) from exc
 
-    def _write_now(self, work: Any) -> Any:
-        return self._worker.submit(work, write=True).result()
+    def _write_now(self, work: Any, doing: str) -> Any:
+        try:
+            return self._worker.submit(work, write=True).result()
+        except (sqlite3.Error, StoreMoved) as exc:
+            raise store_error(self.path, exc, doing) from exc
 
-    def _read(self, work: Any) -> Any:
-        return self._worker.submit(work, write=False).result()
+    def _read(self, work: Callable[[sqlite3.Connection], Any], doing: str) -> Any:
+        try:
+            return self._worker.submit(work, write=False).result()
+        except (sqlite3.Error, ValueError) as exc:
+            raise store_error(self.path, exc, doing) from exc
 
     # -- writes ------------------------------------------------------------------------------
 
@@ -138,7 +143,8 @@ class Store:
 
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
-                "INSERT INTO runs VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO runs (run_id, created_at, updated_at, question, model, status,"
+                " config, state, lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     now,
@@ -153,10 +159,14 @@ class Store:
                 ),
             )
 
-        await self._write(write)
+        await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 
     async def save_step(self, checkpoint: Checkpoint) -> None:
-        await self._write(checkpoint)
+        """Save one step whole, or raise: LeaseLost when another process took the run over,
+        StoreError when the store failed (the run then stays at its last saved step)."""
+        step, run_id = checkpoint.state.step, checkpoint.run_id
+        doing = f"step {step} could not be saved; run {run_id} stays at its last saved step"
+        await self._write(checkpoint, doing, resume=run_id)
 
     async def acquire_lease(self, run_id: str, owner: str, ttl: float) -> None:
         """Take the run for this process, or raise LeaseHeld naming the live holder."""
@@ -179,7 +189,7 @@ class Store:
                 (owner, now + ttl, run_id),
             )
 
-        await self._write(write)
+        await self._write(write, f"run {run_id} could not be taken over", resume=run_id)
 
     async def renew_lease(self, run_id: str, owner: str, ttl: float) -> None:
         def write(conn: sqlite3.Connection) -> None:
@@ -190,7 +200,7 @@ class Store:
             if cursor.rowcount != 1:
                 raise LeaseLost(f"run {run_id} was taken over by another process")
 
-        await self._write(write)
+        await self._write(write, f"the lease on run {run_id} could not be renewed", run_id)
 
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
@@ -234,86 +244,48 @@ class Store:
             )
             return event
 
-        result: ApprovalDecided = self._write_now(write)
+        result: ApprovalDecided = self._write_now(write, "the decision could not be recorded")
         return result
 
     # -- reads -------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord | None:
-        rows = self._read(
-            lambda c: c.execute(_RUN_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
+        found: RunRecord | None = self._read(
+            lambda c: reading.run(c, run_id), f"run {run_id} could not be read"
         )
-        return _record(rows[0]) if rows else None
+        return found
 
     def list_runs(self, limit: int = 20) -> list[RunRecord]:
-        rows = self._read(
-            lambda c: c.execute(
-                _RUN_SELECT + " ORDER BY created_at DESC LIMIT ?", (limit,)
-            ).fetchall()
+        found: list[RunRecord] = self._read(
+            lambda c: reading.list_runs(c, limit), "the runs could not be listed"
         )
-        return [_record(row) for row in rows]
+        return found
 
     def events(self, run_id: str) -> list[Event]:
         """The run's events in order; a tool result's `elided` says whether it was elided in
         the last request sent."""
-
-        def read(conn: sqlite3.Connection) -> tuple[list[Any], set[str]]:
-            rows = conn.execute(
-                "SELECT seq, type, at, data, body FROM events WHERE run_id = ? ORDER BY seq",
-                (run_id,),
-            ).fetchall()
-            return rows, _elided(conn, run_id)
-
-        rows, elided = self._read(read)
-        events = []
-        for seq, type_, at, data, body in rows:
-            event = decode_event(type_, seq, at, json.loads(data), body)
-            if isinstance(event, ToolResultRecorded):
-                event.elided = event.call_id in elided
-            events.append(event)
-        return events
+        found: list[Event] = self._read(
+            lambda c: reading.events(c, run_id), f"the events of run {run_id} could not be read"
+        )
+        return found
 
     def counters(self, run_id: str) -> dict[str, KeyCounter]:
         rows = self._read(
-            lambda c: c.execute(
-                "SELECT call_key, count, resets, last_digest FROM counters WHERE run_id = ?",
-                (run_id,),
-            ).fetchall()
+            lambda c: reading.counter_rows(c, run_id), f"run {run_id} could not be read"
         )
         return {key: KeyCounter(count, resets, digest) for key, count, resets, digest in rows}
 
     def elided(self, run_id: str) -> set[str]:
-        result: set[str] = self._read(lambda c: _elided(c, run_id))
-        return result
+        found: set[str] = self._read(
+            lambda c: reading.elided(c, run_id), f"run {run_id} could not be read"
+        )
+        return found
 
     def blob(self, digest: str) -> str | None:
-        rows = self._read(
-            lambda c: c.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchall()
+        found: str | None = self._read(
+            lambda c: reading.blob(c, digest), f"the result {digest} could not be read"
         )
-        return str(rows[0][0]) if rows else None
-
-
-_RUN_SELECT = (
-    "SELECT run_id, created_at, updated_at, question, model, status, config, state FROM runs"
-)
-
-
-def _record(row: Sequence[Any]) -> RunRecord:
-    run_id, created, updated, question, model, status, config, state = row
-    return RunRecord(
-        run_id,
-        created,
-        updated,
-        question,
-        model,
-        status,
-        RunConfig.decode(json.loads(config)),
-        RunState.decode(json.loads(state)),
-    )
-
-
-def _elided(conn: sqlite3.Connection, run_id: str) -> set[str]:
-    return {r[0] for r in conn.execute("SELECT call_id FROM elisions WHERE run_id = ?", (run_id,))}
+        return found
 
 
 def _insert_events(conn: sqlite3.Connection, run_id: str, events: Sequence[Event]) -> None:
@@ -327,25 +299,9 @@ def _insert_events(conn: sqlite3.Connection, run_id: str, events: Sequence[Event
 
 
 def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
-    """Every checkpoint of a group, one statement per table."""
-    for cp in cps:
-        _insert_events(conn, cp.run_id, cp.events)
-    conn.executemany(
-        "INSERT INTO counters VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
-        " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
-        [
-            (cp.run_id, k, c.count, c.resets, c.last_digest)
-            for cp in cps
-            for k, c in cp.counters.items()
-        ],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO elisions VALUES (?, ?, ?)",
-        [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO blobs VALUES (?, ?)", [b for cp in cps for b in cp.blobs]
-    )
+    """Every checkpoint of a group, one statement per table. The lease is checked first (the
+    guarded UPDATE of `runs`): a holder whose run was taken over gets LeaseLost before any of
+    its events could collide with the new holder's."""
     now = time.time()
     cursor = conn.executemany(
         "UPDATE runs SET status = ?, state = ?, updated_at = ?, lease_owner = ?, lease_until = ?"
@@ -364,4 +320,25 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
         ],
     )
     if cursor.rowcount != len(cps):
-        raise LeaseLost("a run was taken over by another process; its step was not saved")
+        taken = ", ".join(cp.run_id for cp in cps)
+        raise LeaseLost(f"run {taken} was taken over by another process; its step was not saved")
+    for cp in cps:
+        _insert_events(conn, cp.run_id, cp.events)
+    conn.executemany(
+        "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
+        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
+        " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
+        [
+            (cp.run_id, k, c.count, c.resets, c.last_digest)
+            for cp in cps
+            for k, c in cp.counters.items()
+        ],
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO elisions (run_id, call_id, step) VALUES (?, ?, ?)",
+        [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions],
+    )
+    conn.executemany(
+        "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)",
+        [b for cp in cps for b in cp.blobs],
+    )

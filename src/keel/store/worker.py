@@ -2,21 +2,28 @@
 disk. Writes that queue up together share one transaction (group commit); if that transaction
 fails, each write is tried alone so a bad step fails only its own run. WAL checkpoints run on a
 thread of their own, so no commit waits for one.
+
+A job, once submitted, runs whole even if its caller stops waiting: its future is marked running
+at once, so cancelling the awaiting task cannot cancel it (the recorder has already handed its
+events over; dropping them would lose them, and half of them cannot be written). Nothing a job
+does, and no way its future ends, stops the thread.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import threading
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any
 
 from keel.errors import ConfigError
-from keel.store import schema
+from keel.store import reading, schema
+from keel.store.failures import StoreMoved, store_error
 
 __all__ = ["Job", "Worker"]
 
@@ -33,12 +40,18 @@ class Job:
 
 
 class Worker:
-    def __init__(self, path: str, group: GroupWork) -> None:
+    """Owns the connection. `read_only` opens the file without ever writing to it (see
+    `reading.connect_read_only`): no schema preparation, no pragmas that write, no checkpoint."""
+
+    def __init__(self, path: str, group: GroupWork, *, read_only: bool = False) -> None:
         self.path = path
+        self.read_only = read_only
         self._group = group
         self._jobs: SimpleQueue[Job | None] = SimpleQueue()
         self._ready: Future[None] = Future()
-        self._checkpointer = None if path == ":memory:" else _Checkpointer(self)
+        self._identity: tuple[int, int] | None = None
+        memory = path == ":memory:"
+        self._checkpointer = None if memory or read_only else _Checkpointer(self)
         self._thread = threading.Thread(target=self._work, name="keel-store", daemon=True)
         self._thread.start()
         self._ready.result()
@@ -51,7 +64,10 @@ class Worker:
     def submit(self, work: Work | Any, *, write: bool) -> Future[Any]:
         if not self._thread.is_alive():
             raise RuntimeError("the store is closed")
+        if write and self.read_only:
+            raise ConfigError(f"the store {self.path} was opened read-only")
         job = Job(work, write, Future())
+        job.future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
         self._jobs.put(job)
         return job.future
 
@@ -60,16 +76,31 @@ class Worker:
             self._jobs.put(None)
             self._thread.join()
 
-    def _work(self) -> None:
+    def _open(self) -> sqlite3.Connection:
+        if self.read_only:
+            return reading.connect_read_only(self.path)
+        conn = self.connect()
         try:
-            conn = self.connect()
+            schema.check_version(conn, self.path)  # before anything that could write
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
-            schema.prepare(conn)
+            schema.prepare(conn, self.path)
             if self._checkpointer is not None:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
-        except sqlite3.Error as exc:
-            self._ready.set_exception(ConfigError(f"cannot open the store {self.path}: {exc}"))
+            if self.path != ":memory:":
+                self._identity = _identity(self.path)
+        except BaseException:
+            conn.close()
+            raise
+        return conn
+
+    def _work(self) -> None:
+        try:
+            conn = self._open()
+        except Exception as exc:
+            if self._checkpointer is not None:
+                self._checkpointer.stop()
+            self._ready.set_exception(store_error(self.path, exc))
             return
         self._ready.set_result(None)
         while (job := self._jobs.get()) is not None:
@@ -80,17 +111,25 @@ class Worker:
                     self._jobs.put(None)
                     break
                 batch.append(more)
-            writes = [j for j in batch if j.write]
-            if writes:
-                self._commit(conn, writes)
-                if self._checkpointer is not None:
-                    self._checkpointer.nudge()
-            for read in (j for j in batch if not j.write):
-                self._run(conn, [read], transaction=False)
+            try:
+                self._serve(conn, batch)
+            except Exception as exc:  # a bug in the worker itself: fail the batch, not the thread
+                for one in batch:
+                    _settle(one.future, error=exc)
         if self._checkpointer is not None:
             self._checkpointer.stop()
-            conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            with contextlib.suppress(sqlite3.Error):  # if not now, the next open replays it
+                conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
+
+    def _serve(self, conn: sqlite3.Connection, batch: list[Job]) -> None:
+        writes = [j for j in batch if j.write]
+        if writes:
+            self._commit(conn, writes)
+            if self._checkpointer is not None:
+                self._checkpointer.nudge()
+        for read in (j for j in batch if not j.write):
+            self._run(conn, [read], transaction=False)
 
     def _commit(self, conn: sqlite3.Connection, jobs: list[Job]) -> None:
         if len(jobs) > 1 and self._run(conn, jobs, transaction=True, settle_errors=False):
@@ -106,8 +145,8 @@ class Worker:
         transaction: bool,
         settle_errors: bool = True,
     ) -> bool:
-        """Run jobs (in one transaction when asked) and settle their futures; on failure return
-        False, leaving the futures unsettled when `settle_errors` is off."""
+        """Run jobs (in one transaction when asked) and settle their futures; on failure roll
+        back and return False, leaving the futures unsettled when `settle_errors` is off."""
         try:
             if transaction:
                 conn.execute("BEGIN IMMEDIATE")
@@ -116,17 +155,53 @@ class Worker:
             if grouped:
                 self._group(conn, grouped)
             if transaction:
+                self._check_identity()
                 conn.execute("COMMIT")
         except Exception as exc:
-            if conn.in_transaction:
-                conn.execute("ROLLBACK")
+            _roll_back(conn)
             if settle_errors:
                 for job in jobs:
-                    job.future.set_exception(exc)
+                    _settle(job.future, error=exc)
             return False
         for job in jobs:
-            job.future.set_result(results.get(id(job)))
+            _settle(job.future, result=results.get(id(job)))
         return True
+
+    def _check_identity(self) -> None:
+        """Refuse to commit into a file that is no longer at the store's path: SQLite would
+        go on writing to the deleted (or replaced) inode, and the run would end with nothing
+        saved, silently. One stat() per commit."""
+        if self._identity is None:
+            return
+        try:
+            now = _identity(self.path)
+        except OSError as exc:
+            raise StoreMoved(str(exc)) from exc
+        if now != self._identity:
+            raise StoreMoved(f"{self.path} is another file now")
+
+
+def _identity(path: str) -> tuple[int, int]:
+    st = os.stat(path)
+    return st.st_dev, st.st_ino
+
+
+def _roll_back(conn: sqlite3.Connection) -> None:
+    """Undo a failed transaction; SQLite may have rolled it back already (a full disk, an I/O
+    error), and a rollback that fails leaves nothing more to undo."""
+    with contextlib.suppress(sqlite3.Error):
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+
+
+def _settle(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+    """End a job's future; one that already ended (it cannot be cancelled, see `submit`) is
+    left as it is, never allowed to raise in the worker thread."""
+    with contextlib.suppress(InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(result)
 
 
 class _Checkpointer:
