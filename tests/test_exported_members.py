@@ -55,6 +55,7 @@ EXPORTED = {
     "ProviderError",
     "RunFailure",
     "StoreError",
+    "StoreUnavailable",
     "ToolError",
     "ToolLoopDetected",
 }

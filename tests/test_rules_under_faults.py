@@ -7,6 +7,9 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -167,3 +170,27 @@ async def test_an_answer_cut_at_the_output_limit_says_so(tmp_path: Path) -> None
     assert "cut off at the output limit" in shown.getvalue()
     record = store.get_run(result.run_id)
     assert record is not None and run_json(record)["cut_off"] is True
+
+
+@pytest.mark.parametrize("url", ["not a url", "ftp://example.org/v1", "http://256.1.1.1/", "http:///v1"])
+def test_a_bad_base_url_is_a_configuration_error_at_once(url: str, tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "keel", "run", "q", "--model", "openai-chat:m", "--base-url", url,
+         "--store", str(tmp_path / "runs.sqlite"), "--json"],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "OPENAI_API_KEY": ""},
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.startswith("keel: base URL") and "Traceback" not in done.stderr
+    assert done.stdout == ""
+
+
+def test_a_question_with_bytes_that_are_not_utf8_is_refused_by_the_command_line(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [sys.executable.encode(), b"-m", b"keel", b"run", b"caf\xe9?", b"--model",
+         b"script:examples/repeated_research.json", b"--store", str(tmp_path / "s").encode()],
+        capture_output=True, timeout=60, cwd=Path(__file__).parents[1],
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert b"the question is not valid text" in done.stderr and b"Traceback" not in done.stderr

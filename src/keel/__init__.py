@@ -25,6 +25,7 @@ from keel.errors import (
     ProviderError,
     RunFailure,
     StoreError,
+    StoreUnavailable,
     ToolError,
     ToolLoopDetected,
 )
@@ -75,6 +76,7 @@ __all__ = [
     "ScriptedTransport",
     "Store",
     "StoreError",
+    "StoreUnavailable",
     "Tool",
     "ToolCall",
     "ToolDefinition",

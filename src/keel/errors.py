@@ -12,7 +12,9 @@
     │   ├── BudgetExhausted    model calls, tool calls or tokens ran out
     │   ├── DeadlineExceeded   the run's wall-clock deadline passed
     │   ├── ModelError         the provider refused, or retries ran out
-    │   └── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
+    │   ├── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
+    │   └── StoreUnavailable   the store could not save a step: this process stopped, and the
+    │                          run stays at its last saved step, resumable (not saved as failed)
     ├── StoreError             the store could not save or read a run (disk full, file deleted or
     │                          corrupt, a newer schema); what was saved stays saved
     └── ToolError              raised by a tool: its message goes to the model as an error
@@ -41,12 +43,18 @@ __all__ = [
     "ProviderError",
     "RunFailure",
     "StoreError",
+    "StoreUnavailable",
     "ToolError",
     "ToolLoopDetected",
 ]
 
 FailureKind = Literal[
-    "ToolLoopDetected", "BudgetExhausted", "DeadlineExceeded", "ModelError", "EmptyModelTurn"
+    "ToolLoopDetected",
+    "BudgetExhausted",
+    "DeadlineExceeded",
+    "ModelError",
+    "EmptyModelTurn",
+    "StoreUnavailable",
 ]
 
 
@@ -117,6 +125,10 @@ class ModelError(RunFailure):
 
 class EmptyModelTurn(RunFailure):
     kind = "EmptyModelTurn"
+
+
+class StoreUnavailable(RunFailure):
+    kind = "StoreUnavailable"
 
 
 class StoreError(KeelError):

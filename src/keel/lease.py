@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from keel.errors import LeaseLost
+from keel.errors import LeaseLost, StoreError
 from keel.store import Store, new_lease_owner
 
 __all__ = ["Lease"]
@@ -61,3 +61,5 @@ class Lease:
                 self.lost = lost
                 task.cancel()
                 return
+            except StoreError:
+                continue  # a full or broken store: the next checkpoint says so, and stops the run

@@ -20,6 +20,7 @@ from keel.batch import Batch
 from keel.breaker import IdenticalCallBreaker
 from keel.budgets import Clock
 from keel.context import ContextBuilder
+from keel.errors import StoreError, StoreUnavailable
 from keel.lease import Lease
 from keel.limits import Limits
 from keel.messages import UserMessage
@@ -109,8 +110,13 @@ class RunLoop:
                 raise
             task.uncancel()
             outcome = None
+        except StoreError as error:
+            return self._unsaved(error)
         self._end(outcome)
-        await asyncio.shield(self.checkpoint(release=True))
+        try:
+            await asyncio.shield(self.checkpoint(release=True))
+        except StoreError as error:
+            return self._unsaved(error)
         return self.state.result(self.run_id)
 
     async def _advance(self) -> StepOutcome:
@@ -153,6 +159,16 @@ class RunLoop:
         self.state.status = "running"
         open_calls = len(self.batch.open_calls()) if self.batch else 0
         emit(RunResumed(step=self.state.step, model=name, open_calls=open_calls))
+
+    def _unsaved(self, error: StoreError) -> RunResult:
+        """The store could not save a step (disk full, file gone). This process stops here and
+        says so; the stored run stays at its last saved step, so it can be resumed once the
+        store is writable again. Nothing more is written: the store just refused."""
+        failure = StoreUnavailable(str(error), step=self.state.step)
+        state = self.state.copy()
+        state.status = "failed"
+        state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
+        return state.result(self.run_id)
 
     def _end(self, outcome: StepOutcome | None) -> None:
         """Record how the run ended; None: it was cancelled."""

@@ -20,6 +20,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+import httpx
 import platformdirs
 
 from keel.errors import ConfigError
@@ -51,8 +52,25 @@ class ModelChoice:
     """Where the choice came from, for `keel models` and error messages."""
 
 
+def check_base_url(url: str) -> str:
+    """A provider endpoint must be an http(s) URL with a host: anything else is a configuration
+    error now, not five retried "connection failed" model calls later."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"base URL {url!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"base URL {url!r} must be an http:// or https:// URL with a host, "
+            "e.g. http://127.0.0.1:8080/v1"
+        )
+    return url
+
+
 def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
     """Turn a model spec such as ``openai-chat:qwen`` into a transport."""
+    if base_url is not None:
+        check_base_url(base_url)
     scheme, sep, rest = spec.partition(":")
     if scheme == "xml" and sep and rest:
         from keel.transports.xml_fallback import XmlFallbackTransport
