@@ -26,6 +26,7 @@ RESULT_KEYS = {
     "model_calls",
     "tool_calls",
     "usage",
+    "pending_approvals",
 }
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from keel.config import trust
 from keel.errors import ConfigError
 from keel.models import choose_model, resolve_model
 from keel.transports.anthropic import AnthropicTransport
@@ -13,6 +14,14 @@ from keel.transports.openai_chat import OpenAIChatTransport
 from keel.transports.openai_responses import OpenAIResponsesTransport
 from keel.transports.scripted import ScriptedTransport
 from keel.transports.xml_fallback import XmlFallbackTransport
+
+
+@pytest.fixture(autouse=True)
+def own_config_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The user's config folder (where `keel trust` records trust), inside the test."""
+    folder = tmp_path / "config"
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(folder))
+    return folder / "keel"
 
 
 def test_model_choice_order(tmp_path: Path) -> None:
@@ -25,6 +34,9 @@ def test_model_choice_order(tmp_path: Path) -> None:
     (home / "keel.toml").write_text(
         'model = "openai-chat:qwen"\nbase_url = "http://127.0.0.1:9/v1"\n'
     )
+    ignored = choose_model(env=keys, cwd=home)  # a working-directory file is not trusted yet
+    assert ignored.spec.startswith("openai:") and "keel trust" in ignored.warnings[0]
+    trust(home)
     chosen = choose_model(env=keys, cwd=home)
     assert (chosen.spec, chosen.base_url) == ("openai-chat:qwen", "http://127.0.0.1:9/v1")
     assert chosen.source.endswith("keel.toml")
@@ -34,13 +46,17 @@ def test_model_choice_order(tmp_path: Path) -> None:
     )
 
 
-def test_broken_config_file_is_a_clear_error(tmp_path: Path) -> None:
-    (tmp_path / "keel.toml").write_text("model = [1")
+def test_broken_config_file_is_a_clear_error(tmp_path: Path, own_config_dir: Path) -> None:
+    own_config_dir.mkdir(parents=True)
+    (own_config_dir / "keel.toml").write_text("model = [1")
     with pytest.raises(ConfigError, match=r"keel\.toml"):
         choose_model(env={}, cwd=tmp_path)
-    (tmp_path / "keel.toml").write_text("model = 3")
+    (own_config_dir / "keel.toml").write_text("model = 3")
     with pytest.raises(ConfigError, match="must be a string"):
         choose_model(env={}, cwd=tmp_path)
+    (tmp_path / "keel.toml").write_text("model = [1")
+    with pytest.raises(ConfigError, match="cannot read"):
+        trust(tmp_path)  # nothing unreadable is trusted
 
 
 def test_specs_resolve_to_their_transports(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

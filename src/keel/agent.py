@@ -19,6 +19,7 @@ from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
+from keel.options import check_tool_names
 from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
@@ -89,6 +90,7 @@ class Agent:
         """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
         self.approve_tools = frozenset(approve_tools)
+        check_tool_names(self.approve_tools, {t.name for t in self.tools}, "approve_tools")
         self.run_config = dict(run_config or {})
         """Extra settings saved with each run (the command line keeps --repo and friends)."""
         self.lease_ttl = lease_ttl

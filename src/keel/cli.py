@@ -19,14 +19,17 @@ from rich.console import Console
 
 from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
+from keel.config import config_files, public_url, trust
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
-from keel.models import SPEC_HELP, available_models, choose_model
+from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
+from keel.options import check_hosts
 from keel.progress import ProgressPrinter
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.store import Store
+from keel.terminal import describe_call, safe_text
 from keel.timeline import event_json, run_json, timeline
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
@@ -116,13 +119,44 @@ def run(
             context_tokens=context_tokens,
         )
 
+    _guard(lambda: check_hosts(allow_host or []))
     choice = _guard(lambda: choose_model(model, base_url))
-    settings["base_url"] = choice.base_url
+    for warning in choice.warnings:
+        err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)
+    if choice.base_url:
+        settings["base_url"] = public_url(choice.base_url)  # no credentials in the store
+        settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
     agent = _guard(
-        lambda: _agent(choice.spec, settings, limits(), store, as_json, approve_tools=approved)
+        lambda: _agent(
+            choice.spec,
+            settings,
+            limits(),
+            store,
+            as_json,
+            approve_tools=approved,
+            base_url=choice.base_url,
+        )
     )
+    if not as_json:
+        _header(choice.spec, choice.base_url, choice.source)
     _finish(agent, lambda: agent.start(question), as_json)
+
+
+@app.command("trust")
+def trust_command(
+    folder: Annotated[
+        Path, typer.Argument(help="The folder whose keel.toml to trust [default: here].")
+    ] = Path("."),
+) -> None:
+    """Trust the keel.toml in FOLDER as it is now, so `keel run` uses its model and base_url.
+
+    A keel.toml in the working directory is ignored until trusted: a repository could otherwise
+    send your API key to a host of its choosing. Editing the file withdraws the trust."""
+    path = _guard(lambda: trust(folder))
+    data = _guard(lambda: config_files(path.parent)[0][0].data)
+    what = ", ".join(f"{k} = {v!r}" for k, v in data.items() if k in ("model", "base_url"))
+    typer.echo(f"trusted {path}" + (f" ({safe_text(what)})" if what else ""))
 
 
 @app.command()
@@ -141,7 +175,15 @@ def resume(
     config = record.config
     settings = dict(config.settings)
     if base_url:
-        settings["base_url"] = base_url
+        _guard(lambda: check_base_url(base_url))
+    elif settings.get("base_url_redacted"):
+        err.print(
+            "keel: the run's base URL held credentials, which are never stored; pass "
+            "--base-url again if the server needs them",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     agent = _guard(
         lambda: _agent(
             model or config.model,
@@ -151,6 +193,7 @@ def resume(
             as_json,
             config.system_prompt or DEFAULT_SYSTEM_PROMPT,
             config.approve_tools,
+            base_url or _text(settings.get("base_url")),
         )
     )
     missing = set(config.tools) - {t.name for t in agent.tools}
@@ -222,11 +265,18 @@ def show(
         return
     out = Console()
     summary = run_json(record)
-    out.print(f"[bold]{record.run_id}[/bold] · {summary['status']} · model {record.model}")
-    out.print(f"question: {record.question}", highlight=False, markup=False)
+    where = endpoint(record.config.model, _text(record.config.settings.get("base_url")))
+    out.print(
+        f"{record.run_id} · {summary['status']} · model {safe_text(record.model)} at "
+        f"{safe_text(where)}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
-        out.print(f"\nanswer: {summary['answer']}", highlight=False, markup=False)
+        out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
 
 
 @app.command()
@@ -243,7 +293,7 @@ def runs(
     for r in records:
         typer.echo(
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools  {r.question[:70]}"
+            f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
         )
 
 
@@ -271,6 +321,7 @@ def _agent(
     quiet: bool,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
+    base_url: str | None = None,
 ) -> Agent:
     repo = Path(str(settings.get("repo", ".")))
     if not repo.is_dir():
@@ -285,7 +336,7 @@ def _agent(
         tools += browser_tools(allow_hosts=allow_hosts)
     return Agent(
         model,
-        base_url=_text(settings.get("base_url")),
+        base_url=base_url,
         tools=tools,
         limits=limits,
         system_prompt=system_prompt,
@@ -296,6 +347,17 @@ def _agent(
             k: settings.get(k)
             for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
         },
+    )
+
+
+def _header(spec: str, base_url: str | None, source: str) -> None:
+    """Where the run's requests (and the API key) go, before anything is sent."""
+    err.print(
+        f"model {safe_text(spec)} at {safe_text(endpoint(spec, base_url))} (from {source})",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+        style="dim",
     )
 
 
@@ -328,7 +390,7 @@ def _print_result(result: RunResult, as_json: bool) -> None:
         typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
         return
     if result.answer is not None:
-        typer.echo(result.answer)
+        typer.echo(safe_text(result.answer))
     status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
@@ -337,15 +399,17 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:
+        call = "\n  ".join(describe_call(pending.name, pending.arguments))
         err.print(
-            f"awaiting approval: {pending.call_id} {pending.call_key[:100]}\n"
+            f"awaiting approval: {pending.call_id} {call}\n"
             f"  keel approve {result.run_id} {pending.call_id}   or   "
             f"keel deny {result.run_id} {pending.call_id} --reason TEXT",
             highlight=False,
             markup=False,
+            soft_wrap=True,
         )
     err.print(
-        f"{status} · run {result.run_id} · {result.model_calls} model calls · "
+        f"{safe_text(status)} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
         f"{result.usage.output_tokens} tokens",
         highlight=False,

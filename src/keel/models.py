@@ -15,33 +15,31 @@ working directory's, then the user config directory's), then a provider whose AP
 from __future__ import annotations
 
 import os
-import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import platformdirs
 
+from keel.config import config_files, public_url
 from keel.errors import ConfigError
 from keel.transports.base import Transport
 
 __all__ = [
-    "CONFIG_NAME",
     "DEFAULT_ANTHROPIC",
     "DEFAULT_OPENAI",
     "SPEC_HELP",
     "ModelChoice",
     "available_models",
+    "check_base_url",
     "choose_model",
-    "config_files",
+    "endpoint",
     "resolve_model",
 ]
 
 SPEC_HELP = "local, openai:MODEL, openai-chat:MODEL, anthropic:MODEL, xml:SPEC or script:FILE"
 DEFAULT_OPENAI = "openai:gpt-5-mini"
 DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"
-CONFIG_NAME = "keel.toml"
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +48,8 @@ class ModelChoice:
     base_url: str | None
     source: str
     """Where the choice came from, for `keel models` and error messages."""
+    warnings: tuple[str, ...] = ()
+    """Configuration that was ignored (an untrusted `keel.toml`), to tell the user."""
 
 
 def check_base_url(url: str) -> str:
@@ -65,6 +65,22 @@ def check_base_url(url: str) -> str:
             "e.g. http://127.0.0.1:8080/v1"
         )
     return url
+
+
+def endpoint(spec: str, base_url: str | None = None) -> str:
+    """Where a spec's requests go, safe to print: the user sees where their key is sent."""
+    if base_url:
+        return public_url(base_url)
+    scheme, _, rest = spec.partition(":")
+    if scheme == "xml" and rest:
+        return endpoint(rest)
+    if scheme in ("openai", "openai-chat"):
+        return public_url(os.environ.get("OPENAI_BASE_URL") or "https://api.openai.com/v1")
+    if scheme == "anthropic":
+        return public_url(os.environ.get("ANTHROPIC_BASE_URL") or "https://api.anthropic.com")
+    if scheme == "script":
+        return f"the script {rest}"
+    return "this process (llama.cpp)" if scheme == "local" else "an unknown endpoint"
 
 
 def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
@@ -102,20 +118,6 @@ def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
     raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
 
 
-def config_files(cwd: Path | None = None) -> list[Path]:
-    return [
-        (cwd or Path.cwd()) / CONFIG_NAME,
-        Path(platformdirs.user_config_dir("keel")) / CONFIG_NAME,
-    ]
-
-
-def _read_config(path: Path) -> dict[str, object]:
-    try:
-        return tomllib.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
-        raise ConfigError(f"cannot read {path}: {exc}") from None
-
-
 def choose_model(
     spec: str | None = None,
     base_url: str | None = None,
@@ -129,22 +131,23 @@ def choose_model(
         return ModelChoice(spec, base_url, "--model")
     if env.get("KEEL_MODEL"):
         return ModelChoice(env["KEEL_MODEL"], base_url or env.get("KEEL_BASE_URL"), "KEEL_MODEL")
-    for path in config_files(cwd):
-        if not path.is_file():
-            continue
-        data = _read_config(path)
+    files, warnings = config_files(cwd)
+    for found in files:
+        path, data = found.path, found.data
         model, url = data.get("model"), data.get("base_url")
         if model is not None and not isinstance(model, str):
             raise ConfigError(f'{path}: model must be a string such as "local"')
         if url is not None and not isinstance(url, str):
             raise ConfigError(f"{path}: base_url must be a string")
         if model:
-            return ModelChoice(model, base_url or url, str(path))
+            return ModelChoice(model, base_url or url, str(path), tuple(warnings))
     if env.get("OPENAI_API_KEY"):
-        return ModelChoice(DEFAULT_OPENAI, base_url, "OPENAI_API_KEY is set")
+        return ModelChoice(DEFAULT_OPENAI, base_url, "OPENAI_API_KEY is set", tuple(warnings))
     if env.get("ANTHROPIC_API_KEY"):
-        return ModelChoice(DEFAULT_ANTHROPIC, base_url, "ANTHROPIC_API_KEY is set")
-    return ModelChoice("local", base_url, "the embedded default")
+        return ModelChoice(
+            DEFAULT_ANTHROPIC, base_url, "ANTHROPIC_API_KEY is set", tuple(warnings)
+        )
+    return ModelChoice("local", base_url, "the embedded default", tuple(warnings))
 
 
 def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:

@@ -14,6 +14,7 @@ from keel.records import (
     ToolCallRequested,
     ToolResultRecorded,
 )
+from keel.terminal import safe_text
 
 __all__ = ["ProgressPrinter"]
 
@@ -27,7 +28,7 @@ class ProgressPrinter:
     def __call__(self, event: Event) -> None:
         line = self._line(event)
         if line:
-            self.console.print(line, highlight=False, markup=False, style="dim")
+            self.console.print(safe_text(line), highlight=False, markup=False, style="dim")
 
     @staticmethod
     def _line(event: Event) -> str | None:

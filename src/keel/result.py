@@ -67,4 +67,8 @@ class RunResult:
                 "input_tokens": self.usage.input_tokens,
                 "output_tokens": self.usage.output_tokens,
             },
+            "pending_approvals": [
+                {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
+                for p in self.pending_approvals
+            ],
         }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rich.markup import escape
 from rich.table import Table
 
 from keel.records import (
@@ -26,6 +27,7 @@ from keel.records import (
     encode_event,
 )
 from keel.store import RunRecord
+from keel.terminal import describe_call, safe_text
 
 __all__ = ["event_json", "run_json", "timeline"]
 
@@ -48,7 +50,7 @@ def event_json(event: Event) -> dict[str, Any]:
 def timeline(events: list[Event]) -> Table:
     table = Table("step", "event", "detail", box=None, pad_edge=False, show_edge=False)
     for event in events:
-        table.add_row(str(event.step), _label(event), _detail(event))
+        table.add_row(str(event.step), _label(event), escape(safe_text(_detail(event))))
     return table
 
 
@@ -67,7 +69,7 @@ def _label(event: Event) -> str:
         case ApprovalDecided():
             return "[bold]decision[/]"
         case UnknownEvent():
-            return event.type_name.replace("_", " ")
+            return escape(safe_text(event.type_name.replace("_", " ")))
     return event.type.replace("_", " ")
 
 
@@ -101,7 +103,7 @@ def _detail(event: Event) -> str:
         case EvidenceReset():
             return f"page changed: {event.call_key[:80]} (reset {event.resets})"
         case ApprovalRequested():
-            return f"{event.call_id} · {event.call_key[:100]}"
+            return f"{event.call_id} · " + "\n".join(describe_call(event.name, event.arguments))
         case ApprovalDecided():
             verdict = "approved" if event.approved else "denied"
             reason = f": {event.reason}" if event.reason else ""

@@ -1,0 +1,125 @@
+"""`keel.toml`: where settings are read from, and which copies may be believed.
+
+Two places hold a `keel.toml`: the user's config folder (theirs, always read) and the working
+directory. The working directory is often a repository Keel did not write (`keel run … --repo
+.`), and a `base_url` there would send the user's API key, and every prompt, to a host of the
+repository's choosing. So a working-directory file is read only once the user has trusted it
+(`keel trust`), and trust is pinned to the file's sha256: a trusted file that changes is
+untrusted again until the user looks at it anew. An untrusted file is ignored with a warning
+that says how to trust it.
+
+`public_url` is what may be stored or printed of an endpoint: no user, password or
+secret-looking query parameter.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
+
+import platformdirs
+
+from keel.errors import ConfigError
+
+__all__ = ["CONFIG_NAME", "ConfigFile", "config_files", "public_url", "trust", "trust_state"]
+
+CONFIG_NAME = "keel.toml"
+TRUST_NAME = "trusted.json"
+SECRET_PARAMETERS = frozenset(
+    {"key", "api-key", "api_key", "apikey", "token", "access_token", "auth", "password",
+     "secret", "sig", "signature", "code", "x-api-key"}
+)  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class ConfigFile:
+    path: Path
+    data: dict[str, object]
+
+
+def user_config_dir() -> Path:
+    return Path(platformdirs.user_config_dir("keel"))
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _trusted() -> dict[str, str]:
+    path = user_config_dir() / TRUST_NAME
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def trust_state(path: Path) -> str:
+    """"trusted", "changed" (trusted once, edited since) or "untrusted"."""
+    known = _trusted().get(str(path.resolve()))
+    if known is None:
+        return "untrusted"
+    return "trusted" if known == _digest(path) else "changed"
+
+
+def trust(folder: Path) -> Path:
+    """Trust the `keel.toml` in `folder` as it is now; returns the file trusted."""
+    path = (folder / CONFIG_NAME).resolve()
+    if not path.is_file():
+        raise ConfigError(f"no {CONFIG_NAME} in {folder.resolve()}")
+    _read(path)  # refuse to trust a file Keel cannot read
+    entries = _trusted()
+    entries[str(path)] = _digest(path)
+    target = user_config_dir() / TRUST_NAME
+    target.parent.mkdir(parents=True, exist_ok=True)
+    temporary = target.with_suffix(".tmp")
+    temporary.write_text(json.dumps(entries, indent=1, sort_keys=True), encoding="utf-8")
+    os.replace(temporary, target)
+    return path
+
+
+def _read(path: Path) -> dict[str, object]:
+    try:
+        return tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+
+
+def config_files(cwd: Path | None = None) -> tuple[list[ConfigFile], list[str]]:
+    """The files to believe, working directory first, and warnings about files ignored."""
+    here = (cwd or Path.cwd()) / CONFIG_NAME
+    files, warnings = [], []
+    if here.is_file():
+        state = trust_state(here)
+        if state == "trusted":
+            files.append(ConfigFile(here, _read(here)))
+        else:
+            why = "changed since you trusted it" if state == "changed" else "not trusted"
+            warnings.append(
+                f"ignoring {here} ({why}): a {CONFIG_NAME} in the working directory can send "
+                f"your API key elsewhere; read it, then run `keel trust` to use it"
+            )
+    mine = user_config_dir() / CONFIG_NAME
+    if mine.is_file():
+        files.append(ConfigFile(mine, _read(mine)))
+    return files, warnings
+
+
+def public_url(url: str) -> str:
+    """`url` without user, password or secret-looking query parameters: safe to store and print."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if ":" in netloc:  # an IPv6 literal
+        netloc = f"[{netloc}]"
+    if parts.port is not None:
+        netloc += f":{parts.port}"
+    query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
+             if k.lower() not in SECRET_PARAMETERS]  # fmt: skip
+    return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
