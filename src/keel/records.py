@@ -12,7 +12,7 @@ becomes an `UnknownEvent` that is shown, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.errors import FailureKind
@@ -384,7 +384,11 @@ class RunState:
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
-        return replace(self, decisions=dict(self.decisions), denied=dict(self.denied))
+        twin = RunState.__new__(RunState)
+        for name in _STATE_FIELDS:
+            setattr(twin, name, getattr(self, name))
+        twin.decisions, twin.denied = dict(self.decisions), dict(self.denied)
+        return twin
 
     def encode(self) -> JsonObject:
         failure = self.failure
@@ -459,6 +463,9 @@ class RunState:
             usage=self.usage,
             pending_approvals=self.pending,
         )
+
+
+_STATE_FIELDS = tuple(f.name for f in fields(RunState))
 
 
 def _pending_data(p: PendingApproval) -> JsonObject:

@@ -28,7 +28,7 @@ from keel.records import RunState, ToolCallRequested
 from keel.result import PendingApproval
 from keel.synthesis import Mode
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import Transport
+from keel.transports.base import Resumable, Transport
 
 __all__ = [
     "Completed",
@@ -85,6 +85,12 @@ class StepParts:
     """Tools whose calls are pre-approved for this run."""
     checkpoint: Callable[[], Awaitable[None]]
     """Make the step so far durable (before a side effect, after one)."""
+    resumable: Resumable | None = None
+    """The transport, when its position is saved with each checkpoint (a script)."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free
+            self.resumable = self.transport
 
 
 async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcome:

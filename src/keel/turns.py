@@ -17,7 +17,6 @@ from keel.failpoints import failpoint
 from keel.messages import ModelResponse
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
 from keel.synthesis import Mode, decide_mode
-from keel.transports.base import Resumable
 
 if TYPE_CHECKING:
     from keel.step import StepParts
@@ -86,8 +85,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
 
 def _remember_transport(parts: StepParts) -> None:
     """A deterministic transport's position is part of the checkpoint."""
-    if isinstance(parts.transport, Resumable):
-        parts.state.transport = parts.transport.snapshot()
+    if parts.resumable is not None:
+        parts.state.transport = parts.resumable.snapshot()
 
 
 async def _after_error(

@@ -132,7 +132,7 @@ class Tool:
             value = await self.fn(*args, **kwargs)
         else:
             work = functools.partial(self.fn, *args, **kwargs)
-            value = await run_in_daemon_thread(work, name=f"keel-tool-{self.name}")
+            value = await run_in_daemon_thread(work)
         return render_result(value)
 
 

@@ -1,11 +1,15 @@
-"""Running a plain-function tool in a daemon thread of its own.
+"""Running a plain-function tool on a daemon thread.
 
 A Python thread cannot be stopped from outside. `asyncio.to_thread` uses the loop's default
 executor, whose workers are not daemons: `asyncio.run` waits for them when it closes the loop,
 and the interpreter joins them at exit. A tool stuck in a blocking call (a FIFO, a hung socket)
 would then keep the whole process alive after its timeout, with the run already recorded as
-finished. Here each call gets a daemon thread instead: on timeout the caller stops waiting, the
+finished. Here calls run on daemon threads instead: on timeout the caller stops waiting, the
 thread is abandoned, its eventual result is dropped, and it never holds the process open.
+
+Starting a thread costs more than a cheap tool call itself, so finished threads wait for the
+next call (up to `MAX_IDLE` of them); a call that finds none idle starts a new one, so a stuck
+tool never delays another.
 """
 
 from __future__ import annotations
@@ -14,17 +18,56 @@ import asyncio
 import contextlib
 import contextvars
 import functools
+import os
 import threading
 from collections.abc import Callable
+from queue import SimpleQueue
 from typing import TypeVar
 
-__all__ = ["run_in_daemon_thread"]
+__all__ = ["MAX_IDLE", "run_in_daemon_thread"]
 
 T = TypeVar("T")
 
+MAX_IDLE = 8
+"""Finished daemon threads kept waiting for the next call."""
 
-async def run_in_daemon_thread(fn: Callable[[], T], name: str = "keel-tool") -> T:
-    """`fn()` on a new daemon thread, with the caller's context variables.
+_lock = threading.Lock()
+_idle = 0
+_jobs: SimpleQueue[Callable[[], None]] = SimpleQueue()
+
+
+def _submit(job: Callable[[], None]) -> None:
+    global _idle
+    with _lock:
+        if _idle:
+            _idle -= 1
+            _jobs.put(job)
+            return
+    threading.Thread(target=_serve, args=(job,), name="keel-tool", daemon=True).start()
+
+
+def _serve(job: Callable[[], None]) -> None:
+    global _idle
+    while True:
+        job()
+        with _lock:
+            if _idle >= MAX_IDLE:
+                return
+            _idle += 1
+        job = _jobs.get()
+
+
+def _forget_threads() -> None:
+    """A forked child has none of its parent's threads."""
+    global _idle, _jobs, _lock
+    _idle, _jobs, _lock = 0, SimpleQueue(), threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_threads)
+
+
+async def run_in_daemon_thread(fn: Callable[[], T]) -> T:
+    """`fn()` on a daemon thread, with the caller's context variables.
 
     Cancelling the await abandons the thread (it cannot be stopped); what it later returns or
     raises is discarded, even if the event loop has closed by then.
@@ -52,5 +95,5 @@ async def run_in_daemon_thread(fn: Callable[[], T], name: str = "keel-tool") -> 
         else:
             deliver(functools.partial(future.set_result, value))
 
-    threading.Thread(target=work, name=name, daemon=True).start()
+    _submit(work)
     return await future
