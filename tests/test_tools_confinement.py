@@ -155,7 +155,7 @@ def test_swapping_a_directory_for_a_link_out_never_reaches_outside(
     leaked: list[str] = []
     succeeded: Counter[str] = Counter()
     refused_outside = 0
-    for _ in range(1500):
+    for _ in range(2500):
         for name, arguments in calls:
             done, text = attempt(fns[name], **arguments)
             succeeded[name] += done
