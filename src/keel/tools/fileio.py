@@ -1,11 +1,10 @@
-"""Opening and reading repository files the model names, with every read bounded.
+"""Reading repository files the model names, with every read bounded, and saying what they are.
 
 The file tools serve whatever a repository holds, and a repository can hold things that are not
 files to read: a FIFO blocks whoever opens it until a writer appears, a device may never reach
-end-of-file, a socket cannot be opened at all. So a path is checked to be a regular file
-before it is opened, and opened with ``O_NONBLOCK`` (so even a FIFO swapped in after the check
-cannot block the open) and ``O_NOFOLLOW`` (so the final component cannot be swapped for a link
-after the path was resolved), then checked again on the open descriptor, which closes the race.
+end-of-file, a socket cannot be opened at all. `keel.tools.confine` opens paths (regular files
+only, never blocking, never through a link out); this module names what a file is when it is
+refused, tells text from binary, and reads lines within bounds.
 
 Reads never take a whole file or a whole line: `bounded_lines` yields at most a given number of
 bytes of each line and skips the rest in chunks, so a 200 MB file on one line costs kilobytes.
@@ -13,22 +12,19 @@ bytes of each line and skips the rest in chunks, so a 200 MB file on one line co
 
 from __future__ import annotations
 
-import os
 import stat
 from collections.abc import Iterator
-from pathlib import Path
 from typing import BinaryIO
 
 from keel.errors import ToolError
 
 __all__ = [
+    "SNIFF_BYTES",
     "FileToolError",
     "bounded_lines",
-    "check_regular",
     "file_kind",
     "looks_binary",
-    "open_for_write",
-    "open_regular",
+    "not_regular",
 ]
 
 SNIFF_BYTES = 8192
@@ -54,48 +50,12 @@ def file_kind(mode: int) -> str:
     return next((name for test, name in _KINDS if test(mode)), "special file")
 
 
-def _refuse(shown: str, mode: int) -> FileToolError:
+def not_regular(shown: str, mode: int) -> FileToolError:
+    """The refusal of a file that is not a regular file (`mode` says what it is instead)."""
     return FileToolError(
         f"{shown!r} is a {file_kind(mode)}, not a regular file; only regular files and "
         "directories can be used"
     )
-
-
-def check_regular(path: Path, shown: str) -> None:
-    """Refuse `path` (an existing file) unless it is a regular file; `shown` names it."""
-    mode = os.stat(path).st_mode
-    if not stat.S_ISREG(mode):
-        raise _refuse(shown, mode)
-
-
-def _open_checked(path: Path, shown: str, flags: int, mode: int = 0o666) -> int:
-    flags |= os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC
-    fd = os.open(path, flags, mode)
-    try:
-        found = os.fstat(fd).st_mode
-        if not stat.S_ISREG(found):
-            raise _refuse(shown, found)
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def open_regular(path: Path, shown: str) -> BinaryIO:
-    """Open a regular file for reading, refusing anything else without blocking on it."""
-    check_regular(path, shown)
-    return os.fdopen(_open_checked(path, shown, os.O_RDONLY), "rb")
-
-
-def open_for_write(path: Path, shown: str, append: bool) -> BinaryIO:
-    """Open (or create) a regular file for writing; truncated unless `append`."""
-    if os.path.lexists(path):
-        check_regular(path, shown)
-    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
-    fd = _open_checked(path, shown, flags)
-    if not append:
-        os.ftruncate(fd, 0)  # only now that the descriptor is known to be a regular file
-    return os.fdopen(fd, "ab" if append else "wb")
 
 
 def looks_binary(sample: bytes) -> bool:

@@ -1,30 +1,24 @@
 """File tools: list, read and search the files under one root directory, and nothing else.
 
-Every path the model gives is resolved with symlinks followed and must land inside the root,
-so ``../``, absolute paths and links pointing elsewhere are all refused the same way. Walks
-never follow a link out of the root either: a link that leads outside is skipped, never read.
-Paths in output are relative to the root, so the model can pass them straight back.
+Every open, `stat` and listing goes through `keel.tools.confine`: paths are walked one name at a
+time from a handle on the root, links inside the root are followed by walking their target
+again, and ``../``, absolute paths, links pointing elsewhere and hard-linked files are refused.
+Walks never follow a link out of the root, nor a link to a directory at all: a link that leads
+outside is skipped, never read. Paths in output are relative to the root, so the model can pass
+them straight back.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Generator
 from typing import BinaryIO
 
-from keel.errors import ConfigError
 from keel.tools.base import Effect, Tool, make_tool
-from keel.tools.fileio import (
-    SNIFF_BYTES,
-    FileToolError,
-    bounded_lines,
-    check_regular,
-    file_kind,
-    looks_binary,
-    open_regular,
-)
+from keel.tools.confine import MAX_WALK_DEPTH, Opened, Outside, Root, Walk
+from keel.tools.fileio import SNIFF_BYTES, FileToolError, bounded_lines, file_kind, looks_binary
 from keel.tools.search import Pattern, compile_pattern
 
 __all__ = [
@@ -35,7 +29,6 @@ __all__ = [
     "MAX_SEARCH_MATCHES",
     "MAX_SEARCH_TOTAL_BYTES",
     "FileToolError",
-    "Root",
     "file_tools",
 ]
 
@@ -56,41 +49,15 @@ _SKIP_DIRS = frozenset({".git"})
 _COUNT_CHUNK = 1 << 20
 
 
-class Root:
-    """The one directory the tools may see, and the checks that keep them inside it."""
-
-    def __init__(self, root: str | os.PathLike[str]) -> None:
-        self.path = Path(root).resolve()
-        if not self.path.is_dir():
-            raise ConfigError(f"file tools: root {str(root)!r} is not a directory")
-
-    def resolve(self, requested: str) -> Path:
-        """The real path of `requested` (relative to the root), refused if it leaves the root."""
-        real = Path(os.path.realpath(self.path / requested))
-        if not self.contains(real):
-            raise FileToolError(f"{requested!r} is outside the repository; use a path inside it")
-        return real
-
-    def contains(self, real: Path) -> bool:
-        return real == self.path or real.is_relative_to(self.path)
-
-    def inside(self, path: Path) -> bool:
-        """Whether `path`, with every symlink followed, stays inside the root."""
-        return self.contains(Path(os.path.realpath(path)))
-
-    def rel(self, path: Path | str) -> str:
-        relative = os.path.relpath(path, self.path)
-        return "." if relative == "." else Path(relative).as_posix()
-
-
 def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
     """`list_files`, `read_file` and `search_files`, all read_only, confined to `root`."""
     base = Root(root)
 
     def list_files(path: str = ".") -> str:
         """List one directory of the repository (not recursive), sorted by name.
-        Directories end with "/". Paths are relative to the repository root and can be passed
-        to read_file or to list_files again. Use search_files to find text across many files.
+        Directories end with "/"; files with several hard links are marked, and cannot be read.
+        Paths are relative to the repository root and can be passed to read_file or to
+        list_files again. Use search_files to find text across many files.
         """
         return _list(base, path)
 
@@ -98,7 +65,8 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
         """Read a text file of the repository, each line prefixed with its line number.
         start_line and end_line (1-based, inclusive) select a range; without them the file is
         read from the top, at most 2000 lines (and 200 KB) per call, and the header says how to
-        read on. Lines longer than 20 KB are cut, and the header says so.
+        read on. Lines longer than 20 KB are cut, and the header says so. A file with several
+        hard links is refused: it may be a file outside the repository.
         """
         return _read(base, path, start_line, end_line)
 
@@ -106,7 +74,8 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
         """Search the text files under a directory (or one file) for a regular expression.
         The syntax is Python's re without backreferences or lookaround (RE2), matched one line
         at a time. Each match is printed as "path:line: text", path relative to the repository
-        root. At most 200 matches are shown; binary files and files over 2 MB are skipped.
+        root. At most 200 matches are shown; binary files, files over 2 MB and hard-linked
+        files are skipped.
         """
         return _search(base, pattern, path)
 
@@ -117,25 +86,31 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
 
 
 def _list(base: Root, path: str) -> str:
-    directory = base.resolve(path)
-    if not directory.exists():
-        raise FileToolError(f"no such directory: {path!r}")
-    if not directory.is_dir():
-        check_regular(directory, path)
-        raise FileToolError(f"{path!r} is a file, not a directory; use read_file to read it")
+    try:
+        directory = base.open(path)
+    except FileNotFoundError:
+        raise FileToolError(f"no such directory: {path!r}") from None
+    with directory:
+        if not directory.is_dir:
+            raise FileToolError(f"{path!r} is a file, not a directory; use read_file to read it")
+        entries = base.entries(directory)
     lines: list[str] = []
     outside = 0
-    entries = sorted(directory.iterdir(), key=lambda p: p.name)
-    for entry in entries:
-        if entry.name in _SKIP_DIRS:
+    for name, st in entries:
+        if name in _SKIP_DIRS:
             continue
-        if not base.inside(entry):
+        rel = name if directory.rel == "." else f"{directory.rel}/{name}"
+        try:
+            target = base.lookup(rel) if stat.S_ISLNK(st.st_mode) else st
+        except Outside:
             outside += 1
             continue
-        lines.append(base.rel(entry) + _list_suffix(entry))
+        except (FileToolError, OSError):
+            target = None  # a dangling link, a loop: listed, but nothing to say about it
+        lines.append(rel + _list_suffix(target))
     shown = lines[:MAX_LIST_ENTRIES]
     if not shown:
-        shown = [f"({base.rel(directory)} is empty)"]
+        shown = [f"({directory.rel} is empty)"]
     if len(lines) > MAX_LIST_ENTRIES:
         shown.append(f"[... {len(lines) - MAX_LIST_ENTRIES} more entries not shown]")
     if outside:
@@ -143,37 +118,36 @@ def _list(base: Root, path: str) -> str:
     return "\n".join(shown)
 
 
-def _list_suffix(entry: Path) -> str:
-    """ "/" for a directory, a warning for a special file (a FIFO, a device), else nothing."""
-    try:
-        mode = entry.stat().st_mode
-    except OSError:
+def _list_suffix(st: os.stat_result | None) -> str:
+    """ "/" for a directory, a warning for a hard link or a special file, else nothing."""
+    if st is None:
         return ""
-    if stat.S_ISDIR(mode):
+    if stat.S_ISDIR(st.st_mode):
         return "/"
-    if stat.S_ISREG(mode):
-        return ""
-    return f" [{file_kind(mode).split(' (')[0]}: not a regular file]"
+    if stat.S_ISREG(st.st_mode):
+        return " [hard link: not read]" if st.st_nlink > 1 else ""
+    return f" [{file_kind(st.st_mode).split(' (')[0]}: not a regular file]"
 
 
 def _read(base: Root, path: str, start_line: int | None, end_line: int | None) -> str:
-    real = base.resolve(path)
-    if not real.exists():
-        raise FileToolError(f"no such file: {path!r}; use list_files to see what exists")
-    if real.is_dir():
-        raise FileToolError(f"{path!r} is a directory; use list_files to list it")
     if start_line is not None and start_line < 1:
         raise FileToolError(f"start_line must be 1 or more, got {start_line}")
     if end_line is not None and end_line < (start_line or 1):
         raise FileToolError(f"end_line ({end_line}) is before start_line ({start_line or 1})")
-    first = start_line or 1
-    last = end_line if end_line is not None else first + MAX_READ_LINES - 1
-    rel = base.rel(real)
-    with open_regular(real, path) as handle:
-        if looks_binary(handle.read(SNIFF_BYTES)):
-            raise FileToolError(f"{path!r} is a binary file; only text files can be read")
-        handle.seek(0)
-        return _page(handle, rel, first, last, explicit_end=end_line is not None)
+    try:
+        opened = base.open(path)
+    except FileNotFoundError:
+        raise FileToolError(f"no such file: {path!r}; use list_files to see what exists") from None
+    with opened:
+        if opened.is_dir:
+            raise FileToolError(f"{path!r} is a directory; use list_files to list it")
+        first = start_line or 1
+        last = end_line if end_line is not None else first + MAX_READ_LINES - 1
+        with opened.file() as handle:
+            if looks_binary(handle.read(SNIFF_BYTES)):
+                raise FileToolError(f"{path!r} is a binary file; only text files can be read")
+            handle.seek(0)
+            return _page(handle, opened.rel, first, last, explicit_end=end_line is not None)
 
 
 def _page(handle: BinaryIO, rel: str, first: int, last: int, explicit_end: bool) -> str:
@@ -230,39 +204,53 @@ def _count_rest(handle: BinaryIO, counted: int, scanned: int) -> tuple[int, bool
 
 def _search(base: Root, pattern: str, path: str) -> str:
     compiled = compile_pattern(pattern)
-    start = base.resolve(path)
-    if not start.exists():
-        raise FileToolError(f"no such file or directory: {path!r}")
-    if not start.is_dir():
-        check_regular(start, path)
+    try:
+        start = base.open(path)
+    except FileNotFoundError:
+        raise FileToolError(f"no such file or directory: {path!r}") from None
+    walk = Walk()
     matches: list[str] = []
     searched = files = 0
-    for file in _walk(base, start):
-        data = _search_text(file)
-        if data is None:
-            continue
-        if files == MAX_SEARCH_FILES or searched + len(data) > MAX_SEARCH_TOTAL_BYTES:
-            matches.append(
-                f"[stopped after searching {files} files ({searched} bytes), the limit for one "
-                "search; narrow the path to search the rest]"
-            )
-            break
-        files += 1
-        searched += len(data)
-        if _collect(compiled, data, base.rel(file), matches):
-            break
+    with start, contextlib.closing(_files(base, start, walk)) as found:
+        for file in found:
+            data = _search_text(file)
+            if data is None:
+                continue
+            if files == MAX_SEARCH_FILES or searched + len(data) > MAX_SEARCH_TOTAL_BYTES:
+                matches.append(
+                    f"[stopped after searching {files} files ({searched} bytes), the limit for "
+                    "one search; narrow the path to search the rest]"
+                )
+                break
+            files += 1
+            searched += len(data)
+            if _collect(compiled, data, file.rel, matches):
+                break
     if not matches:
-        return f"no matches for {pattern!r} under {base.rel(start)}"
+        matches.append(f"no matches for {pattern!r} under {start.rel}")
+    if walk.hard_links:
+        matches.append(
+            f"[{walk.hard_links} hard-linked file(s) not searched: a hard link may be a file "
+            "outside the repository]"
+        )
+    if walk.too_deep:
+        matches.append(
+            f"[{walk.too_deep} folder(s) nested more than {MAX_WALK_DEPTH} deep not searched]"
+        )
     return "\n".join(matches)
 
 
-def _search_text(file: Path) -> bytes | None:
-    """The text of a file to search, or None for a binary, oversized or special file."""
-    try:
-        with open_regular(file, str(file)) as handle:
-            data = handle.read(MAX_SEARCH_FILE_BYTES + 1)
-    except (FileToolError, OSError):
-        return None  # vanished or replaced by a special file since the walk saw it
+def _files(base: Root, start: Opened, walk: Walk) -> Generator[Opened, None, None]:
+    if start.is_dir:
+        yield from base.walk(start, _SKIP_DIRS, walk)
+    else:
+        yield Opened(start.detach(), start.rel, start.st)
+
+
+def _search_text(file: Opened) -> bytes | None:
+    """The text of a file to search, or None for a binary or oversized file."""
+    with file.file() as handle:
+        data = handle.read(MAX_SEARCH_FILE_BYTES + 1)
     if len(data) > MAX_SEARCH_FILE_BYTES or looks_binary(data[:SNIFF_BYTES]):
         return None
     return data.replace(b"\r\n", b"\n")
@@ -281,16 +269,3 @@ def _collect(compiled: Pattern, data: bytes, rel: str, matches: list[str]) -> bo
             line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
         matches.append(f"{rel}:{number}: {line}")
     return False
-
-
-def _walk(base: Root, start: Path) -> Iterator[Path]:
-    """Regular files under `start` in sorted order; never through a link out of the root."""
-    if not start.is_dir():
-        yield start
-        return
-    for dirpath, dirnames, filenames in os.walk(start, followlinks=False):
-        dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS)
-        for name in sorted(filenames):
-            file = Path(dirpath, name)
-            if base.inside(file) and file.is_file():
-                yield file

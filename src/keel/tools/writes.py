@@ -1,24 +1,26 @@
 """`write_file`: the built-in side-effecting tool, confined to the repository and worth approving.
 
 It is off unless the user asks for it (`--allow-writes`) and asks for approval on every call
-unless pre-granted (`--approve-tools write_file`). Nothing under a `.git` folder is ever
-written, even through a link. Appending is supported so that repeated effects are visible (and
-countable) rather than silently overwritten.
+unless pre-granted (`--approve-tools write_file`). Nothing under a `.git`, `.hg` or `.svn`
+folder is ever written, even through a link; the path is opened through `keel.tools.confine`,
+so no link, hard link or race leads a write outside the repository. Appending is supported so
+that repeated effects are visible (and countable) rather than silently overwritten.
 """
 
 from __future__ import annotations
 
 import os
-from pathlib import Path
 
 from keel.failpoints import failpoint
 from keel.tools.base import Effect, Tool, make_tool
-from keel.tools.fileio import FileToolError, open_for_write
-from keel.tools.files import Root
+from keel.tools.confine import Root
+from keel.tools.fileio import FileToolError
 
-__all__ = ["MAX_WRITE_CHARS", "write_tools"]
+__all__ = ["MAX_WRITE_CHARS", "VCS_DIRS", "write_tools"]
 
 MAX_WRITE_CHARS = 1_000_000
+VCS_DIRS = frozenset({".git", ".hg", ".svn"})
+"""Version-control metadata: never written, whatever the case (compared casefolded)."""
 
 
 def write_tools(root: str | os.PathLike[str]) -> list[Tool]:
@@ -28,7 +30,8 @@ def write_tools(root: str | os.PathLike[str]) -> list[Tool]:
     def write_file(path: str, content: str, append: bool = False) -> str:
         """Write text to a file of the repository (creating folders as needed), or append to
         it with append=true. Paths are relative to the repository root; nothing outside it can
-        be written. A person approves each write unless it was pre-approved."""
+        be written, nor anything under .git, .hg or .svn, nor a file with several hard links.
+        A person approves each write unless it was pre-approved."""
         return _write(base, path, content, append)
 
     return [
@@ -44,18 +47,16 @@ def write_tools(root: str | os.PathLike[str]) -> list[Tool]:
 def _write(base: Root, path: str, content: str, append: bool) -> str:
     if len(content) > MAX_WRITE_CHARS:
         raise FileToolError(f"content is {len(content)} characters; the limit is {MAX_WRITE_CHARS}")
-    target = base.resolve(path)
-    if any(part.casefold() == ".git" for part in Path(base.rel(target)).parts):
-        raise FileToolError(f"{path!r} is inside .git (version-control metadata), never written")
-    if target.is_dir():
-        raise FileToolError(f"{path!r} is a directory")
-    parent = Path(os.path.realpath(target.parent))
-    if not base.contains(parent):
-        raise FileToolError(f"{path!r} is outside the repository")
-    parent.mkdir(parents=True, exist_ok=True)
     failpoint("before_side_effect")
-    with open_for_write(target, path, append) as handle:
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_APPEND if append else 0)
+    try:
+        opened = base.open(path, flags, make_dirs=True, refuse=VCS_DIRS)
+    except FileNotFoundError:
+        raise FileToolError(f"{path!r}: a part of the path is a file, not a folder") from None
+    with opened.file("ab" if append else "wb") as handle:
+        if not append:
+            handle.truncate(0)  # only now that the descriptor is known to be a regular file
         handle.write(content.encode("utf-8"))
     failpoint("inside_side_effect")
     verb = "appended" if append else "wrote"
-    return f"{verb} {len(content)} characters to {base.rel(target)}"
+    return f"{verb} {len(content)} characters to {opened.rel}"
