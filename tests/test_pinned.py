@@ -15,7 +15,7 @@ import trustme
 from keel.messages import ToolCall
 from keel.tools.executor import ToolExecutor
 from keel.tools.netguard import IPAddress
-from keel.tools.pinned import GuardedTransport
+from keel.tools.pinned import GuardedTransport, default_ssl_context
 from keel.tools.web import web_tools
 from netattack import LOOPBACK, CountingServer
 
@@ -86,3 +86,12 @@ async def test_a_pinned_https_connection_keeps_the_name_for_sni_and_the_certific
         server.close()
         await server.wait_closed()
     assert resolver.asked == ["app.test", "other.test"]
+
+
+def test_the_default_tls_context_is_built_once_and_verifies() -> None:
+    """Loading certifi's roots cost ~15 ms of CPU per fetch; one context serves every client,
+    and sharing it must not loosen it."""
+    first, second = GuardedTransport(), GuardedTransport(["example.test"])
+    assert first.ssl_context is second.ssl_context is default_ssl_context()
+    assert first.ssl_context.verify_mode == ssl.CERT_REQUIRED
+    assert first.ssl_context.check_hostname
