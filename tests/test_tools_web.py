@@ -278,6 +278,7 @@ async def test_no_spelling_of_loopback_reaches_a_loopback_server(spelling: str, 
         if via == "fetch":
             executed = await use("fetch", url, allow_hosts=())
             assert executed.result.is_error and "loopback secret" not in executed.result.content
+            assert executed.result.content.startswith("refused to fetch")
         else:
             proxy = GuardProxy(allow_hosts=())
             proxy_url = await proxy.start()
@@ -285,7 +286,7 @@ async def test_no_spelling_of_loopback_reaches_a_loopback_server(spelling: str, 
                 reply = await proxy_exchange(proxy_url, f"GET {url} HTTP/1.1\r\n\r\n".encode())
             finally:
                 await proxy.close()
-            assert not reply.startswith(b"HTTP/1.1 200") and CountingServer.BODY not in reply
+            assert reply.startswith(b"HTTP/1.1 403") and b"refused to fetch" in reply
     assert server.hits == 0
     assert [attempt for attempt in fenced.attempts if attempt[1] == server.port] == []
 
