@@ -11,9 +11,11 @@ import pytest
 
 from keel.messages import ToolCall
 from keel.tools.base import Effect
+from keel.tools.browser_proxy import GuardProxy
 from keel.tools.executor import ExecutedCall, ToolExecutor
 from keel.tools.netguard import check_url
 from keel.tools.web import web_tools
+from netattack import CountingServer, fence, proxy_exchange
 from pageserver import PageServer
 
 ARTICLE = """<!doctype html>
@@ -168,6 +170,38 @@ async def test_an_injected_client_is_used(page_server: PageServer) -> None:
 
 # -- the guard on its own -----------------------------------------------------------------
 
+LOOPBACK_SPELLINGS = [
+    "http://127.0.0.1:{port}/",
+    "http://127.1:{port}/",
+    "http://127.0.1:{port}/",
+    "http://2130706433:{port}/",
+    "http://0x7f000001:{port}/",
+    "http://0x7f.1:{port}/",
+    "http://017700000001:{port}/",
+    "http://0177.0.0.1:{port}/",
+    "http://127\u30020\u30020\u30021:{port}/",
+    "http://localhost:{port}/",
+    "http://LocalHost:{port}/",
+    "http://user@127.0.0.1:{port}/",
+    "http://public.example@127.0.0.1:{port}/",
+    "http://127.0.0.1:{port}#@public.example/",
+    "http://[::1]:{port}/",
+    "http://[0:0:0:0:0:0:0:1]:{port}/",
+    "http://[::1%25lo]:{port}/",
+    "http://[::ffff:127.0.0.1]:{port}/",
+    "http://[::ffff:7f00:1]:{port}/",
+    "http://[::FFFF:127.0.0.1]:{port}/",
+    "http://[0:0:0:0:0:ffff:127.0.0.1]:{port}/",
+    "http://[0000:0000:0000:0000:0000:ffff:7f00:0001]:{port}/",
+    "http://[64:ff9b::7f00:1]:{port}/",
+    "http://[64:ff9b::127.0.0.1]:{port}/",
+    "http://[0064:ff9b:0000:0000:0000:0000:7f00:0001]:{port}/",
+    "http://[2002:7f00:1::]:{port}/",
+]
+"""127.0.0.1 in every spelling a URL parser or the system resolver accepts: IPv4 shorthand,
+decimal, hex and octal, ideographic full stops, names, userinfo and fragment tricks, and the
+IPv6 forms that stand for it (loopback, IPv4-mapped, NAT64, 6to4)."""
+
 
 @pytest.mark.parametrize(
     ("url", "word"),
@@ -182,11 +216,79 @@ async def test_an_injected_client_is_used(page_server: PageServer) -> None:
         ("ftp://93.184.216.34/file", "only http and https"),
         ("file:///etc/passwd", "only http and https"),
         ("http:///nohost", "no host"),
+        *[(url, "loopback") for url in LOOPBACK_SPELLINGS],
+        # IPv4-mapped IPv6, every spelling: the kernel connects to the IPv4 address inside.
+        ("http://[::ffff:169.254.169.254]/", "link-local (IPv4-mapped form of 169.254.169.254)"),
+        ("http://[::ffff:a9fe:a9fe]/", "link-local (IPv4-mapped form of 169.254.169.254)"),
+        ("http://[::ffff:10.0.0.1]/", "private (IPv4-mapped form of 10.0.0.1)"),
+        # NAT64 (64:ff9b::/96): a NAT64 gateway connects to the IPv4 address inside.
+        ("http://[64:ff9b::a9fe:a9fe]/", "link-local (NAT64 form of 169.254.169.254)"),
+        ("http://[64:ff9b::10.0.0.1]/", "private (NAT64 form of 10.0.0.1)"),
+        ("http://[64:ff9b:1::7f00:1]/", "private (local-use NAT64)"),
+        # 6to4 (2002::/16) carries an IPv4 address too.
+        ("http://[2002:a9fe:a9fe::1]/", "link-local (6to4 form of 169.254.169.254)"),
+        # Scoped (zone id) forms, percent-encoded or not, by name or by number.
+        ("http://[fe80::1%25eth0]/", "link-local"),
+        ("http://[fe80::1%eth0]/", "link-local"),
+        ("http://[fe80::1%251]:8080/", "link-local"),
+        ("http://[FE80::A9FE:A9FE%25ETH0]/", "link-local"),
+        # Other non-public ranges and cloud metadata services.
+        ("http://[::7f00:1]/", "reserved"),
+        ("http://[fd00:ec2::254]/latest/meta-data", "private"),
+        ("http://[fc00::1]/", "private"),
+        ("http://[2001:0:4136:e378:8000:63bf:80ff:fffe]/", "private"),
+        ("http://[ff02::1]/", "multicast"),
+        ("http://[::]/", "unspecified"),
+        ("http://0/", "unspecified"),
+        ("http://100.64.0.1/", "non-public"),
+        ("http://100.100.100.200/latest/meta-data", "non-public"),
+        ("http://168.63.129.16/metadata", "cloud metadata"),
+        ("http://192.0.0.192/opc/v2/instance", "cloud metadata"),
+        ("http://192.0.0.170/", "private"),
+        ("http://192.0.0.100/", "reserved (IETF protocol assignments)"),
+        ("http://198.18.0.1/", "private"),
+        ("http://240.0.0.1/", "private"),
     ],
 )
 async def test_check_url_refuses_non_public_targets(url: str, word: str) -> None:
-    refusal = await check_url(url, allow_hosts=())
+    refusal = await check_url(url.format(port=8080), allow_hosts=())
     assert refusal is not None and word in refusal
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://[64:ff9b::5db8:d822]/",
+        "http://[2002:5db8:d822::1]/",
+        "http://[::ffff:93.184.216.34]/",
+    ],
+)
+async def test_check_url_judges_an_embedded_public_ipv4_as_public(url: str) -> None:
+    """NAT64 and 6to4 forms of a public address are how IPv6-only networks reach it."""
+    assert await check_url(url, allow_hosts=()) is None
+
+
+@pytest.mark.parametrize("spelling", LOOPBACK_SPELLINGS)
+@pytest.mark.parametrize("via", ["fetch", "proxy"])
+async def test_no_spelling_of_loopback_reaches_a_loopback_server(spelling: str, via: str) -> None:
+    """The URL-form table as the attack: each spelling, aimed at a live loopback server, through
+    `fetch` and through the browser's guard proxy; nothing connects anywhere."""
+    with CountingServer() as server, fence() as fenced:
+        url = spelling.format(port=server.port)
+        if via == "fetch":
+            executed = await use("fetch", url, allow_hosts=())
+            assert executed.result.is_error and "loopback secret" not in executed.result.content
+            assert executed.result.content.startswith("refused to fetch")
+        else:
+            proxy = GuardProxy(allow_hosts=())
+            proxy_url = await proxy.start()
+            try:
+                reply = await proxy_exchange(proxy_url, f"GET {url} HTTP/1.1\r\n\r\n".encode())
+            finally:
+                await proxy.close()
+            assert reply.startswith(b"HTTP/1.1 403") and b"refused to fetch" in reply
+    assert server.hits == 0
+    assert [attempt for attempt in fenced.attempts if attempt[1] == server.port] == []
 
 
 async def test_check_url_allows_public_addresses() -> None:

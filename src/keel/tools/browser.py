@@ -9,12 +9,13 @@ One browser per toolset, started on first use and kept for the next calls, so a 
 open between polls and a second ``browser_observe`` of the same URL reads the page as it is now
 instead of reloading it. Calls are serialized (one page, one action at a time) even though the
 executor runs observations of a batch concurrently. Every request the browser makes, not only
-the URL the model gave, passes the host guard (`keel.tools.netguard.check_url`): the browser's
-only way out is a guard proxy on loopback (`browser_proxy.py`), so redirect hops, frames,
-scripts, fetches and WebSockets are checked alike and a page cannot walk the browser into the
-local network. The browser runs on an event loop of its own (`browser_session.py`), so it serves
-run after run whatever loop the caller uses; ``await toolset.close()`` (or the end of the
-process) shuts it down and removes its temporary profile.
+the URL the model gave, passes the host guard (`keel.tools.netguard`): the browser's only way
+out is a guard proxy on loopback (`browser_proxy.py`), so redirect hops, frames, scripts,
+fetches and WebSockets are checked alike, each connected to the address that was checked, and
+a page cannot walk the browser into the local network. The browser runs on an event loop of
+its own (`browser_session.py`), so it serves run after run whatever loop the caller uses;
+``await toolset.close()`` (or the end of the process) shuts it down and removes its temporary
+profile.
 
 Playwright's own browser downloads are not used: Keel runs Chromium as installed by the system
 (``apt-get install chromium``) or the one named by `executable_path` / ``KEEL_CHROMIUM``.
@@ -30,6 +31,7 @@ from pathlib import Path
 from keel.errors import ConfigError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.browser_session import Action, BrowserError, Session
+from keel.tools.netguard import Resolver
 
 __all__ = ["CHROMIUM_NAMES", "BrowserToolset", "browser_tools", "find_chromium"]
 
@@ -66,8 +68,12 @@ def browser_tools(
     allow_hosts: Collection[str] = (),
     executable_path: str | os.PathLike[str] | None = None,
     timeout: float = 30.0,
+    resolver: Resolver | None = None,
 ) -> BrowserToolset:
     """`browser_observe` and `browser_act` (both observations), sharing one lazy browser.
+
+    `allow_hosts` as for `web_tools`; `resolver` looks up each host the browser connects to
+    (the system's by default), once per connection, on the browser's own event loop.
 
     Raises ConfigError when Playwright or Chromium is missing, saying what to install; the
     HTTP tools (`fetch`, `observe_page`) do not need either.
@@ -87,7 +93,7 @@ def browser_tools(
             "or pass its path (executable_path, or KEEL_CHROMIUM); observe_page still reads "
             "pages over HTTP without it"
         )
-    session = Session(exe, tuple(allow_hosts), timeout)
+    session = Session(exe, tuple(allow_hosts), timeout, resolver)
 
     async def browser_observe(url: str) -> str:
         """Show the visible text of a web page as a browser renders it, JavaScript included.

@@ -3,15 +3,17 @@
 The HTTP tools check each redirect hop themselves. A browser follows redirects, loads frames,
 scripts and images, and runs page JavaScript that fetches and opens WebSockets, all on its own;
 Playwright's request interception does not even see the hops of a redirect. So the browser is
-started with this proxy as its only way out (loopback included), and the proxy applies
-`keel.tools.netguard.check_url` to each request it is asked to carry: plain HTTP by its absolute
-URL, HTTPS and WSS by the host and port of the CONNECT tunnel. A refused request gets a 403
-whose body is the guard's sentence, and the refusal is remembered for the tool to report.
+started with this proxy as its only way out (loopback included), and the proxy applies the
+host guard to each request it is asked to carry: plain HTTP by its absolute URL, HTTPS and WSS
+by the host and port of the CONNECT tunnel. A refused request gets a 403 whose body is the
+guard's sentence, and the refusal is remembered for the tool to report.
 
-Each proxied request uses a fresh upstream connection and is closed after its response
+Each proxied request uses a fresh upstream connection (`keel.tools.pinned.open_pinned`): the
+host is looked up once, every address checked, and the connection made to a checked address,
+so DNS rebinding cannot slip a loopback address in between. The browser's own Host header and
+TLS (end to end, inside the tunnel) keep the name. Each connection is closed after its response
 (``Connection: close``), which keeps the proxy a byte pipe with no HTTP state machine. WebSocket
-upgrades pass through as they are. The limit of the guard applies here too: the check and the
-connection resolve the host separately (DNS rebinding is not stopped).
+upgrades pass through as they are.
 """
 
 from __future__ import annotations
@@ -21,7 +23,8 @@ import contextlib
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
-from keel.tools.netguard import check_url
+from keel.tools.netguard import HostRefused, Resolver, refusal, vet_url
+from keel.tools.pinned import open_pinned
 
 __all__ = ["CONNECT_TIMEOUT", "REFUSED_HEADER", "GuardProxy"]
 
@@ -35,8 +38,9 @@ REFUSED_HEADER = "X-Keel-Refused"
 class GuardProxy:
     """Start with `start()` (returns the proxy URL), stop with `close()`."""
 
-    def __init__(self, allow_hosts: Collection[str]) -> None:
+    def __init__(self, allow_hosts: Collection[str], resolver: Resolver | None = None) -> None:
         self.allow_hosts = tuple(allow_hosts)
+        self.resolver = resolver
         self._refusals: dict[str, str] = {}
         """host:port -> the guard's last refusal for it."""
         self._server: asyncio.Server | None = None
@@ -83,12 +87,25 @@ class GuardProxy:
         finally:
             writer.close()
 
-    async def _refused(self, writer: asyncio.StreamWriter, url: str, refusal: str | None) -> bool:
-        """Answer 403 when the guard refused; True when it did."""
-        if refusal is None:
-            return False
-        self._refusals[_origin(url)] = refusal
-        body = refusal.encode("utf-8")
+    async def _connect(
+        self, writer: asyncio.StreamWriter, url: str, host: str, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """The upstream connection, to the address the guard checked; None after a 403."""
+        refused = vet_url(url, self.allow_hosts)
+        if refused is None:
+            try:
+                return await open_pinned(
+                    host, port, self.allow_hosts, self.resolver, CONNECT_TIMEOUT
+                )
+            except HostRefused as exc:
+                refused = refusal(url, exc.reason)
+        await self._refuse(writer, url, refused)
+        return None
+
+    async def _refuse(self, writer: asyncio.StreamWriter, url: str, refused: str) -> None:
+        """Answer 403 with the guard's sentence, and remember it for the tool."""
+        self._refusals[_origin(url)] = refused
+        body = refused.encode("utf-8")
         writer.write(
             b"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain; charset=utf-8\r\n"
             + f"{REFUSED_HEADER}: 1\r\nContent-Length: {len(body)}\r\n".encode()
@@ -96,18 +113,16 @@ class GuardProxy:
             + body
         )
         await writer.drain()
-        return True
 
     async def _tunnel(
         self, target: str, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
         host, _, port = target.rpartition(":")
         url = f"https://{host}:{port}/"
-        if await self._refused(writer, url, await check_url(url, self.allow_hosts)):
+        upstream = await self._connect(writer, url, host.strip("[]"), int(port))
+        if upstream is None:
             return
-        up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(host.strip("[]"), int(port)), CONNECT_TIMEOUT
-        )
+        up_reader, up_writer = upstream
         writer.write(b"HTTP/1.1 200 Connection established\r\n\r\n")
         await writer.drain()
         await _splice(reader, writer, up_reader, up_writer)
@@ -120,10 +135,12 @@ class GuardProxy:
         reader: asyncio.StreamReader,
         writer: asyncio.StreamWriter,
     ) -> None:
-        if await self._refused(writer, target, await check_url(target, self.allow_hosts)):
-            return
         parts = urlsplit(target)
         port = parts.port or (443 if parts.scheme == "https" else 80)
+        upstream = await self._connect(writer, target, parts.hostname or "", port)
+        if upstream is None:
+            return
+        up_reader, up_writer = upstream
         upgrade = False
         headers: list[bytes] = []
         for line in header_block.split(b"\r\n"):
@@ -137,9 +154,6 @@ class GuardProxy:
                 headers.append(line)
         headers.append(b"Connection: upgrade" if upgrade else b"Connection: close")
         path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        up_reader, up_writer = await asyncio.wait_for(
-            asyncio.open_connection(parts.hostname, port), CONNECT_TIMEOUT
-        )
         up_writer.write(
             f"{method} {path} HTTP/1.1\r\n".encode("latin-1") + b"\r\n".join(headers) + b"\r\n\r\n"
         )

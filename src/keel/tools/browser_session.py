@@ -9,7 +9,9 @@ interpreter exit are closed then, so no Chromium or profile folder outlives the 
 exit hook that does it is registered when the first browser starts, not when Keel is imported.
 
 Network access goes through `GuardProxy`, the browser's only way out, so the host guard sees
-every request, redirect hops included (see `browser_proxy.py`).
+every request, redirect hops included, and each connection goes to the address it checked (see
+`browser_proxy.py`). Before a navigation the session checks only what needs no lookup (the
+scheme, and an address written in the URL): a name is looked up once, by the proxy.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from keel.errors import ToolError
 from keel.tools.browser_proxy import REFUSED_HEADER, GuardProxy
-from keel.tools.netguard import check_url
+from keel.tools.netguard import Resolver, vet_url
 
 __all__ = [
     "CLOSE_TIMEOUT",
@@ -111,9 +113,16 @@ _OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
 class Session:
     """One browser, one page, on a loop of its own; started by the first call."""
 
-    def __init__(self, executable: str, allow_hosts: tuple[str, ...], timeout: float) -> None:
+    def __init__(
+        self,
+        executable: str,
+        allow_hosts: tuple[str, ...],
+        timeout: float,
+        resolver: Resolver | None = None,
+    ) -> None:
         self.executable = executable
         self.allow_hosts = allow_hosts
+        self.resolver = resolver
         self.timeout_ms = timeout * 1000
         self._thread = _LoopThread()
         self._lock: asyncio.Lock | None = None
@@ -208,7 +217,7 @@ class Session:
         self._profile = tempfile.mkdtemp(prefix="keel-browser-")
         _OPEN.add(self)
         try:
-            self._proxy = GuardProxy(self.allow_hosts)
+            self._proxy = GuardProxy(self.allow_hosts, self.resolver)
             proxy_url = await self._proxy.start()
             self._playwright = await async_playwright().start()
             self._context = await self._playwright.chromium.launch_persistent_context(
@@ -232,7 +241,7 @@ class Session:
             raise
 
     async def _goto(self, page: Page, url: str) -> None:
-        refusal = await check_url(url, self.allow_hosts)
+        refusal = vet_url(url, self.allow_hosts)
         if refusal is not None:
             raise BrowserError(refusal)
         self._showing = None

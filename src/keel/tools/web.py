@@ -1,10 +1,13 @@
 """Web tools: fetch a page as readable text, or observe a page that changes.
 
 Both tools share one fetching path. Redirects are followed by hand so that the host guard
-(`keel.tools.netguard.check_url`) sees every hop: a public page must not be able to redirect the
-agent into loopback or the local network. Bodies are streamed and cut at a byte limit, HTML is
-turned into text with links kept, and anything that is not text is refused rather than dumped
-on the model. Failures raise; the executor turns them into error results the model reads.
+(`keel.tools.netguard`) sees every hop: a public page must not be able to redirect the agent
+into loopback or the local network. Keel's own client connects through `GuardedTransport`
+(`keel.tools.pinned`), which resolves each connection's host once, checks every address and
+connects to the checked one, so DNS rebinding cannot move a hop between check and connection.
+Bodies are streamed and cut at a byte limit, HTML is turned into text with links kept, and
+anything that is not text is refused rather than dumped on the model. Failures raise; the
+executor turns them into error results the model reads.
 """
 
 from __future__ import annotations
@@ -12,8 +15,7 @@ from __future__ import annotations
 import html
 import inspect
 import re
-from collections.abc import AsyncIterator, Callable, Collection
-from contextlib import asynccontextmanager
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urljoin
@@ -23,7 +25,8 @@ import httpx
 
 from keel.errors import ToolError
 from keel.tools.base import Effect, Tool, make_tool
-from keel.tools.netguard import check_url
+from keel.tools.netguard import HostRefused, Resolver, check_url, refusal, vet_url
+from keel.tools.pinned import GuardedTransport
 
 __all__ = ["MAX_REDIRECTS", "FetchError", "web_tools"]
 
@@ -57,18 +60,29 @@ def web_tools(
     client: httpx.AsyncClient | None = None,
     max_download_bytes: int = 5_000_000,
     timeout: float = 20.0,
+    resolver: Resolver | None = None,
 ) -> list[Tool]:
     """The `fetch` (read_only) and `observe_page` (observation) tools.
 
     `allow_hosts` lists hosts (``name`` or ``name:port``) the guard lets through even though
     they resolve to loopback or private addresses. Without `client`, each call opens its own
-    client that ignores proxy settings from the environment; pass a client to use a proxy.
+    client on `GuardedTransport`: no proxy, no environment settings, every connection made to
+    the address the guard checked, looked up once through `resolver` (the system's by
+    default). A `client` you pass (to use a proxy, say) makes its own connections: the guard
+    then checks each hop's host before the request, and stopping DNS rebinding is up to that
+    client (build it on `GuardedTransport` for the same protection).
     """
     allowed = tuple(allow_hosts)
 
     async def read_page(url: str) -> str:
-        async with _client(client, timeout) as http:
-            page = await _download(http, url, allowed, max_download_bytes)
+        if client is not None:
+            page = await _download(client, url, allowed, max_download_bytes, pinned=False)
+        else:
+            transport = GuardedTransport(allowed, resolver)
+            async with httpx.AsyncClient(
+                transport=transport, timeout=timeout, trust_env=False, headers=_HEADERS
+            ) as http:
+                page = await _download(http, url, allowed, max_download_bytes, pinned=True)
         return _render(page, max_download_bytes)
 
     async def fetch(url: str) -> str:
@@ -105,28 +119,24 @@ def _one_line(fn: Callable[..., Any]) -> str:
     return " ".join((inspect.getdoc(fn) or "").split())
 
 
-@asynccontextmanager
-async def _client(
-    given: httpx.AsyncClient | None, timeout: float
-) -> AsyncIterator[httpx.AsyncClient]:
-    if given is not None:
-        yield given
-        return
-    async with httpx.AsyncClient(timeout=timeout, trust_env=False, headers=_HEADERS) as client:
-        yield client
-
-
 async def _download(
-    client: httpx.AsyncClient, url: str, allow_hosts: Collection[str], max_bytes: int
+    client: httpx.AsyncClient,
+    url: str,
+    allow_hosts: Collection[str],
+    max_bytes: int,
+    *,
+    pinned: bool,
 ) -> _Page:
-    """GET `url`, following up to MAX_REDIRECTS redirects, each hop checked by the guard."""
+    """GET `url`, following up to MAX_REDIRECTS redirects, each hop checked by the guard: at
+    the connection when the client is `pinned`, else by a lookup of its own before it."""
     current = url
     for _hop in range(MAX_REDIRECTS + 1):
-        refusal = await check_url(current, allow_hosts)
-        if refusal is not None:
-            if current != url:
-                refusal = f"{refusal} (reached by a redirect from {url})"
-            raise FetchError(refusal)
+        if pinned:
+            refused = vet_url(current, allow_hosts)
+        else:
+            refused = await check_url(current, allow_hosts)
+        if refused is not None:
+            raise FetchError(_hop_refusal(refused, current, url))
         try:
             async with client.stream(
                 "GET", current, headers=_HEADERS, follow_redirects=False
@@ -149,12 +159,21 @@ async def _download(
                     cut=cut,
                     redirected_from=url if current != url else None,
                 )
+        except HostRefused as exc:
+            raise FetchError(_hop_refusal(refusal(current, exc.reason), current, url)) from None
+        except httpx.InvalidURL as exc:
+            invalid = refusal(current, f"not a valid URL ({exc})")
+            raise FetchError(_hop_refusal(invalid, current, url)) from None
         except httpx.TimeoutException:
             raise FetchError(f"timed out fetching {current}") from None
         except httpx.HTTPError as exc:
             detail = str(exc) or type(exc).__name__
             raise FetchError(f"could not fetch {current}: {detail}") from None
     raise FetchError(f"too many redirects (more than {MAX_REDIRECTS}) starting from {url}")
+
+
+def _hop_refusal(message: str, current: str, url: str) -> str:
+    return message if current == url else f"{message} (reached by a redirect from {url})"
 
 
 async def _read_capped(response: httpx.Response, max_bytes: int) -> tuple[bytes, bool]:
