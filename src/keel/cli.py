@@ -310,21 +310,25 @@ def _agent(
 
         tools += browser_tools(allow_hosts=allow_hosts)
     tools += extras.mcp_tools(settings)  # last: it starts servers, stopped by `extras`
-    return Agent(
-        model,
-        base_url=_text(settings.get("base_url")),
-        tools=tools,
-        limits=limits,
-        system_prompt=system_prompt,
-        store=store or default_store_path(),
-        listeners=extras.listeners(lambda: ProgressPrinter(err)),
-        approve_tools=approve_tools,
-        run_config={
-            k: settings.get(k)
-            for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser", "mcp")
-        },
-        trace_content=extras.otel_content or None,
-    )
+    try:
+        return Agent(
+            model,
+            base_url=_text(settings.get("base_url")),
+            tools=tools,
+            limits=limits,
+            system_prompt=system_prompt,
+            store=store or default_store_path(),
+            listeners=extras.listeners(lambda: ProgressPrinter(err)),
+            approve_tools=approve_tools,
+            run_config={
+                k: settings.get(k)
+                for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser", "mcp")
+            },
+            trace_content=extras.otel_content or None,
+        )
+    except BaseException:
+        extras.close()  # a bad model spec, a tool name clash: stop the servers just started
+        raise
 
 
 def _text(value: JsonValue) -> str | None:
