@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import io
 import os
 import sys
@@ -206,8 +207,13 @@ def server_log() -> TextIO:
     try:
         sys.stderr.fileno()
     except (AttributeError, OSError, io.UnsupportedOperation):
-        return open(os.devnull, "w")
+        return _devnull()
     return sys.stderr
+
+
+@functools.cache
+def _devnull() -> TextIO:
+    return open(os.devnull, "w")  # one for the process, shared by every server
 
 
 def describe(exc: BaseException) -> str:

@@ -81,7 +81,7 @@ class McpToolset:
     def open(self) -> McpToolset:
         """Start or reach every server and list its tools; raises ConfigError on failure."""
         if self._tools is None:
-            limit = sum(s.connect_timeout for s in self.servers) + CLOSE_TIMEOUT
+            limit = 2 * sum(s.connect_timeout for s in self.servers) + CLOSE_TIMEOUT
             try:
                 self._tools = self._loop.run_blocking(self._list_all(), limit)
             except TimeoutError:
