@@ -43,6 +43,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/local_model.py
 	$(BIN)/python benchmarks/confine.py
+	$(BIN)/python benchmarks/observability.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

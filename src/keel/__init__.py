@@ -16,6 +16,7 @@ from keel.errors import (
     BudgetExhausted,
     ConfigError,
     DeadlineExceeded,
+    EffectUnknown,
     EmptyModelTurn,
     FailureKind,
     KeelError,
@@ -29,6 +30,7 @@ from keel.errors import (
     ToolError,
     ToolLoopDetected,
 )
+from keel.events import RunStream
 from keel.limits import Limits
 from keel.messages import (
     AssistantMessage,
@@ -45,6 +47,7 @@ from keel.store import Store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
 from keel.tools.files import file_tools
+from keel.tools.mcp_servers import McpServer, mcp_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import Transport
@@ -57,6 +60,7 @@ __all__ = [
     "ConfigError",
     "DeadlineExceeded",
     "Effect",
+    "EffectUnknown",
     "EmptyModelTurn",
     "Failure",
     "FailureKind",
@@ -64,6 +68,7 @@ __all__ = [
     "LeaseHeld",
     "LeaseLost",
     "Limits",
+    "McpServer",
     "ModelError",
     "ModelRequest",
     "ModelResponse",
@@ -73,6 +78,7 @@ __all__ = [
     "RunHandle",
     "RunResult",
     "RunStatus",
+    "RunStream",
     "ScriptedTransport",
     "Store",
     "StoreError",
@@ -88,6 +94,7 @@ __all__ = [
     "UserMessage",
     "browser_tools",
     "file_tools",
+    "mcp_tools",
     "tool",
     "web_tools",
     "write_tools",

@@ -16,6 +16,7 @@ import platformdirs
 from keel import approvals, resume
 from keel.context import ContextBuilder
 from keel.errors import ConfigError
+from keel.events import RunStream
 from keel.limits import Limits
 from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
@@ -24,6 +25,7 @@ from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import Store
+from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
@@ -77,6 +79,7 @@ class Agent:
         approve_tools: Collection[str] = (),
         run_config: JsonObject | None = None,
         lease_ttl: float = 30.0,
+        trace_content: bool | None = None,
     ) -> None:
         self.model_spec = model if isinstance(model, str) else None
         self.transport = (
@@ -94,6 +97,9 @@ class Agent:
         self.run_config = dict(run_config or {})
         """Extra settings saved with each run (the command line keeps --repo and friends)."""
         self.lease_ttl = lease_ttl
+        self.trace_content = capture_content(trace_content)
+        """Put questions, answers, tool arguments and results in OpenTelemetry spans; None:
+        as OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT says (off unless true)."""
         self._owns_store = not isinstance(store, Store)
         self._store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None
@@ -106,16 +112,22 @@ class Agent:
             self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
         return self._store
 
-    def _setup(self, limits: Limits | None = None) -> RunSetup:
-        """`limits`: a resumed run's own, saved with it; else this agent's."""
+    def _setup(
+        self,
+        limits: Limits | None = None,
+        listeners: Sequence[Listener] = (),
+        settings: JsonObject | None = None,
+    ) -> RunSetup:
+        """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
+        `settings`: this run's own, beside the agent's."""
         limits = limits or self.limits
         config = RunConfig(
-            model=self.model_spec or self.transport.name,
+            model=self._model_name,
             system_prompt=self.system_prompt,
             tools=tuple(t.name for t in self.tools),
             approve_tools=tuple(sorted(self.approve_tools)),
             limits=limits,
-            settings=self.run_config,
+            settings={**self.run_config, **(settings or {})},
         )
         counter, window = _model_window(self.transport)
         budget = limits.context_tokens
@@ -135,14 +147,15 @@ class Agent:
             limits=limits,
             context=context,
             store=self.store,
-            listeners=self.listeners,
+            listeners=(*self.listeners, *listeners),
             approve_tools=self.approve_tools,
             config=config,
             lease_ttl=self.lease_ttl,
         )
 
-    def start(self, question: str) -> RunHandle:
-        """Begin a run in the running event loop; returns at once."""
+    def start(self, question: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
+        """Begin a run in the running event loop; returns at once. `listeners` hear this
+        run's events, beside the agent's own."""
         try:
             question.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -150,18 +163,47 @@ class Agent:
                 f"the question is not valid text: it holds {exc.object[exc.start : exc.end]!r} "
                 "(bytes that are not UTF-8?)"
             ) from None
-        loop = RunLoop(new_run_id(), question, self._setup())
-        return RunHandle(loop, asyncio.ensure_future(loop.run()))
+        run_id = new_run_id()
+        traced = RunTrace.begin(run_id, self._model_name, question, content=self.trace_content)
+        extra = () if traced is None else (traced,)
+        setup = self._setup(
+            listeners=(*listeners, *extra), settings=traced.settings() if traced else None
+        )
+        return _launch(RunLoop(run_id, question, setup), traced)
 
-    def start_resume(self, run_id: str) -> RunHandle:
+    def start_resume(self, run_id: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
         point = resume.load(self.store, run_id)
-        loop = RunLoop(
-            run_id, point.record.question, self._setup(point.record.config.limits), point
+        record = point.record
+        traced = RunTrace.begin(
+            run_id,
+            self._model_name,
+            record.question,
+            settings=record.config.settings,
+            content=self.trace_content,
         )
-        return RunHandle(loop, asyncio.ensure_future(loop.run()))
+        extra = () if traced is None else (traced,)
+        setup = self._setup(record.config.limits, listeners=(*listeners, *extra))
+        return _launch(RunLoop(run_id, record.question, setup, point), traced)
+
+    def stream(self, question: str) -> RunStream:
+        """Run, and hear each typed event as it is recorded: ``async for event in
+        agent.stream(q)``; then ``await`` the stream for the RunResult."""
+        stream = RunStream()
+        handle = self.start(question, listeners=(stream.listener,))
+        return stream.follow(handle, handle._task)
+
+    def stream_resume(self, run_id: str) -> RunStream:
+        """`start_resume`, streamed: the events the resumed run records from here on."""
+        stream = RunStream()
+        handle = self.start_resume(run_id, listeners=(stream.listener,))
+        return stream.follow(handle, handle._task)
+
+    @property
+    def _model_name(self) -> str:
+        return self.model_spec or self.transport.name
 
     async def arun(self, question: str) -> RunResult:
         return await _drive(self.start(question))
@@ -201,6 +243,11 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _launch(loop: RunLoop, traced: RunTrace | None) -> RunHandle:
+    work = loop.run() if traced is None else traced.run(loop)
+    return RunHandle(loop, asyncio.ensure_future(work))
 
 
 async def _drive(handle: RunHandle) -> RunResult:

@@ -22,6 +22,7 @@ from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_pa
 from keel.config import config_files, public_url, trust
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
+from keel.integrations import RunExtras, mcp_settings
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
 from keel.options import check_hosts
@@ -58,6 +59,15 @@ ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default
 BaseUrlOption = Annotated[
     str | None,
     typer.Option(help="Server for openai-chat:/openai:/anthropic: (e.g. a local llama.cpp)."),
+]
+EventsOption = Annotated[
+    bool, typer.Option("--events", help="Print each event as a JSON line; the last: the result.")
+]
+OtelOption = Annotated[
+    bool, typer.Option("--otel", help="Export OpenTelemetry spans (OTLP; see OTEL_* variables).")
+]
+OtelContentOption = Annotated[
+    bool, typer.Option("--otel-content", help="Put prompts, answers and tool I/O in the spans.")
 ]
 
 
@@ -99,6 +109,15 @@ def run(
     context_tokens: Annotated[
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
+    mcp: Annotated[
+        list[str] | None, typer.Option(help='An MCP server to start: "CMD ARGS" (repeatable).')
+    ] = None,
+    mcp_url: Annotated[
+        list[str] | None, typer.Option(help="An MCP server at this streamable HTTP URL.")
+    ] = None,
+    events: EventsOption = False,
+    otel: OtelOption = False,
+    otel_content: OtelContentOption = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     settings: JsonObject = {
@@ -106,6 +125,7 @@ def run(
         "allow_hosts": cast(list[JsonValue], allow_host or []),
         "allow_writes": allow_writes,
         "browser": browser,
+        "mcp": _guard(lambda: mcp_settings(mcp or [], mcp_url or [])),
     }
 
     def limits() -> Limits:
@@ -127,20 +147,21 @@ def run(
         settings["base_url"] = public_url(choice.base_url)  # no credentials in the store
         settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    extras = RunExtras(as_json, events, otel, otel_content)
     agent = _guard(
         lambda: _agent(
             choice.spec,
             settings,
             limits(),
             store,
-            as_json,
+            extras,
             approve_tools=approved,
             base_url=choice.base_url,
         )
     )
-    if not as_json:
+    if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
-    _finish(agent, lambda: agent.start(question), as_json)
+    _finish(agent, lambda: agent.start(question), extras)
 
 
 @app.command("trust")
@@ -168,12 +189,16 @@ def resume(
         str | None, typer.Option(help="Model spec [default: the one the run started with].")
     ] = None,
     base_url: BaseUrlOption = None,
+    events: EventsOption = False,
+    otel: OtelOption = False,
+    otel_content: OtelContentOption = False,
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, or a crash."""
     db = _open_store(store)
     record = _guard(lambda: _known_run(db, run_id))
     config = record.config
     settings = dict(config.settings)
+    extras = RunExtras(as_json, events, otel, otel_content)
     if base_url:
         _guard(lambda: check_base_url(base_url))
     elif settings.get("base_url_redacted"):
@@ -190,7 +215,7 @@ def resume(
             settings,
             config.limits,
             db,
-            as_json,
+            extras,
             config.system_prompt or DEFAULT_SYSTEM_PROMPT,
             config.approve_tools,
             base_url or _text(settings.get("base_url")),
@@ -198,11 +223,12 @@ def resume(
     )
     missing = set(config.tools) - {t.name for t in agent.tools}
     if missing:
+        extras.close()
         _usage_error(
             f"run {run_id} used tools the command line cannot rebuild "
             f"({', '.join(sorted(missing))}); resume it from your program with Agent.resume"
         )
-    _finish(agent, lambda: agent.start_resume(run_id), as_json)
+    _finish(agent, lambda: agent.start_resume(run_id), extras)
 
 
 @app.command()
@@ -318,7 +344,7 @@ def _agent(
     settings: JsonObject,
     limits: Limits,
     store: Store | Path | None,
-    quiet: bool,
+    extras: RunExtras,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
@@ -334,20 +360,26 @@ def _agent(
         from keel.tools.browser import browser_tools
 
         tools += browser_tools(allow_hosts=allow_hosts)
-    return Agent(
-        model,
-        base_url=base_url,
-        tools=tools,
-        limits=limits,
-        system_prompt=system_prompt,
-        store=store or default_store_path(),
-        listeners=() if quiet else (ProgressPrinter(err),),
-        approve_tools=approve_tools,
-        run_config={
-            k: settings.get(k)
-            for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
-        },
-    )
+    tools += extras.mcp_tools(settings)  # last: it starts servers, stopped by `extras`
+    try:
+        return Agent(
+            model,
+            base_url=base_url,
+            tools=tools,
+            limits=limits,
+            system_prompt=system_prompt,
+            store=store or default_store_path(),
+            listeners=extras.listeners(lambda: ProgressPrinter(err)),
+            approve_tools=approve_tools,
+            run_config={
+                k: settings.get(k)
+                for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser", "mcp")
+            },
+            trace_content=extras.otel_content or None,
+        )
+    except BaseException:
+        extras.close()  # a bad model spec, a tool name clash: stop the servers just started
+        raise
 
 
 def _header(spec: str, base_url: str | None, source: str) -> None:
@@ -365,10 +397,12 @@ def _text(value: JsonValue) -> str | None:
     return None if value is None else str(value)
 
 
-def _finish(agent: Agent, start: Callable[[], RunHandle], as_json: bool) -> NoReturn:
-    with agent:
+def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> NoReturn:
+    _guard(extras.start_export)
+    with extras, agent:
         result = _guard(lambda: asyncio.run(_with_signals(start)))
-    _print_result(result, as_json)
+    if not extras.wrote(result):
+        _print_result(result, extras.as_json)
     raise typer.Exit(EXIT_CODES[result.status])
 
 

@@ -18,7 +18,9 @@
     ├── StoreError             the store could not save or read a run (disk full, file deleted or
     │                          corrupt, a newer schema); what was saved stays saved
     └── ToolError              raised by a tool: its message goes to the model as an error
-                               result, and the run goes on
+        │                      result, and the run goes on
+        └── EffectUnknown      a side effect that may or may not have happened (its MCP
+                               connection was lost mid-call): answered "effect unknown"
 
 Errors fed back to the model (invalid arguments, unknown tools, a tool that raised) are not
 failures of the run: they become error results the model reads, and the run goes on. A tool
@@ -34,6 +36,7 @@ __all__ = [
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",
+    "EffectUnknown",
     "EmptyModelTurn",
     "FailureKind",
     "KeelError",
@@ -142,3 +145,9 @@ class ToolError(KeelError):
     The message is all the model sees, so say what went wrong and what to do instead. Keel's
     own tools raise subclasses of it (bad arguments, a page or file that cannot be served).
     """
+
+
+class EffectUnknown(ToolError):
+    """A side-effecting tool cannot tell whether its effect happened (the connection to the
+    service that does it was lost mid-call). The call is answered "effect unknown", like a
+    side effect interrupted by a crash: the model is told to check, not to repeat it."""

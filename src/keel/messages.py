@@ -157,6 +157,8 @@ class ModelResponse:
     usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
     provider_details: dict[str, Any] = field(default_factory=dict)
+    response_id: str | None = None
+    """The provider's id for this response, when it gives one (for traces; never sent back)."""
 
     @property
     def is_empty(self) -> bool:

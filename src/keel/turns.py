@@ -17,6 +17,7 @@ from keel.failpoints import failpoint
 from keel.messages import ModelResponse
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
 from keel.synthesis import Mode, decide_mode
+from keel.telemetry import traced_attempt
 
 if TYPE_CHECKING:
     from keel.step import StepParts
@@ -59,7 +60,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent
         failpoint("after_checkpoint")
         try:
-            response = await gateway.attempt(parts.transport, request, parts.clock.remaining())
+            attempt = gateway.attempt(parts.transport, request, parts.clock.remaining())
+            response = await traced_attempt(attempt)
         except ProviderError as error:
             _remember_transport(parts)
             errors += 1

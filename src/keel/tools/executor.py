@@ -36,8 +36,9 @@ from dataclasses import dataclass
 
 import pydantic
 
-from keel.errors import ConfigError, ToolError
+from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
+from keel.telemetry import traced_tool
 from keel.tools.base import Effect, Tool, ToolArgumentError
 
 __all__ = ["ExecutedCall", "OnDispatch", "ToolExecutor"]
@@ -192,7 +193,8 @@ class ToolExecutor:
         timer = asyncio.timeout_at(limit_at)
         try:
             async with timer:
-                content = await tool.invoke(ready.validated)
+                with traced_tool(ready.call):
+                    content = await tool.invoke(ready.validated)
         except TimeoutError as exc:
             elapsed = loop.time() - started
             if not timer.expired():
@@ -201,7 +203,9 @@ class ToolExecutor:
             return _timed_out(tool, elapsed, why)
         except ToolError as exc:
             text = str(exc).strip() or f"Error: {name} failed (no message)"
-            return _Outcome(text, True, _ms(loop.time() - started), dispatched=True)
+            uncertain = isinstance(exc, EffectUnknown) and tool.effect is Effect.SIDE_EFFECTING
+            elapsed = _ms(loop.time() - started)
+            return _Outcome(text, True, elapsed, dispatched=True, uncertain=uncertain)
         except Exception as exc:
             return _Outcome(_raised(name, exc), True, _ms(loop.time() - started), dispatched=True)
         return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)

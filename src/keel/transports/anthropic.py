@@ -152,6 +152,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
         usage=map_usage(data.get("usage")),
         stop_reason=data.get("stop_reason"),
         provider_details={THINKING_KEY: opaque} if opaque else {},
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
     )
 
 

@@ -171,6 +171,7 @@ def from_wire(
         tool_calls=calls,
         usage=usage(data.get("usage")),
         stop_reason=choice.get("finish_reason"),
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
     )
 
 

@@ -231,6 +231,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
         usage=usage(data.get("usage")),
         stop_reason=stop or status,
         provider_details={PROVIDER_KEY: {"output": layout}} if layout else {},
+        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
     )
 
 

@@ -142,6 +142,7 @@ def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> Mo
         usage=response.usage,
         stop_reason=response.stop_reason,
         provider_details=response.provider_details,
+        response_id=response.response_id,
     )
 
 

@@ -1,0 +1,114 @@
+"""A run's typed events, streamed to the caller as they happen: `agent.stream(question)`.
+
+    stream = agent.stream("Which modules does the loop use?")
+    async for event in stream:          # RunStarted, ModelRequestSent, ToolCallRequested, ...
+        print(event.seq, event.type)
+    result = await stream               # the RunResult
+
+The events are the run's record itself: the same objects, in the same order, with the same
+`seq`, that the store saves and `keel show --json` prints. The stream subscribes as a listener
+and never makes the run wait: each event is put on an unbounded queue, so a consumer that
+lags only falls behind; the loop and its checkpoints go on at their own pace. What a lagging
+consumer holds in memory is the run's own event log (bounded by the run's budgets and the
+result size cap), and it is released as the consumer catches up (ADR 0024). Leaving the loop
+early does not stop the run: `cancel()` does.
+
+`stream_lines` is the command line's `--events`: one JSON object per line, the final line
+the result, written from a thread so a slow reader of stdout never blocks the run either.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import queue
+import threading
+from collections.abc import Callable, Generator
+from typing import IO, Any
+
+from keel.records import Event
+from keel.result import RunResult
+from keel.timeline import event_json
+
+__all__ = ["RunStream", "result_line", "stream_lines"]
+
+_END = None
+
+
+class RunStream:
+    """The events of one run as they happen, then (awaited) its result."""
+
+    def __init__(self) -> None:
+        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._handle: Any = None
+        self._task: asyncio.Task[RunResult] | None = None
+        """Set by `follow`, before the stream is handed out."""
+        self._finished = False
+
+    def listener(self, event: Event) -> None:
+        """Given to the run's recorder: never blocks, never raises."""
+        self._queue.put_nowait(event)
+
+    def follow(self, handle: Any, task: asyncio.Task[RunResult]) -> RunStream:
+        """Follow this run (its `RunHandle` and task): the stream ends when the task does."""
+        self._handle, self._task = handle, task
+        task.add_done_callback(lambda _: self._queue.put_nowait(_END))
+        return self
+
+    @property
+    def run_id(self) -> str:
+        run_id: str = self._handle.run_id
+        return run_id
+
+    def cancel(self) -> None:
+        """Stop the run (cooperatively, as `RunHandle.cancel`); the stream then ends."""
+        self._handle.cancel()
+
+    def __aiter__(self) -> RunStream:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._finished:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if event is _END:
+            self._finished = True
+            if self._task is not None and not self._task.cancelled():
+                error = self._task.exception()
+                if error is not None:  # the run could not go on: LeaseHeld, LeaseLost, a bug
+                    raise error
+            raise StopAsyncIteration
+        return event
+
+    def __await__(self) -> Generator[Any, None, RunResult]:
+        assert self._task is not None, "follow() a run first"
+        return self._task.__await__()
+
+
+def result_line(result: RunResult) -> str:
+    """The last line of `--events`: the result, as `--json` prints it, typed `result`."""
+    return json.dumps({"type": "result", **result.to_dict()}, ensure_ascii=False)
+
+
+def stream_lines(out: IO[str]) -> tuple[Callable[[Event], None], Callable[[RunResult], None]]:
+    """A listener writing each event as a JSON line to `out` from a thread of its own, and a
+    function that writes the result line once every event line is out, then stops the thread."""
+    lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
+
+    def write() -> None:
+        while (line := lines.get()) is not None:
+            out.write(line + "\n")
+            out.flush()
+
+    writer = threading.Thread(target=write, name="keel-events", daemon=True)
+    writer.start()
+
+    def listener(event: Event) -> None:
+        lines.put(json.dumps(event_json(event), ensure_ascii=False))
+
+    def finish(result: RunResult) -> None:
+        lines.put(result_line(result))
+        lines.put(None)
+        writer.join()
+
+    return listener, finish

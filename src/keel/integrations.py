@@ -1,0 +1,151 @@
+"""What `keel run` and `keel resume` plug in: MCP servers, OpenTelemetry export, `--events`.
+
+The command line keeps only its options; this module turns them into things the library
+already has (`keel.mcp_tools`, a tracer provider, a listener), so a run started here behaves
+like one started from a program.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+from keel.errors import ConfigError
+from keel.events import stream_lines
+from keel.recorder import Listener
+from keel.records import JsonObject, JsonValue
+from keel.result import RunResult
+from keel.tools.base import Tool
+from keel.tools.mcp_servers import (
+    McpServer,
+    mcp_tools,
+    servers_from_config,
+    servers_from_flags,
+    servers_from_settings,
+    user_config_file,
+)
+
+if TYPE_CHECKING:
+    from keel.tools.mcp_tools import McpToolset
+
+__all__ = ["EXPORT_ENV", "RunExtras", "mcp_settings", "open_mcp", "start_export"]
+
+EXPORT_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
+
+
+class RunExtras:
+    """What `--mcp`/`--mcp-url`, `--events` and `--otel`/`--otel-content` add to one run of the
+    command line. Used as a context manager around the run: leaving it stops the MCP servers it
+    started and flushes the spans."""
+
+    def __init__(self, as_json: bool, events: bool, otel: bool, otel_content: bool) -> None:
+        self.as_json = as_json
+        self.otel = otel or otel_content
+        self.otel_content = otel_content
+        self._lines = stream_lines(sys.stdout) if events else None
+        self._mcp: McpToolset | None = None
+        self._stop_export: Callable[[], None] | None = None
+
+    def listeners(self, progress: Callable[[], Listener]) -> tuple[Listener, ...]:
+        """`--events` lines, or else progress lines unless `--json`."""
+        if self._lines is not None:
+            return (self._lines[0],)
+        return () if self.as_json else (progress(),)
+
+    def mcp_tools(self, settings: JsonObject) -> list[Tool]:
+        self.close()
+        self._mcp = open_mcp(settings)
+        return self._mcp.tools if self._mcp is not None else []
+
+    def start_export(self) -> None:
+        self._stop_export = start_export(self.otel)
+
+    def wrote(self, result: RunResult) -> bool:
+        """With `--events`: write the result as the last line, and say it was written."""
+        if self._lines is None:
+            return False
+        self._lines[1](result)
+        return True
+
+    def close(self) -> None:
+        mcp, self._mcp = self._mcp, None
+        if mcp is not None:
+            mcp.close()
+
+    def __enter__(self) -> RunExtras:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+        stop, self._stop_export = self._stop_export, None
+        if stop is not None:
+            stop()
+
+
+def mcp_settings(commands: Sequence[str], urls: Sequence[str]) -> list[JsonValue]:
+    """The servers a new run uses, as saved with it: the user's `[[mcp]]` tables, then flags."""
+    servers: list[McpServer] = [*servers_from_config(), *servers_from_flags(commands, urls)]
+    local = os.path.abspath("keel.toml")
+    if os.path.isfile(local) and local != str(user_config_file()) and _has_mcp_tables(local):
+        print(
+            f"keel: ignoring [[mcp]] in {local}: MCP servers come from --mcp/--mcp-url or "
+            f"{user_config_file()}, never from the working directory",
+            file=sys.stderr,
+        )
+    return [s.to_json() for s in servers]
+
+
+def _has_mcp_tables(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return any(line.strip().replace(" ", "") == "[[mcp]]" for line in handle)
+    except (OSError, UnicodeDecodeError):
+        return False
+
+
+def open_mcp(settings: JsonObject) -> McpToolset | None:
+    """Start or reach the run's MCP servers and list their tools; None when it has none.
+    A server that cannot be used is a ConfigError (exit code 2)."""
+    servers = servers_from_settings(settings)
+    if not servers:
+        return None
+    return mcp_tools(*servers).open()
+
+
+def start_export(enabled: bool) -> Callable[[], None] | None:
+    """With `--otel` or an OTLP endpoint in the environment: install an SDK tracer provider
+    that exports spans over OTLP/HTTP (or to stderr with OTEL_TRACES_EXPORTER=console).
+    Returns what flushes and stops it at the end; None when export is off."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return None
+    if not (enabled or any(os.environ.get(name) for name in EXPORT_ENV)):
+        return None
+    try:
+        from opentelemetry import trace
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import (
+            BatchSpanProcessor,
+            ConsoleSpanExporter,
+            SpanExporter,
+        )
+    except ImportError:
+        raise ConfigError(
+            "--otel needs the OpenTelemetry SDK and exporter: pip install 'keel[otel]'"
+        ) from None
+    exporter: SpanExporter
+    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
+        exporter = ConsoleSpanExporter(out=sys.stderr)
+    else:
+        try:
+            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        except ImportError:
+            raise ConfigError("--otel needs the OTLP exporter: pip install 'keel[otel]'") from None
+        exporter = OTLPSpanExporter()
+    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "keel")})
+    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+    return provider.shutdown

@@ -1,0 +1,393 @@
+"""OpenTelemetry spans for a run, following the GenAI semantic conventions.
+
+    invoke_agent keel            the run (a resumed run: a new one, child of the first, same trace)
+    ├── chat MODEL               each model attempt, retries and synthesis turns included
+    └── execute_tool NAME        each tool call that got a result, run or answered without running
+
+Spans go to the tracer provider the application configured (`opentelemetry-api` alone is a
+no-op, and then Keel does nothing at all per step). A `RunTrace` watches one run from outside
+its loop: it is a listener of the run's typed events, plus two thin hooks the loop calls around
+a model attempt (`traced_attempt`) and a tool's own work (`traced_tool`), so those spans are
+current while the provider or the tool runs (an MCP call carries the trace on to its server).
+
+Content (the question, answers, tool arguments and results) is recorded only when asked for:
+`Agent(trace_content=True)`, `keel run --otel-content`, or the GenAI convention's
+OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true. Without it a span holds counts, names,
+ids and digests only; a call key (which holds the arguments) appears as its digest.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import time
+from collections.abc import Awaitable, Iterator, Mapping
+from contextvars import ContextVar
+from typing import TYPE_CHECKING, Any
+
+from opentelemetry import context, trace
+from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
+from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from keel.errors import ProviderError
+from keel.messages import ModelResponse, ToolCall, digest_text
+from keel.records import (
+    ApprovalRequested,
+    Event,
+    EvidenceReset,
+    JsonObject,
+    ModelRequestSent,
+    ResultElided,
+    ToolCallRequested,
+    ToolResultRecorded,
+)
+from keel.result import RunResult
+
+if TYPE_CHECKING:
+    from keel.loop import RunLoop
+
+__all__ = ["CONTENT_ENV", "RunTrace", "capture_content", "traced_attempt", "traced_tool"]
+
+CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
+AGENT_NAME = "keel"
+SETTINGS_KEY = "trace"
+"""Where a run's settings keep its first span's ids, so a resumed run joins the same trace."""
+
+_ACTIVE: ContextVar[RunTrace | None] = ContextVar("keel_run_trace", default=None)
+_log = logging.getLogger("keel.telemetry")
+_OP = gen_ai.GenAiOperationNameValues
+INVOKE_AGENT, CHAT, EXECUTE_TOOL = (
+    _OP.INVOKE_AGENT.value,
+    _OP.CHAT.value,
+    _OP.EXECUTE_TOOL.value,
+)
+
+
+def capture_content(asked: bool | None = None) -> bool:
+    if asked is not None:
+        return asked
+    return os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
+
+
+def provider_name(model: str) -> str:
+    """gen_ai.provider.name from a model spec: the well-known names, else Keel's own."""
+    scheme = model.removeprefix("xml:").partition(":")[0]
+    return {
+        "openai": "openai",
+        "openai-chat": "openai",
+        "anthropic": "anthropic",
+    }.get(scheme, f"keel.{scheme or 'custom'}")
+
+
+def _request_model(model: str) -> str:
+    return model.removeprefix("xml:").partition(":")[2] or model
+
+
+class RunTrace:
+    """The spans of one run. Built by `begin`, which is None when nothing records them."""
+
+    def __init__(self, tracer: trace.Tracer, root: trace.Span, model: str, content: bool) -> None:
+        self.tracer = tracer
+        self.root = root
+        self.content = content
+        self._chat_name = f"{CHAT} {_request_model(model)}"
+        self._chat_attributes = {
+            gen_ai.GEN_AI_OPERATION_NAME: CHAT,
+            gen_ai.GEN_AI_PROVIDER_NAME: provider_name(model),
+            gen_ai.GEN_AI_REQUEST_MODEL: _request_model(model),
+        }
+        self._request: ModelRequestSent | None = None
+        self._calls: dict[str, ToolCallRequested] = {}
+        self._running: dict[str, tuple[trace.Span, int]] = {}
+        """Tool spans whose work is done, by call id, with their end time: the result ends them."""
+        self._loop: RunLoop | None = None
+
+    @classmethod
+    def begin(
+        cls,
+        run_id: str,
+        model: str,
+        question: str,
+        *,
+        settings: Mapping[str, Any] | None = None,
+        content: bool = False,
+    ) -> RunTrace | None:
+        """Start the run's span; `settings`: a resumed run's saved settings (its trace)."""
+        tracer = trace.get_tracer("keel")
+        parent = _saved_parent(settings)
+        attributes: dict[str, Any] = {
+            gen_ai.GEN_AI_OPERATION_NAME: INVOKE_AGENT,
+            gen_ai.GEN_AI_AGENT_NAME: AGENT_NAME,
+            gen_ai.GEN_AI_CONVERSATION_ID: run_id,
+            gen_ai.GEN_AI_PROVIDER_NAME: provider_name(model),
+            gen_ai.GEN_AI_REQUEST_MODEL: _request_model(model),
+            "keel.run_id": run_id,
+            "keel.resumed": settings is not None,
+        }
+        if content and settings is None:
+            attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = _messages("user", question)
+        root = tracer.start_span(
+            f"{INVOKE_AGENT} {AGENT_NAME}", context=parent, attributes=attributes
+        )
+        if not root.is_recording():
+            return None
+        return cls(tracer, root, model, content)
+
+    def settings(self) -> JsonObject:
+        """Saved with a new run, so its resumption continues this trace."""
+        ctx = self.root.get_span_context()
+        return {
+            SETTINGS_KEY: {
+                "trace_id": trace.format_trace_id(ctx.trace_id),
+                "span_id": trace.format_span_id(ctx.span_id),
+            }
+        }
+
+    async def run(self, loop: RunLoop) -> RunResult:
+        """Run the loop with this trace current: the hooks find it, the run's span is the
+        parent of everything inside."""
+        self._loop = loop
+        token = _ACTIVE.set(self)
+        try:
+            with trace.use_span(self.root, record_exception=False, set_status_on_exception=False):
+                result = await loop.run()
+        except BaseException as exc:
+            self._end_all(type(exc).__qualname__)
+            raise
+        finally:
+            _ACTIVE.reset(token)
+        self._end_all(None, result)
+        return result
+
+    # -- the listener ---------------------------------------------------------------------------
+
+    def __call__(self, event: Event) -> None:
+        try:
+            self._on(event)
+        except Exception:  # tracing must never break a run
+            _log.debug("could not record a span for %s", event.type, exc_info=True)
+
+    def _on(self, event: Event) -> None:
+        match event:
+            case ModelRequestSent():
+                self._request = event
+            case ToolCallRequested() if self.content:
+                self._calls[event.call_id] = event
+            case ToolResultRecorded():
+                self._tool_result(event)
+            case ApprovalRequested():
+                self.root.add_event("keel.approval_requested", {"gen_ai.tool.name": event.name})
+            case EvidenceReset():
+                self.root.add_event("keel.evidence_reset", {"keel.resets": event.resets})
+            case ResultElided():
+                self.root.add_event("keel.result_elided", {"keel.size": event.size})
+
+    # -- chat: one model attempt ----------------------------------------------------------------
+
+    async def _chat(self, attempt: Awaitable[ModelResponse]) -> ModelResponse:
+        request = self._request
+        attributes = {**self._chat_attributes, **self._run_attributes()}
+        if request is not None:
+            attributes["keel.attempt"] = request.attempt
+            if request.synthesis is not None:
+                attributes["keel.synthesis"] = request.synthesis
+        span = self.tracer.start_span(self._chat_name, kind=SpanKind.CLIENT, attributes=attributes)
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            response = await attempt
+        except ProviderError as error:
+            _failed(span, str(error.status) if error.status else type(error).__name__)
+            raise
+        except BaseException as exc:
+            _failed(span, type(exc).__qualname__)
+            raise
+        finally:
+            context.detach(token)
+        usage = response.usage
+        answered: dict[str, Any] = {
+            gen_ai.GEN_AI_USAGE_INPUT_TOKENS: usage.input_tokens,
+            gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: usage.output_tokens,
+            gen_ai.GEN_AI_USAGE_CACHE_READ_INPUT_TOKENS: usage.cached_input_tokens,
+        }
+        if response.response_id:
+            answered[gen_ai.GEN_AI_RESPONSE_ID] = response.response_id
+        if response.stop_reason:
+            answered[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = (response.stop_reason,)
+        if self.content:
+            answered[gen_ai.GEN_AI_OUTPUT_MESSAGES] = _output(response)
+        span.set_attributes(answered)
+        span.end()
+        return response
+
+    # -- execute_tool: one tool call ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tool(self, call: ToolCall) -> Iterator[None]:
+        span = self.tracer.start_span(
+            f"{EXECUTE_TOOL} {call.name}", attributes=self._tool_attributes(call)
+        )
+        token = context.attach(trace.set_span_in_context(span))
+        try:
+            yield
+        finally:
+            context.detach(token)
+            self._running[call.id] = (span, time.time_ns())
+
+    def _tool_attributes(self, call: ToolCall | ToolResultRecorded) -> dict[str, Any]:
+        name, call_id = call.name, (call.id if isinstance(call, ToolCall) else call.call_id)
+        return {
+            gen_ai.GEN_AI_OPERATION_NAME: EXECUTE_TOOL,
+            gen_ai.GEN_AI_TOOL_NAME: name,
+            gen_ai.GEN_AI_TOOL_CALL_ID: call_id,
+            gen_ai.GEN_AI_TOOL_TYPE: "function",
+            **self._run_attributes(),
+        }
+
+    def _tool_result(self, event: ToolResultRecorded) -> None:
+        running = self._running.pop(event.call_id, None)
+        if running is None:  # answered without running: denied, refused, invalid, unknown
+            now = time.time_ns()
+            span = self.tracer.start_span(
+                f"{EXECUTE_TOOL} {event.name}",
+                attributes=self._tool_attributes(event),
+                start_time=now,
+            )
+            end = now
+        else:
+            span, end = running
+        attributes: dict[str, Any] = {
+            "keel.step": event.step,
+            "keel.call_key": digest_text(event.call_key)[:16],
+            "keel.uncertain": event.uncertain,
+            "keel.dispatched": running is not None,
+        }
+        if self._loop is not None:
+            attributes["keel.call_count"] = self._loop.parts.breaker.count(event.call_key)
+        if self.content:
+            requested = self._calls.get(event.call_id)
+            if requested is not None:
+                attributes[gen_ai.GEN_AI_TOOL_CALL_ARGUMENTS] = _json(requested.arguments)
+            attributes[gen_ai.GEN_AI_TOOL_CALL_RESULT] = event.content
+        if event.is_error:
+            attributes[ERROR_TYPE] = self._tool_error(event, running is not None)
+            span.set_status(Status(StatusCode.ERROR))
+        span.set_attributes(attributes)
+        span.end(end_time=end)
+
+    def _tool_error(self, event: ToolResultRecorded, dispatched: bool) -> str:
+        if event.uncertain:
+            return "keel.effect_unknown"
+        if not dispatched and self._loop is not None:
+            state = self._loop.parts.state
+            decision = state.decisions.get(event.call_id)
+            if (decision is not None and not decision.approved) or event.call_key in state.denied:
+                return "keel.denied"
+        return "keel.tool_error"
+
+    # -- the run's end --------------------------------------------------------------------------
+
+    def _run_attributes(self) -> dict[str, Any]:
+        loop = self._loop
+        if loop is None:
+            return {}
+        return {"keel.run_id": loop.run_id, "keel.step": loop.parts.state.step}
+
+    def _end_all(self, error: str | None, result: RunResult | None = None) -> None:
+        """End what is still open: tool spans a cancelled run left, then the run's span."""
+        for span, end in self._running.values():
+            _failed(span, error or "cancelled", end)
+        self._running.clear()
+        root = self.root
+        if result is not None:
+            root.set_attributes(
+                {
+                    "keel.status": result.status,
+                    "keel.model_calls": result.model_calls,
+                    "keel.tool_calls": result.tool_calls,
+                    gen_ai.GEN_AI_USAGE_INPUT_TOKENS: result.usage.input_tokens,
+                    gen_ai.GEN_AI_USAGE_OUTPUT_TOKENS: result.usage.output_tokens,
+                }
+            )
+            if result.synthesized:
+                root.set_attribute("keel.synthesis", result.synthesized)
+            if result.failure is not None:
+                error = result.failure.kind
+            if self.content and result.answer is not None:
+                root.set_attribute(
+                    gen_ai.GEN_AI_OUTPUT_MESSAGES, _messages("assistant", result.answer)
+                )
+        if error is not None:
+            _failed(root, error)
+        else:
+            root.end()
+
+
+def _failed(span: trace.Span, error: str, end: int | None = None) -> None:
+    span.set_attribute(ERROR_TYPE, error)
+    span.set_status(Status(StatusCode.ERROR))
+    span.end(end_time=end)
+
+
+def _saved_parent(settings: Mapping[str, Any] | None) -> Any:
+    """The first run's span as a remote parent, so a resumed run continues its trace."""
+    saved = (settings or {}).get(SETTINGS_KEY)
+    if not isinstance(saved, dict):
+        return None
+    try:
+        context = trace.SpanContext(
+            trace_id=int(saved["trace_id"], 16),
+            span_id=int(saved["span_id"], 16),
+            is_remote=True,
+            trace_flags=trace.TraceFlags(trace.TraceFlags.SAMPLED),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
+    if not context.is_valid:
+        return None
+    return trace.set_span_in_context(trace.NonRecordingSpan(context))
+
+
+def _messages(role: str, text: str) -> str:
+    return json.dumps([{"role": role, "parts": [{"type": "text", "content": text}]}])
+
+
+def _output(response: ModelResponse) -> str:
+    parts: list[dict[str, Any]] = []
+    if response.text:
+        parts.append({"type": "text", "content": response.text})
+    for call in response.tool_calls:
+        parts.append(
+            {"type": "tool_call", "id": call.id, "name": call.name, "arguments": call.arguments}
+        )
+    message = {"role": "assistant", "parts": parts, "finish_reason": response.stop_reason}
+    return json.dumps([message], ensure_ascii=False, default=str)
+
+
+def _json(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
+
+
+# -- the hooks the loop calls -------------------------------------------------------------------
+
+
+async def traced_attempt(attempt: Awaitable[ModelResponse]) -> ModelResponse:
+    """One model attempt, inside a `chat` span when the run is traced."""
+    run = _ACTIVE.get()
+    if run is None:
+        return await attempt
+    return await run._chat(attempt)
+
+
+@contextlib.contextmanager
+def traced_tool(call: ToolCall) -> Iterator[None]:
+    """A tool's own work, inside an `execute_tool` span when the run is traced; the span ends
+    when the call's result is recorded."""
+    run = _ACTIVE.get()
+    if run is None:
+        yield
+        return
+    with run._tool(call):
+        yield

@@ -1,0 +1,257 @@
+"""Which MCP servers a run uses: `McpServer`, from the command line, `keel.toml` or code.
+
+A server is started as a command speaking MCP over stdio, or reached at a streamable HTTP URL.
+The spec is saved with the run (`McpServer.to_json`), so `keel resume` in another process
+starts or reaches the same servers. It never holds a secret: a stdio server gets only the
+environment variables the spec *names* (their values are read from Keel's own environment when
+the server starts), and a URL with a user or password in it is refused.
+
+`[[mcp]]` tables are read from the `keel.toml` in the user's config folder only, never from the
+working directory's: a `keel.toml` that came with a repository being researched must not start
+programs on this machine (ADR 0022).
+"""
+
+from __future__ import annotations
+
+import shlex
+import tomllib
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, cast
+
+import httpx
+import platformdirs
+
+from keel.errors import ConfigError
+from keel.records import JsonObject, JsonValue
+
+if TYPE_CHECKING:
+    from keel.tools.mcp_tools import McpToolset
+
+__all__ = [
+    "McpServer",
+    "mcp_tools",
+    "servers_from_config",
+    "servers_from_flags",
+    "servers_from_settings",
+    "user_config_file",
+]
+
+_TABLE_KEYS = {"name", "command", "url", "approve", "prefix", "env", "timeout", "connect_timeout"}
+
+
+@dataclass(frozen=True, slots=True)
+class McpServer:
+    """One MCP server: a stdio `command` or a streamable HTTP `url` (exactly one)."""
+
+    name: str
+    """Names the server in messages and clash errors; defaults to its command or URL."""
+    command: tuple[str, ...] = ()
+    """The program and its arguments, started with MCP on its stdin/stdout."""
+    url: str | None = None
+    """A streamable HTTP endpoint, such as http://127.0.0.1:8000/mcp."""
+    approve: tuple[str, ...] = ()
+    """Side-effecting tools of this server (by the server's own names) that run without asking."""
+    prefix: str = ""
+    """Put before each of this server's tool names, to tell two servers' tools apart."""
+    env: tuple[str, ...] = ()
+    """Names of environment variables a stdio server gets from Keel's environment, beside
+    the few the `mcp` package always passes (HOME, PATH, ...). Only the names are saved."""
+    timeout: float = 30.0
+    """Seconds one tool call may take (the run's deadline shortens it further)."""
+    connect_timeout: float = 30.0
+    """Seconds to start the server (or reach it) and list its tools."""
+
+    def __post_init__(self) -> None:
+        if bool(self.command) == bool(self.url):
+            raise ConfigError(f"MCP server {self.name!r}: give either a command or a url")
+        if self.url is not None:
+            _check_url(self.url)
+        for value, what in ((self.timeout, "timeout"), (self.connect_timeout, "connect_timeout")):
+            if not value > 0:
+                raise ConfigError(f"MCP server {self.name!r}: {what} must be positive")
+
+    @classmethod
+    def stdio(
+        cls,
+        command: str | Sequence[str],
+        *,
+        name: str | None = None,
+        approve: Sequence[str] = (),
+        prefix: str = "",
+        env: Sequence[str] = (),
+        timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+    ) -> McpServer:
+        """A server started as `command` (a shell-style string or an argument list)."""
+        argv = tuple(shlex.split(command) if isinstance(command, str) else command)
+        if not argv:
+            raise ConfigError("an MCP server command must name a program")
+        return cls(
+            name=name or shlex.join(argv),
+            command=argv,
+            approve=tuple(approve),
+            prefix=prefix,
+            env=tuple(env),
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @classmethod
+    def http(
+        cls,
+        url: str,
+        *,
+        name: str | None = None,
+        approve: Sequence[str] = (),
+        prefix: str = "",
+        timeout: float = 30.0,
+        connect_timeout: float = 30.0,
+    ) -> McpServer:
+        """A server reached over streamable HTTP at `url`."""
+        return cls(
+            name=name or url,
+            url=url,
+            approve=tuple(approve),
+            prefix=prefix,
+            timeout=timeout,
+            connect_timeout=connect_timeout,
+        )
+
+    @classmethod
+    def parse(cls, text: str) -> McpServer:
+        """An http(s):// URL is a streamable HTTP server; anything else a stdio command."""
+        if text.startswith(("http://", "https://")):
+            return cls.http(text)
+        return cls.stdio(text)
+
+    def to_json(self) -> JsonObject:
+        """What the run saves to rebuild this server on resume: no secret, only names."""
+        data: JsonObject = {"name": self.name}
+        if self.command:
+            data["command"] = list(self.command)
+        else:
+            data["url"] = self.url
+        data["approve"] = list(self.approve)
+        data["prefix"] = self.prefix
+        data["env"] = list(self.env)
+        data["timeout"] = self.timeout
+        data["connect_timeout"] = self.connect_timeout
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any], where: str = "the run's settings") -> McpServer:
+        """A spec from a `[[mcp]]` table or a saved run; unknown keys are an error."""
+        unknown = set(data) - _TABLE_KEYS
+        if unknown:
+            raise ConfigError(
+                f"{where}: unknown key(s) in an MCP server: {', '.join(sorted(unknown))} "
+                f"(known: {', '.join(sorted(_TABLE_KEYS))})"
+            )
+        command, url = data.get("command"), data.get("url")
+        common: dict[str, Any] = {
+            "approve": _names(data.get("approve", ()), "approve", where),
+            "prefix": _text(data.get("prefix", ""), "prefix", where),
+            "timeout": _number(data.get("timeout", 30.0), "timeout", where),
+            "connect_timeout": _number(data.get("connect_timeout", 30.0), "connect_timeout", where),
+        }
+        name = data.get("name")
+        if name is not None:
+            common["name"] = _text(name, "name", where)
+        if command is not None and url is None:
+            if not isinstance(command, str | list):
+                raise ConfigError(f"{where}: an MCP command is a string or a list of strings")
+            argv = command if isinstance(command, str) else _names(command, "command", where)
+            env = _names(data.get("env", ()), "env", where)
+            return cls.stdio(argv, env=env, **common)
+        if url is not None and command is None:
+            if data.get("env"):
+                raise ConfigError(f"{where}: env is for stdio servers (a command), not a url")
+            return cls.http(_text(url, "url", where), **common)
+        raise ConfigError(f"{where}: an MCP server needs either command or url (not both)")
+
+
+def mcp_tools(*servers: McpServer | str) -> McpToolset:
+    """The tools of these MCP servers, once the toolset is entered (`with` or `async with`).
+
+    A string is a server too: an http(s):// URL, or else a command started over stdio. Needs
+    the `mcp` package (`pip install 'keel[mcp]'`); `import keel` alone never loads it.
+    """
+    specs = [s if isinstance(s, McpServer) else McpServer.parse(s) for s in servers]
+    try:
+        from keel.tools.mcp_tools import McpToolset
+    except ImportError as exc:
+        raise ConfigError(
+            f"MCP servers need the mcp package ({exc}): pip install 'keel[mcp]'"
+        ) from None
+    return McpToolset(specs)
+
+
+def _check_url(url: str) -> None:
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"MCP server URL {url!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"MCP server URL {url!r} must be an http:// or https:// URL with a host, "
+            "e.g. http://127.0.0.1:8000/mcp"
+        )
+    if parsed.userinfo:
+        raise ConfigError(
+            "an MCP server URL must not carry a user name or password: it is saved with the run"
+        )
+
+
+def _names(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if not isinstance(value, list | tuple) or not all(isinstance(v, str) for v in value):
+        raise ConfigError(f"{where}: {key} must be a list of strings")
+    return tuple(value)
+
+
+def _text(value: Any, key: str, where: str) -> str:
+    if not isinstance(value, str):
+        raise ConfigError(f"{where}: {key} must be a string")
+    return value
+
+
+def _number(value: Any, key: str, where: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ConfigError(f"{where}: {key} must be a number of seconds")
+    return float(value)
+
+
+# -- where specs come from ---------------------------------------------------------------------
+
+
+def servers_from_flags(commands: Sequence[str], urls: Sequence[str]) -> list[McpServer]:
+    """`--mcp "CMD ARGS"` and `--mcp-url URL`, in the order given (commands first)."""
+    return [McpServer.stdio(c) for c in commands] + [McpServer.http(u) for u in urls]
+
+
+def user_config_file() -> Path:
+    return Path(platformdirs.user_config_dir("keel")) / "keel.toml"
+
+
+def servers_from_config(path: Path | None = None) -> list[McpServer]:
+    """The `[[mcp]]` tables of the user's own `keel.toml` (none when it does not exist)."""
+    path = path or user_config_file()
+    if not path.is_file():
+        return []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
+        raise ConfigError(f"cannot read {path}: {exc}") from None
+    tables = data.get("mcp", [])
+    if not isinstance(tables, list) or not all(isinstance(t, dict) for t in tables):
+        raise ConfigError(f"{path}: mcp must be an array of tables ([[mcp]])")
+    return [McpServer.from_json(t, f"{path} [[mcp]] #{i + 1}") for i, t in enumerate(tables)]
+
+
+def servers_from_settings(settings: Mapping[str, JsonValue]) -> list[McpServer]:
+    """The servers a stored run was started with (none for runs saved before MCP)."""
+    saved = settings.get("mcp") or []
+    if not isinstance(saved, list):
+        raise ConfigError("the run's saved MCP settings are not a list")
+    return [McpServer.from_json(cast(dict[str, Any], s)) for s in saved]

@@ -1,0 +1,244 @@
+"""Connections to MCP servers, kept on an event loop of their own.
+
+An MCP client (the `mcp` package, on anyio) belongs to the task that opened it, and Keel's
+callers come and go with their loops (`Agent.run` is one `asyncio.run` per run; the command line
+lists a server's tools before any run starts). So the connections live on a loop on a daemon
+thread, one task owning each, and every call is handed over: a tool call from any loop or thread
+reaches the server, cancelling it (a tool timeout, a cancelled run) cancels it there too, and a
+server that crashes takes down its own task only, never the run's.
+
+A connection that was lost (the server exited, the HTTP session ended) is opened again by the
+next call, which starts a stdio server anew. A call that was running when the connection was
+lost is answered as lost: for a side-effecting tool that means "effect unknown" (see
+`keel.tools.mcp_tools`). Nothing here waits without a bound: opening has `connect_timeout`,
+calls have the tool's timeout, closing has `CLOSE_TIMEOUT`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import io
+import os
+import sys
+import threading
+from collections.abc import Coroutine
+from typing import Any, TextIO, TypeVar
+
+from mcp import Client, StdioServerParameters, stdio_client
+from mcp.shared.exceptions import MCPError
+from mcp.types import CONNECTION_CLOSED, CallToolResult
+from mcp.types import Tool as RemoteTool
+
+from keel.tools.mcp_servers import McpServer
+
+__all__ = ["CLOSE_TIMEOUT", "Connection", "ConnectionLost", "McpLoop", "Unavailable", "describe"]
+
+T = TypeVar("T")
+CLOSE_TIMEOUT = 10.0
+MAX_TOOL_PAGES = 100
+"""A server whose tool listing never ends is cut off here rather than listed forever."""
+
+
+class Unavailable(Exception):
+    """The server could not be started or reached, or did not answer in time."""
+
+
+class ConnectionLost(Exception):
+    """The connection ended while a call was running: its effect is unknown."""
+
+
+class McpLoop:
+    """An event loop on a daemon thread, started on first use, stopped by `stop`."""
+
+    def __init__(self) -> None:
+        self._guard = threading.Lock()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> Any:
+        """Schedule `coro` on the loop (with the caller's context variables, so a trace
+        continues); returns a concurrent.futures.Future."""
+        with self._guard:
+            if self._loop is None:
+                loop = asyncio.new_event_loop()
+                thread = threading.Thread(target=loop.run_forever, name="keel-mcp", daemon=True)
+                thread.start()
+                self._loop, self._thread = loop, thread
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await `coro` on the loop; cancelling the caller cancels it there too."""
+        result: T = await asyncio.wrap_future(self.submit(coro))
+        return result
+
+    def run_blocking(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
+        result: T = self.submit(coro).result(timeout)
+        return result
+
+    def stop(self) -> None:
+        with self._guard:
+            loop, thread = self._loop, self._thread
+            self._loop = self._thread = None
+        if loop is None or thread is None:
+            return
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(CLOSE_TIMEOUT)
+        if not thread.is_alive():
+            loop.close()
+
+
+class Connection:
+    """One server. Every method but the constructor runs on the MCP loop."""
+
+    def __init__(self, server: McpServer) -> None:
+        self.server = server
+        self.client: Client | None = None
+        self.lost: str | None = None
+        """Why the last connection ended, once it has."""
+        self._owner: asyncio.Task[None] | None = None
+        self._stop: asyncio.Event | None = None
+        self._lock: asyncio.Lock | None = None
+
+    async def tools(self) -> list[RemoteTool]:
+        """Open the connection and list the server's tools, every page."""
+        client = await self.connect()
+        try:
+            async with asyncio.timeout(self.server.connect_timeout):
+                listed = await client.list_tools()
+                tools = list(listed.tools)
+                for _ in range(MAX_TOOL_PAGES):
+                    if not listed.next_cursor:
+                        break
+                    listed = await client.list_tools(cursor=listed.next_cursor)
+                    tools += listed.tools
+        except TimeoutError:
+            raise Unavailable(
+                f"did not list its tools within {self.server.connect_timeout:g}s"
+            ) from None
+        except Exception as exc:
+            raise Unavailable(f"could not list its tools: {describe(exc)}") from None
+        return tools
+
+    async def call(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
+        client = await self.connect()
+        try:
+            return await client.call_tool(name, arguments)
+        except MCPError as exc:
+            if exc.code != CONNECTION_CLOSED:
+                raise
+            self.lost = self.lost or "the connection closed (did the server exit?)"
+            raise ConnectionLost(self.lost) from None
+
+    async def connect(self) -> Client:
+        """The open connection, opening it (again) when there is none or it was lost."""
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        async with self._lock:
+            if self.client is not None and self.lost is None:
+                return self.client
+            await self.close()
+            self.lost = None
+            ready: asyncio.Future[Client] = asyncio.get_running_loop().create_future()
+            self._stop = asyncio.Event()
+            self._owner = asyncio.create_task(self._own(ready, self._stop))
+            try:
+                async with asyncio.timeout(self.server.connect_timeout):
+                    return await asyncio.shield(ready)
+            except TimeoutError:
+                await self.close()
+                if ready.done() and not ready.cancelled():
+                    ready.exception()  # retrieved: the timeout is the error reported
+                raise Unavailable(
+                    f"did not answer within {self.server.connect_timeout:g}s"
+                ) from None
+            except Unavailable:
+                await self.close()
+                raise
+
+    async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
+        """The task that holds the connection open until asked to stop."""
+        try:
+            async with Client(self._target(), cache=None) as client:
+                self.client = client
+                ready.set_result(client)
+                await stop.wait()
+        except BaseException as exc:  # the server failed: end this task, never the caller's
+            reason = describe(exc)
+            if not ready.done():
+                ready.set_exception(Unavailable(reason))
+            self.lost = self.lost or reason
+            if not isinstance(exc, Exception):
+                raise
+        finally:
+            self.client = None
+
+    def _target(self) -> Any:
+        """A URL, or the stdio transport (made here, so the server's stderr goes where Keel's
+        does rather than wherever `sys.stderr` pointed when `mcp` was imported)."""
+        server = self.server
+        if server.url is not None:
+            return server.url
+        env = {k: os.environ[k] for k in server.env if k in os.environ}
+        params = StdioServerParameters(
+            command=server.command[0], args=list(server.command[1:]), env=env
+        )
+        return stdio_client(params, errlog=server_log())
+
+    async def close(self) -> None:
+        """Stop the owner task: a stdio server is asked to exit, then killed."""
+        owner, stop = self._owner, self._stop
+        self._owner = self._stop = None
+        if owner is None or stop is None:
+            return
+        stop.set()
+        if self.client is None:  # still opening: nothing to wind down, stop it there
+            owner.cancel()
+        with contextlib.suppress(BaseException):
+            async with asyncio.timeout(CLOSE_TIMEOUT):
+                await owner
+        if not owner.done():
+            owner.cancel()
+
+
+def server_log() -> TextIO:
+    """Where a stdio server's stderr goes: Keel's own stderr when it is a real file."""
+    try:
+        sys.stderr.fileno()
+    except (AttributeError, OSError, io.UnsupportedOperation):
+        return _devnull()
+    return sys.stderr
+
+
+@functools.cache
+def _devnull() -> TextIO:
+    return open(os.devnull, "w")  # one for the process, shared by every server
+
+
+def describe(exc: BaseException) -> str:
+    """One line for a person: the innermost causes of an error, groups unwrapped."""
+    leaves: list[BaseException] = []
+
+    def walk(e: BaseException) -> None:
+        if isinstance(e, BaseExceptionGroup):
+            for inner in e.exceptions:
+                walk(inner)
+        else:
+            leaves.append(e)
+
+    walk(exc)
+    parts = []
+    for leaf in leaves[:3]:
+        if isinstance(leaf, MCPError):
+            text = leaf.message
+            if leaf.code == CONNECTION_CLOSED:
+                text = "the connection closed before it answered (did the server exit?)"
+        elif isinstance(leaf, FileNotFoundError):
+            text = f"no such program ({leaf.filename or leaf})"
+        elif isinstance(leaf, asyncio.CancelledError):
+            text = "cancelled"
+        else:
+            text = str(leaf).strip() or type(leaf).__name__
+        parts.append(text)
+    return "; ".join(dict.fromkeys(parts)) or type(exc).__name__
