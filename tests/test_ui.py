@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -160,17 +161,16 @@ def test_pages_answer_only_to_the_served_host(ui: TestClient) -> None:
 def test_pages_never_write_to_the_store(ui: TestClient, store: Path, repo: Path) -> None:
     """Pages read through a read-only store: browsing leaves the file and its write-ahead log
     as they were."""
-    run_id = paused_run(store, repo)
+    paused, done = paused_run(store, repo), synthesized_run(store, repo)
     wal = store.with_name(store.name + "-wal")
 
     def state() -> tuple[bytes, int, bytes]:
         return store.read_bytes(), store.stat().st_mtime_ns, wal.read_bytes()
 
     before = state()
-    for url in ("/", "/approvals", f"/runs/{run_id}", "/?status=failed"):
+    for url in ("/", "/approvals", f"/runs/{paused}", f"/runs/{done}", "/?status=failed"):
         assert ui.get(url).status_code == 200
-    with ui.stream("GET", f"/runs/{run_id}/live") as live:
-        assert next(live.iter_lines()).startswith("id: ")
+    assert "event: end" in ui.get(f"/runs/{done}/live").text
     assert state() == before
 
 
@@ -299,6 +299,33 @@ def test_keel_ui_serves_on_loopback_and_prints_its_url(store: Path, repo: Path) 
         process.wait(10)
 
 
+def test_stopping_keel_ui_closes_open_live_streams(store: Path, repo: Path) -> None:
+    """Ctrl-C with a paused run's page open (its stream never ends by itself): the stream
+    closes at its next poll, instead of being cancelled after the graceful-shutdown timeout."""
+    run_id = paused_run(store, repo)
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keel", "ui", "--store", str(store), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        url = process.stdout.readline().strip()
+        with httpx.stream("GET", f"{url}runs/{run_id}/live", timeout=30) as stream:
+            lines = stream.iter_lines()
+            assert next(lines).startswith("id: ")
+            process.send_signal(signal.SIGINT)
+            rest = list(lines)  # the server ends the stream
+        assert not any("event: end" in line for line in rest)
+        _, err = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+    assert "graceful shutdown exceeded" not in err, err
+
+
 def test_keel_ui_warns_before_listening_beyond_loopback(store: Path, repo: Path) -> None:
     """192.0.2.1 (TEST-NET-1) is no address of this machine: the warning comes, then the
     bind fails, so nothing is ever reachable from elsewhere."""
@@ -321,3 +348,15 @@ def test_keel_ui_without_a_store_says_so(tmp_path: Path) -> None:
         timeout=60,
     )
     assert done.returncode == 2 and "no store at" in done.stderr
+
+
+def test_the_command_line_does_not_import_the_web_libraries() -> None:
+    """`keel` works without the `ui` extra: only `keel ui` imports Starlette, uvicorn, Jinja2."""
+    code = (
+        "import sys, keel.cli\n"
+        "web = ('starlette', 'uvicorn', 'jinja2', 'keel.ui.app', 'keel.ui.server')\n"
+        "print(sorted(m for m in sys.modules if m.startswith(web)))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -48,6 +48,8 @@ class _Ui:
         self.resumer = Resumer(store_path)
         self.resume = resume or self.resumer
         self.poll = live.POLL_SECONDS
+        self.stopping = False
+        """Set when the server is asked to stop: live streams close at their next poll."""
 
     def html(self, body: str, status: int = 200) -> HTMLResponse:
         return HTMLResponse(body, status_code=status)
@@ -82,7 +84,13 @@ class _Ui:
         last = request.headers.get("last-event-id") or request.query_params.get("after")
         after = _integer(last, -1)
         stream = live.follow(
-            self.store, self.pages, run_id, after, self.resumer.note, poll=self.poll
+            self.store,
+            self.pages,
+            run_id,
+            after,
+            self.resumer.note,
+            stopping=lambda: self.stopping,
+            poll=self.poll,
         )
         return StreamingResponse(
             stream,

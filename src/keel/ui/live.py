@@ -5,7 +5,8 @@ The stream polls the read-only store for events past the last sequence number th
 change: the new timeline rows, and the summary and charts when they changed, all rendered and
 escaped on the server. When the run has ended (completed, failed, cancelled) it sends `end` and
 closes. A paused run stays followed, so a decision made elsewhere, and the resume after it,
-show up too.
+show up too. Ctrl-C on `keel ui` closes every stream at its next poll, so the server stops at
+once instead of waiting out its graceful-shutdown timeout.
 """
 
 from __future__ import annotations
@@ -30,13 +31,15 @@ async def follow(
     run_id: str,
     after: int,
     note: Callable[[str], str | None],
+    stopping: Callable[[], bool] = lambda: False,
     poll: float = POLL_SECONDS,
 ) -> AsyncIterator[str]:
     """The event stream of one run's page, as SSE text.
 
     Each round reads the run first and its new events second: a step's state and events are
     saved in one transaction, so the events read cover every state seen, and the `end` of a
-    run is never sent before its last rows."""
+    run is never sent before its last rows. When the server is `stopping`, the stream just
+    closes (no `end`): the browser retries, and a restarted `keel ui` picks up from there."""
     events: list[Event] = []
     sent = {"summary": "", "charts": ""}
     quiet = 0.0
@@ -60,6 +63,8 @@ async def follow(
             yield _message("end", {"status": record.status})
             return
         await asyncio.sleep(poll)
+        if stopping():
+            return
         quiet += poll
         if quiet >= KEEPALIVE_SECONDS:
             yield ": keep-alive\n\n"

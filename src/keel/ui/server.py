@@ -6,6 +6,7 @@ from __future__ import annotations
 import socket
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
 
 import uvicorn
 
@@ -32,6 +33,18 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+class _Server(uvicorn.Server):
+    """Tells the app when Ctrl-C (or SIGTERM) came, so its live streams end promptly."""
+
+    def __init__(self, config: uvicorn.Config, on_exit: Callable[[], None]) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        self._on_exit()
+        super().handle_exit(sig, frame)
+
+
 def serve(store: Path, host: str, port: int, announce: Callable[[str], None]) -> None:
     """Serve until interrupted; `announce` gets the URL once the socket listens."""
     sock = bind(host, port)
@@ -45,4 +58,9 @@ def serve(store: Path, host: str, port: int, announce: Callable[[str], None]) ->
         access_log=False,
     )
     announce(f"http://{name}:{bound}/")
-    uvicorn.Server(config).run(sockets=[sock])
+    ui = app.state.ui
+
+    def stop_streams() -> None:
+        ui.stopping = True
+
+    _Server(config, stop_streams).run(sockets=[sock])
