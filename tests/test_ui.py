@@ -16,9 +16,12 @@ import httpx
 import pytest
 from starlette.testclient import TestClient
 
+import keel
 from keel.store import Store
+from keel.transports.scripted import ScriptedTransport
 from keel.ui.app import create_app
 from keel.ui.security import served_hosts
+from support import call
 from ui_runs import (
     decisions,
     hostile_run,
@@ -246,6 +249,33 @@ def test_approve_records_the_decision_and_resumes_the_run(
     assert "approved by <strong>ana</strong>" in done and "Wrote SUMMARY.md." in done
     again = ui.post(f"/runs/{run_id}/calls/call_1/approve", data={"csrf": csrf(page)})
     assert again.status_code == 409  # decided already: nothing pending
+
+
+def test_a_run_the_command_line_cannot_resume_says_why_on_its_page(store: Path) -> None:
+    """A library run with its own tool: `keel resume` cannot rebuild it, exits 2, and the run's
+    page shows what it said (the decision itself is recorded)."""
+
+    @keel.tool(effect="side_effecting", requires_approval=True)
+    def publish(text: str) -> str:
+        """Publish text."""
+        return "published"
+
+    transport = ScriptedTransport.from_dict({"turns": [call("publish", text="hi")]})
+    with keel.Agent(transport, tools=[publish], store=store) as agent:
+        paused = agent.run("Publish it?")
+    assert paused.status == "awaiting_approval"
+    with client(store) as ui:
+        page = ui.get(f"/runs/{paused.run_id}").text
+        ui.post(
+            f"/runs/{paused.run_id}/calls/call_1/approve", data={"csrf": csrf(page), "by": "ana"}
+        )
+        deadline = time.monotonic() + 60
+        while "resuming this run failed" not in (page := ui.get(f"/runs/{paused.run_id}").text):
+            assert time.monotonic() < deadline, "no note about the failed resume"
+            time.sleep(0.1)
+    assert decisions(store, paused.run_id)[:2] == (1, "awaiting_approval")
+    note = re.search(r'<p class="note" id="resume-note">(.*?)</p>', page, re.S)
+    assert note and "keel: " in note.group(1)
 
 
 def test_approvals_page_lists_paused_runs_with_forms(
