@@ -61,7 +61,7 @@ async def test_javascript_updates_reset_the_counter(page_server: PageServer) -> 
     assert out.result.synthesized is None
     assert len(out.of_type(EvidenceReset)) == 3
     assert page_server.hits("/live") == 1, "later polls read the open page, not a reload"
-    contents = [r["content"] for r in out.of_type(ToolResultRecorded)]
+    contents = [r.content for r in out.of_type(ToolResultRecorded)]
     assert all("processed items:" in c for c in contents)
     assert len(set(contents)) == 4
 
@@ -85,7 +85,7 @@ async def test_an_unchanged_page_does_not_reset(page_server: PageServer) -> None
     page_server.add_script_page("/still", interval_ms=0, text="rendered by script")
     url = page_server.url("/still")
     out, _ = await run_in_browser(page_server, [call("browser_observe", url=url)] * 2)
-    assert out.of_type(ToolResultRecorded)[0]["content"].endswith("rendered by script 0\n")
+    assert out.of_type(ToolResultRecorded)[0].content.endswith("rendered by script 0\n")
     assert not out.of_type(EvidenceReset)
 
 
@@ -96,9 +96,9 @@ async def test_a_page_that_stops_changing_stops_resetting(page_server: PageServe
     turns = [call("browser_observe", url=url)] * 3 + [{"text": "It settled at stage 3."}]
     out, _ = await run_in_browser(page_server, turns)
     # Poll 1 may or may not catch the page mid-way; by polls 2 and 3 it has settled at 3.
-    contents = [r["content"] for r in out.of_type(ToolResultRecorded)]
+    contents = [r.content for r in out.of_type(ToolResultRecorded)]
     assert contents[1] == contents[2] and contents[2].endswith("stage 3\n")
-    assert [r["step"] for r in out.of_type(EvidenceReset)] in ([], [2])
+    assert [r.step for r in out.of_type(EvidenceReset)] in ([], [2])
     (counter,) = out.store.counters(out.result.run_id).values()
     assert counter.count == (2 if contents[0] != contents[1] else 3)
 
