@@ -36,6 +36,7 @@ from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
+from keel.ui.command import ui_command
 
 __all__ = ["app", "main"]
 
@@ -324,6 +325,7 @@ def runs(
 
 
 app.command("eval")(eval_command)
+app.command("ui")(ui_command)
 
 
 @app.command()

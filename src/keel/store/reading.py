@@ -36,6 +36,7 @@ __all__ = [
     "RunRecord",
     "blob",
     "connect_read_only",
+    "count_runs",
     "counter_rows",
     "elided",
     "events",
@@ -107,16 +108,32 @@ def run(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     return _record(rows[0]) if rows else None
 
 
-def list_runs(conn: sqlite3.Connection, limit: int) -> list[RunRecord]:
-    rows = conn.execute(_RUN_SELECT + " ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+def list_runs(
+    conn: sqlite3.Connection, limit: int, *, status: str | None = None, offset: int = 0
+) -> list[RunRecord]:
+    """Newest first; `status` keeps only runs with that status, `offset` pages on."""
+    where, args = _status_filter(status)
+    rows = conn.execute(
+        _RUN_SELECT + where + " ORDER BY created_at DESC LIMIT ? OFFSET ?", (*args, limit, offset)
+    ).fetchall()
     return [_record(row) for row in rows]
 
 
-def events(conn: sqlite3.Connection, run_id: str) -> list[Event]:
-    """The run's events in order; a tool result's `elided` says whether it was elided in the
-    last request sent."""
+def count_runs(conn: sqlite3.Connection, status: str | None = None) -> int:
+    where, args = _status_filter(status)
+    return int(conn.execute("SELECT count(*) FROM runs" + where, args).fetchone()[0])
+
+
+def _status_filter(status: str | None) -> tuple[str, tuple[str, ...]]:
+    return ("", ()) if status is None else (" WHERE status = ?", (status,))
+
+
+def events(conn: sqlite3.Connection, run_id: str, after: int = -1) -> list[Event]:
+    """The run's events in order (those after seq `after`); a tool result's `elided` says
+    whether it was elided in the last request sent."""
     rows = conn.execute(
-        "SELECT seq, type, at, data, body FROM events WHERE run_id = ? ORDER BY seq", (run_id,)
+        "SELECT seq, type, at, data, body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
+        (run_id, after),
     ).fetchall()
     hidden = elided(conn, run_id)
     decoded = []

@@ -255,17 +255,28 @@ class Store:
         )
         return found
 
-    def list_runs(self, limit: int = 20) -> list[RunRecord]:
+    def list_runs(
+        self, limit: int = 20, *, status: str | None = None, offset: int = 0
+    ) -> list[RunRecord]:
+        """Newest first; `status` keeps only runs with that status, `offset` pages on."""
         found: list[RunRecord] = self._read(
-            lambda c: reading.list_runs(c, limit), "the runs could not be listed"
+            lambda c: reading.list_runs(c, limit, status=status, offset=offset),
+            "the runs could not be listed",
         )
         return found
 
-    def events(self, run_id: str) -> list[Event]:
-        """The run's events in order; a tool result's `elided` says whether it was elided in
-        the last request sent."""
+    def count_runs(self, status: str | None = None) -> int:
+        found: int = self._read(
+            lambda c: reading.count_runs(c, status), "the runs could not be counted"
+        )
+        return found
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        """The run's events in order (those after seq `after`: what a live view has not seen);
+        a tool result's `elided` says whether it was elided in the last request sent."""
         found: list[Event] = self._read(
-            lambda c: reading.events(c, run_id), f"the events of run {run_id} could not be read"
+            lambda c: reading.events(c, run_id, after),
+            f"the events of run {run_id} could not be read",
         )
         return found
 

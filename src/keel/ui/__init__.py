@@ -1,0 +1,6 @@
+"""`keel ui`: a local web view of a store's runs (`pip install 'keel[ui]'`).
+
+Nothing here is imported by `import keel`; `keel ui` imports the web libraries when it runs.
+"""
+
+__all__: list[str] = []

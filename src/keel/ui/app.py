@@ -1,0 +1,195 @@
+"""The web view's routes: runs, one run, approvals, the live stream, and the two decisions.
+
+Pages read the store through one read-only `Store` (nothing a page does can write to the file);
+a decision opens a writable one for that request only (`actions.py`). Every request first
+passes the Host guard, every decision the CSRF check (`security.py`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable, Collection
+from pathlib import Path
+from urllib.parse import quote
+
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from keel import approvals
+from keel.errors import ConfigError, StoreError
+from keel.store import Store
+from keel.ui import live
+from keel.ui.actions import Resumer, decide
+from keel.ui.pages import PAGE_SIZE, STATUSES, Pages, RunsPage, RunView
+from keel.ui.security import FormError, Guard, new_token, parse_form, token_matches
+
+__all__ = ["create_app"]
+
+STATIC = Path(__file__).parent / "static"
+APPROVALS_SHOWN = 50
+
+
+class _Ui:
+    """What the handlers share: the store, the pages, the token, the resumer."""
+
+    def __init__(
+        self, store_path: str, hosts: Collection[str], resume: Callable[[str], None] | None
+    ) -> None:
+        self.store_path = store_path
+        self.store = Store(store_path, read_only=True)
+        self.csrf = new_token()
+        self.pages = Pages(self.csrf, approvals.who())
+        self.origins = frozenset(f"http://{h}" for h in hosts)
+        self.resumer = Resumer(store_path)
+        self.resume = resume or self.resumer
+        self.poll = live.POLL_SECONDS
+        self.stopping = False
+        """Set when the server is asked to stop: live streams close at their next poll."""
+
+    def html(self, body: str, status: int = 200) -> HTMLResponse:
+        return HTMLResponse(body, status_code=status)
+
+    def error(self, status: int, title: str, message: str) -> HTMLResponse:
+        return self.html(self.pages.error(title, message), status)
+
+    # -- pages (plain functions: Starlette runs them on its thread pool, off the loop) ------
+
+    def runs(self, request: Request) -> Response:
+        status = request.query_params.get("status") or None
+        if status is not None and status not in STATUSES:
+            return self.error(400, "Unknown status", f"choose one of: {', '.join(STATUSES)}")
+        page = _positive(request.query_params.get("page"))
+        total = self.store.count_runs(status)
+        records = self.store.list_runs(PAGE_SIZE, status=status, offset=(page - 1) * PAGE_SIZE)
+        return self.html(self.pages.runs(RunsPage(records, total, status, page)))
+
+    def run(self, request: Request) -> Response:
+        view = self._view(request.path_params["run_id"])
+        if view is None:
+            return self.error(404, "No such run", f"no run {request.path_params['run_id']}")
+        return self.html(self.pages.run(view))
+
+    def approvals(self, request: Request) -> Response:
+        paused = self.store.list_runs(APPROVALS_SHOWN, status="awaiting_approval")
+        views = [RunView(r, [], self.resumer.note(r.run_id)) for r in paused]
+        return self.html(self.pages.approvals(views))
+
+    async def follow(self, request: Request) -> Response:
+        run_id = request.path_params["run_id"]
+        last = request.headers.get("last-event-id") or request.query_params.get("after")
+        after = _integer(last, -1)
+        stream = live.follow(
+            self.store,
+            self.pages,
+            run_id,
+            after,
+            self.resumer.note,
+            stopping=lambda: self.stopping,
+            poll=self.poll,
+        )
+        return StreamingResponse(
+            stream,
+            media_type="text/event-stream",
+            headers={"x-accel-buffering": "no"},
+        )
+
+    def _view(self, run_id: str) -> RunView | None:
+        record = self.store.get_run(run_id)
+        if record is None:
+            return None
+        return RunView(record, self.store.events(run_id), self.resumer.note(run_id))
+
+    # -- decisions -------------------------------------------------------------------------
+
+    async def approve(self, request: Request) -> Response:
+        return await self._decide(request, approve=True)
+
+    async def deny(self, request: Request) -> Response:
+        return await self._decide(request, approve=False)
+
+    async def _decide(self, request: Request, *, approve: bool) -> Response:
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self.origins:
+            return self.error(403, "Refused", "this form was sent from another site")
+        try:
+            form = parse_form(request.headers.get("content-type", ""), await request.body())
+        except FormError as exc:
+            return self.error(exc.status, "Refused", str(exc))
+        if not token_matches(self.csrf, form.get("csrf")):
+            return self.error(403, "Refused", "the form's token is missing or wrong; reload")
+        reason = form.get("reason", "").strip()
+        if not approve and not reason:
+            return self.error(400, "A reason is required", "say why; the model is told")
+        run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
+        try:
+            ready = await asyncio.to_thread(
+                decide,
+                self.store_path,
+                run_id,
+                call_id,
+                approve=approve,
+                by=form.get("by", ""),
+                reason=reason or None,
+            )
+        except ConfigError as exc:  # not pending (any more), or no such run
+            return self.error(409, "Not recorded", str(exc))
+        if ready:
+            self.resume(run_id)
+        return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            self.store.close()
+
+
+def create_app(
+    store_path: str | Path,
+    hosts: Collection[str],
+    *,
+    resume: Callable[[str], None] | None = None,
+) -> Starlette:
+    """The web view over the store at `store_path`, answering only to `hosts` (Host header
+    values, with the port). `resume` starts a paused run again once every call is decided
+    (default: a `keel resume` process)."""
+    ui = _Ui(str(store_path), hosts, resume)
+    routes = [
+        Route("/", ui.runs),
+        Route("/approvals", ui.approvals),
+        Route("/runs/{run_id}", ui.run),
+        Route("/runs/{run_id}/live", ui.follow),
+        Route("/runs/{run_id}/calls/{call_id}/approve", ui.approve, methods=["POST"]),
+        Route("/runs/{run_id}/calls/{call_id}/deny", ui.deny, methods=["POST"]),
+        Mount("/static", StaticFiles(directory=STATIC), name="static"),
+    ]
+    app = Starlette(
+        routes=routes,
+        middleware=[Middleware(Guard, hosts=hosts)],
+        exception_handlers={StoreError: _store_error},
+        lifespan=ui.lifespan,
+    )
+    app.state.ui = ui
+    return app
+
+
+async def _store_error(request: Request, exc: Exception) -> Response:
+    ui: _Ui = request.app.state.ui
+    return ui.error(503, "The store cannot be read", str(exc))
+
+
+def _positive(value: str | None) -> int:
+    return min(max(1, _integer(value, 1)), 10**9)
+
+
+def _integer(value: str | None, default: int) -> int:
+    try:
+        return int(value) if value is not None else default
+    except ValueError:
+        return default
