@@ -41,7 +41,7 @@ from keel.messages import (
     UserMessage,
 )
 from keel.result import Failure, PendingApproval, RunResult, RunStatus
-from keel.store import Store
+from keel.store import RunStore, Store, open_store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
 from keel.tools.files import file_tools
@@ -73,6 +73,7 @@ __all__ = [
     "RunHandle",
     "RunResult",
     "RunStatus",
+    "RunStore",
     "ScriptedTransport",
     "Store",
     "StoreError",
@@ -88,6 +89,7 @@ __all__ = [
     "UserMessage",
     "browser_tools",
     "file_tools",
+    "open_store",
     "tool",
     "web_tools",
     "write_tools",

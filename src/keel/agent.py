@@ -11,8 +11,6 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from keel import approvals, resume
 from keel.context import ContextBuilder
 from keel.errors import ConfigError
@@ -22,7 +20,8 @@ from keel.models import resolve_model
 from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
-from keel.store import Store
+from keel.store import RunStore, open_store
+from keel.store.locate import default_store_path
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
@@ -36,10 +35,6 @@ DEFAULT_SYSTEM_PROMPT = (
     "already received stay in this conversation. Answer as soon as the evidence supports an "
     "answer, cite the files and URLs you relied on, and say what remains unknown."
 )
-
-
-def default_store_path() -> Path:
-    return Path(platformdirs.user_data_dir("keel")) / "keel.sqlite"
 
 
 class RunHandle:
@@ -70,7 +65,7 @@ class Agent:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         limits: Limits | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-        store: Store | str | Path | None = None,
+        store: RunStore | str | Path | None = None,
         token_counter: TokenCounter | None = None,
         listeners: Sequence[Listener] = (),
         approve_tools: Collection[str] = (),
@@ -92,16 +87,18 @@ class Agent:
         self.run_config = dict(run_config or {})
         """Extra settings saved with each run (the command line keeps --repo and friends)."""
         self.lease_ttl = lease_ttl
-        self._owns_store = not isinstance(store, Store)
+        self._owns_store = not isinstance(store, RunStore)
         self._store_arg = store
-        self._store: Store | None = store if isinstance(store, Store) else None
+        self._store: RunStore | None = store if isinstance(store, RunStore) else None
 
     @property
-    def store(self) -> Store:
-        """Opened on first use, so constructing an Agent touches no disk."""
+    def store(self) -> RunStore:
+        """Opened on first use, so constructing an Agent touches no disk. A path or a
+        `postgresql://` URL; None: the SQLite file under the user data directory."""
         if self._store is None:
             arg = self._store_arg
-            self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
+            target = default_store_path() if arg is None else arg
+            self._store = open_store(target if isinstance(target, str | Path) else str(target))
         return self._store
 
     def _setup(self, limits: Limits | None = None) -> RunSetup:

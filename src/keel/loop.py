@@ -37,7 +37,7 @@ from keel.records import (
 from keel.result import Failure, RunResult
 from keel.resume import ResumePoint
 from keel.step import Completed, Continue, Failed, Paused, StepOutcome, StepParts, take_step
-from keel.store import Store
+from keel.store import RunStore
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -52,13 +52,15 @@ class RunSetup:
     executor: ToolExecutor
     limits: Limits
     context: ContextBuilder
-    store: Store | None
+    store: RunStore | None
     config: RunConfig
     """What `keel resume` needs to rebuild the run (no secrets)."""
     listeners: tuple[Listener, ...] = ()
     approve_tools: frozenset[str] = frozenset()
     """Tools whose calls are pre-approved for this run."""
     lease_ttl: float = 30.0
+    lease_owner: str | None = None
+    """A lease the caller already holds on the run (a worker takes it before loading)."""
 
 
 class RunLoop:
@@ -72,7 +74,7 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
-        self.lease = Lease(setup.store, run_id, setup.lease_ttl)
+        self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
             setup.limits.loop_threshold,

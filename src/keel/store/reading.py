@@ -23,14 +23,13 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from keel.errors import StoreError
 from keel.records import Event, RunConfig, RunState, ToolResultRecorded, decode_event
-from keel.result import RunStatus
 from keel.store import schema
+from keel.store.protocol import RunRecord
 
 __all__ = [
     "RunRecord",
@@ -42,18 +41,6 @@ __all__ = [
     "list_runs",
     "run",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    run_id: str
-    created_at: float
-    updated_at: float
-    question: str
-    model: str
-    status: RunStatus
-    config: RunConfig
-    state: RunState
 
 
 def connect_read_only(path: str) -> sqlite3.Connection:
@@ -107,8 +94,9 @@ def run(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     return _record(rows[0]) if rows else None
 
 
-def list_runs(conn: sqlite3.Connection, limit: int) -> list[RunRecord]:
-    rows = conn.execute(_RUN_SELECT + " ORDER BY created_at DESC LIMIT ?", (limit,)).fetchall()
+def list_runs(conn: sqlite3.Connection, limit: int, status: str | None = None) -> list[RunRecord]:
+    where, args = (" WHERE status = ?", (status, limit)) if status else ("", (limit,))
+    rows = conn.execute(_RUN_SELECT + where + " ORDER BY created_at DESC LIMIT ?", args).fetchall()
     return [_record(row) for row in rows]
 
 
