@@ -12,21 +12,21 @@ import signal
 import sys
 from collections.abc import Callable, Collection
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from typing import Annotated, Any, NoReturn, TypeVar, cast, get_args
 
 import typer
 from rich.console import Console
 
 from keel import approvals
-from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
+from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, choose_model
 from keel.progress import ProgressPrinter
 from keel.records import JsonObject, JsonValue
-from keel.result import RunResult
-from keel.store import Store
+from keel.result import RunResult, RunStatus
+from keel.store import RunStore, open_store, store_target
 from keel.timeline import event_json, run_json, timeline
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
@@ -47,8 +47,12 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 StoreOption = Annotated[
-    Path | None,
-    typer.Option("--store", help="SQLite file of runs [default: under the user data directory]"),
+    str | None,
+    typer.Option(
+        "--store",
+        help="SQLite file of runs, or a postgresql:// URL [default: KEEL_STORE, keel.toml, "
+        "else a file under the user data directory]",
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default: your user].")]
@@ -120,7 +124,9 @@ def run(
     settings["base_url"] = choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
     agent = _guard(
-        lambda: _agent(choice.spec, settings, limits(), store, as_json, approve_tools=approved)
+        lambda: _agent(
+            choice.spec, settings, limits(), store_target(store), as_json, approve_tools=approved
+        )
     )
     _finish(agent, lambda: agent.start(question), as_json)
 
@@ -233,11 +239,17 @@ def show(
 def runs(
     store: StoreOption = None,
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+    status: Annotated[
+        str | None,
+        typer.Option(help="Only runs in this status: queued, running, awaiting_approval, ..."),
+    ] = None,
 ) -> None:
     """List recent runs, newest first."""
+    if status is not None and status not in get_args(RunStatus):
+        _usage_error(f"--status must be one of {', '.join(get_args(RunStatus))}")
     db = _open_store(store, read_only=True)
     try:
-        records = _guard(lambda: db.list_runs(limit))
+        records = _guard(lambda: db.list_runs(limit, status))
     finally:
         db.close()
     for r in records:
@@ -267,7 +279,7 @@ def _agent(
     model: str,
     settings: JsonObject,
     limits: Limits,
-    store: Store | Path | None,
+    store: RunStore | str | Path,
     quiet: bool,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
@@ -289,7 +301,7 @@ def _agent(
         tools=tools,
         limits=limits,
         system_prompt=system_prompt,
-        store=store or default_store_path(),
+        store=store,
         listeners=() if quiet else (ProgressPrinter(err),),
         approve_tools=approve_tools,
         run_config={
@@ -354,16 +366,16 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     )
 
 
-def _open_store(path: Path | None, *, read_only: bool = False) -> Store:
+def _open_store(given: str | None, *, read_only: bool = False) -> RunStore:
     """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
     never write to it, not even a schema upgrade, and work on a read-only file or folder."""
-    target = path or default_store_path()
-    if not target.exists():
+    target = _guard(lambda: store_target(given))
+    if isinstance(target, Path) and not target.exists():
         _usage_error(f"no store at {target} (run `keel run` first)")
-    return _guard(lambda: Store(target, read_only=read_only))
+    return _guard(lambda: open_store(target, read_only=read_only))
 
 
-def _known_run(db: Store, run_id: str) -> Any:
+def _known_run(db: RunStore, run_id: str) -> Any:
     record = db.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {db.path}")

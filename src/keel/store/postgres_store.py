@@ -3,8 +3,9 @@
 The same promises as `sqlite_store`: a step is saved in one transaction that writes only what
 the step added; the lease is checked first (a guarded UPDATE of `runs`), so a holder whose run
 was taken over gets LeaseLost before any of its events could collide with the new holder's.
-Leases are timed by the database's clock, never the machines' (they may disagree), and a
-crashed holder loses its lease when it expires: on many machines a process id proves nothing.
+Leases are timed by the database's clock, never the machines' (they may disagree). A crashed
+holder loses its lease when it expires; on its own host, at once (its process id is gone), as
+with SQLite: the owner names host and pid, and another host never judges a pid.
 
 Records cross the boundary typed (`records.py` encodes and decodes them); text columns hold the
 same JSON as SQLite's. Postgres refuses NUL characters in text, so a tool result or kept text
@@ -40,14 +41,14 @@ from keel.records import (
 from keel.store import pg_schema
 from keel.store.locate import redact
 from keel.store.pg_connection import Connections, store_error
-from keel.store.protocol import Checkpoint, RunRecord
+from keel.store.protocol import Checkpoint, RunRecord, holder_alive
 
 __all__ = ["PostgresStore"]
 
 T = TypeVar("T")
 Conn = psycopg.Connection[Any]
 _dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
-NOW = "extract(epoch from clock_timestamp())"
+NOW = "extract(epoch from clock_timestamp())::float8"
 _ESCAPED = "\x01json:"  # a text that held NUL is stored as this prefix and its JSON string
 
 
@@ -134,7 +135,8 @@ class PostgresStore:
             if row is None:
                 raise ConfigError(f"no run {run_id} in {self.path}")
             holder, until, now = row
-            if holder and holder != owner and until is not None and until > now:
+            live = until is not None and until > now and holder_alive(holder)
+            if holder and holder != owner and live:
                 raise LeaseHeld(
                     f"run {run_id} is being advanced by another process ({holder}); its lease "
                     f"runs for {until - now:.0f}s more and is renewed while that process lives"
