@@ -45,6 +45,11 @@ class RunHandle:
         self._task = task
         self.run_id = loop.run_id
 
+    def stop(self) -> None:
+        """Stop after the current step: saved, the lease released, the run left `running` for
+        another process to continue (its result says `running`)."""
+        self._loop.stop_requested = True
+
     def cancel(self) -> None:
         """Stop at once: in-flight calls are cancelled, the run ends `cancelled`, nothing
         recorded is lost."""
@@ -101,17 +106,22 @@ class Agent:
             self._store = open_store(target if isinstance(target, str | Path) else str(target))
         return self._store
 
-    def _setup(self, limits: Limits | None = None) -> RunSetup:
-        """`limits`: a resumed run's own, saved with it; else this agent's."""
-        limits = limits or self.limits
-        config = RunConfig(
+    def config(self, limits: Limits | None = None) -> RunConfig:
+        """What is saved with a run so any process can rebuild it (no secrets)."""
+        return RunConfig(
             model=self.model_spec or self.transport.name,
             system_prompt=self.system_prompt,
             tools=tuple(t.name for t in self.tools),
             approve_tools=tuple(sorted(self.approve_tools)),
-            limits=limits,
+            limits=limits or self.limits,
             settings=self.run_config,
         )
+
+    def _setup(self, limits: Limits | None = None, lease_owner: str | None = None) -> RunSetup:
+        """`limits`: a resumed run's own, saved with it; else this agent's. `lease_owner`: a
+        lease the caller already holds on the run."""
+        limits = limits or self.limits
+        config = self.config(limits)
         counter, window = _model_window(self.transport)
         budget = limits.context_tokens
         if window is not None:  # a local model's window is small and hard: stay inside it
@@ -134,6 +144,7 @@ class Agent:
             approve_tools=self.approve_tools,
             config=config,
             lease_ttl=self.lease_ttl,
+            lease_owner=lease_owner,
         )
 
     def start(self, question: str) -> RunHandle:
@@ -148,14 +159,23 @@ class Agent:
         loop = RunLoop(new_run_id(), question, self._setup())
         return RunHandle(loop, asyncio.ensure_future(loop.run()))
 
-    def start_resume(self, run_id: str) -> RunHandle:
+    def start_resume(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
         point = resume.load(self.store, run_id)
-        loop = RunLoop(
-            run_id, point.record.question, self._setup(point.record.config.limits), point
-        )
+        setup = self._setup(point.record.config.limits, lease_owner)
+        loop = RunLoop(run_id, point.record.question, setup, point)
+        return RunHandle(loop, asyncio.ensure_future(loop.run()))
+
+    def start_queued(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
+        """Start a run that `keel submit` recorded (status `queued`, nothing done yet)."""
+        record = self.store.get_run(run_id)
+        if record is None or record.status != "queued":
+            found = record.status if record else "no such run"
+            raise ConfigError(f"run {run_id} is not waiting to start ({found})")
+        setup = self._setup(record.config.limits, lease_owner)
+        loop = RunLoop(run_id, record.question, setup, queued=True)
         return RunHandle(loop, asyncio.ensure_future(loop.run()))
 
     async def arun(self, question: str) -> RunResult:

@@ -7,10 +7,11 @@ another live process is advancing), 3 awaiting approval.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar, cast, get_args
 
@@ -19,19 +20,16 @@ from rich.console import Console
 
 from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
+from keel.cli_agent import command_agent as _agent
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, choose_model
-from keel.progress import ProgressPrinter
+from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult, RunStatus
 from keel.store import RunStore, open_store, store_target
 from keel.timeline import event_json, run_json, timeline
-from keel.tools.base import Tool
-from keel.tools.files import file_tools
-from keel.tools.web import web_tools
-from keel.tools.writes import write_tools
 
 __all__ = ["app", "main"]
 
@@ -100,6 +98,7 @@ def run(
     context_tokens: Annotated[
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
+    submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     settings: JsonObject = {
@@ -128,7 +127,21 @@ def run(
             choice.spec, settings, limits(), store_target(store), as_json, approve_tools=approved
         )
     )
+    if submit_:
+        _guard(lambda: submit_run(agent, question, as_json))
+        return
     _finish(agent, lambda: agent.start(question), as_json)
+
+
+@app.command("submit")
+@functools.wraps(run, assigned=("__module__", "__annotations__"))
+def submit(**options: Any) -> None:
+    """Queue QUESTION for `keel worker`s (a postgresql:// --store) and print its run id at once.
+    Takes every `keel run` option."""
+    run(**{**options, "submit_": True})
+
+
+app.command("worker")(worker_command)
 
 
 @app.command()
@@ -188,7 +201,7 @@ def approve(
         _usage_error(f"run {run_id} has no call awaiting a decision")
     for one in ids:
         typer.echo(f"approved {one}")
-    err.print(f"continue with: keel resume {run_id}", highlight=False)
+    err.print(_guard(lambda: after_decision(store, run_id)), highlight=False)
 
 
 @app.command()
@@ -206,7 +219,7 @@ def deny(
     finally:
         db.close()
     typer.echo(f"denied {call_id}")
-    err.print(f"continue with: keel resume {run_id}", highlight=False)
+    err.print(_guard(lambda: after_decision(store, run_id)), highlight=False)
 
 
 @app.command()
@@ -273,46 +286,6 @@ def models() -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _agent(
-    model: str,
-    settings: JsonObject,
-    limits: Limits,
-    store: RunStore | str | Path,
-    quiet: bool,
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    approve_tools: Collection[str] = (),
-) -> Agent:
-    repo = Path(str(settings.get("repo", ".")))
-    if not repo.is_dir():
-        raise ConfigError(f"--repo {repo} is not a folder")
-    allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
-    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
-    if settings.get("allow_writes"):
-        tools += write_tools(repo)
-    if settings.get("browser"):
-        from keel.tools.browser import browser_tools
-
-        tools += browser_tools(allow_hosts=allow_hosts)
-    return Agent(
-        model,
-        base_url=_text(settings.get("base_url")),
-        tools=tools,
-        limits=limits,
-        system_prompt=system_prompt,
-        store=store,
-        listeners=() if quiet else (ProgressPrinter(err),),
-        approve_tools=approve_tools,
-        run_config={
-            k: settings.get(k)
-            for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
-        },
-    )
-
-
-def _text(value: JsonValue) -> str | None:
-    return None if value is None else str(value)
 
 
 def _finish(agent: Agent, start: Callable[[], RunHandle], as_json: bool) -> NoReturn:

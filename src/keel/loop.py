@@ -1,8 +1,9 @@
 """The run loop: a `while` over steps, each ending in one of a closed set of outcomes.
 
-    open (create the run, or take a stored one over)
+    open (create the run, start a queued one, or take a stored one over)
     keep the lease:  step -> Continue: step again (the next model attempt checkpoints first)
                           -> Completed | Paused | Failed: stop
+                          -> Continue after `stop()` was asked: stop, the run still running
     end (record the outcome) and checkpoint, releasing the lease
 
 What one step does lives in `step.py`; the model turn in `turns.py`; the batch in `batch.py`.
@@ -67,9 +68,17 @@ class RunLoop:
     """Advances one run to its end."""
 
     def __init__(
-        self, run_id: str, question: str, setup: RunSetup, resume: ResumePoint | None = None
+        self,
+        run_id: str,
+        question: str,
+        setup: RunSetup,
+        resume: ResumePoint | None = None,
+        *,
+        queued: bool = False,
     ) -> None:
+        """`queued`: the run was recorded by `keel submit` and has not started yet."""
         self.run_id = run_id
+        self.queued = queued
         self.question = question
         self.setup = setup
         self.resume = resume
@@ -95,6 +104,9 @@ class RunLoop:
         )
         self.batch: Batch | None = resume.batch if resume else None
         self.cancel_requested = False
+        self.stop_requested = False
+        """Stop after the current step, the run left running and its lease released, for
+        another process to continue (a worker shutting down)."""
 
     @property
     def state(self) -> RunState:
@@ -114,7 +126,8 @@ class RunLoop:
             outcome = None
         except StoreError as error:
             return self._unsaved(error)
-        self._end(outcome)
+        if not isinstance(outcome, Continue):  # Continue: stopped between steps, not ended
+            self._end(outcome)
         try:
             await asyncio.shield(self.checkpoint(release=True))
         except StoreError as error:
@@ -127,7 +140,7 @@ class RunLoop:
         while True:
             outcome = await take_step(self.parts, self.batch)
             self.batch = None
-            if not isinstance(outcome, Continue):
+            if not isinstance(outcome, Continue) or self.stop_requested:
                 return outcome
 
     async def checkpoint(self, release: bool = False) -> None:
@@ -145,9 +158,12 @@ class RunLoop:
         self.parts.clock.deadline_at = self.state.deadline_at
         name = self.setup.transport.name
         if self.resume is None:
-            await self.recorder.start(
-                self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
-            )
+            if self.queued:
+                await self.lease.acquire()
+            else:
+                await self.recorder.start(
+                    self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
+                )
             emit(RunStarted(question=self.question, model=name))
             context.append(UserMessage(self.question))
             await self.checkpoint()  # the question is durable before the first model call

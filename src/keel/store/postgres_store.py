@@ -73,6 +73,11 @@ class PostgresStore:
         else:
             pg_schema.prepare(conn, self.path)
 
+    @property
+    def url(self) -> str:
+        """The URL as given, credentials included: for DBOS's connections, never shown."""
+        return self._db.url
+
     def close(self) -> None:
         self._db.close()
 
