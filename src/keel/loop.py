@@ -164,7 +164,7 @@ class RunLoop:
                 await self.recorder.start(
                     self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
                 )
-            emit(RunStarted(question=self.question, model=name))
+            emit(RunStarted(question=self.question, model=name, owner=self.lease.owner))
             context.append(UserMessage(self.question))
             await self.checkpoint()  # the question is durable before the first model call
             return
@@ -176,7 +176,11 @@ class RunLoop:
             transport.restore(self.state.transport)
         self.state.status = "running"
         open_calls = len(self.batch.open_calls()) if self.batch else 0
-        emit(RunResumed(step=self.state.step, model=name, open_calls=open_calls))
+        emit(
+            RunResumed(
+                step=self.state.step, model=name, open_calls=open_calls, owner=self.lease.owner
+            )
+        )
 
     def _unsaved(self, error: StoreError) -> RunResult:
         """The store could not save a step (disk full, file gone). This process stops here and
