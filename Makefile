@@ -42,6 +42,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/checkpoint.py
 	$(BIN)/python benchmarks/local_model.py
+	$(BIN)/python benchmarks/pool.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

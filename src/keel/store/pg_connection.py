@@ -61,18 +61,23 @@ class Connections:
             self._open.append(conn)
         return conn
 
-    def submit(self, work: Work[T]) -> Future[T]:
-        future: Future[T] = self._pool.submit(self._run, work)
+    def submit(self, work: Work[T], *, pipeline: bool = False) -> Future[T]:
+        """`pipeline`: send the transaction's statements without waiting for each (psycopg's
+        pipeline mode); `work` syncs where it needs a result. A step costs two round trips."""
+        future: Future[T] = self._pool.submit(self._run, work, pipeline)
         return future
 
     def run(self, work: Work[T]) -> T:
         return self.submit(work).result()
 
-    def _run(self, work: Work[T]) -> T:
+    def _run(self, work: Work[T], pipeline: bool = False) -> T:
         conn: psycopg.Connection[Any] | None = getattr(self._local, "conn", None)
         if conn is None or conn.closed or conn.broken:
             conn = self._local.conn = self.connect()
         try:
+            if pipeline:
+                with conn.pipeline(), conn.transaction():
+                    return work(conn)
             with conn.transaction():
                 return work(conn)
         except psycopg.Error as exc:  # Keel's own refusals roll back and keep the connection

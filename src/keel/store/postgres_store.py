@@ -34,6 +34,7 @@ from keel.records import (
     Event,
     RunConfig,
     RunState,
+    ToolDispatched,
     ToolResultRecorded,
     decode_event,
     encode_event,
@@ -86,14 +87,20 @@ class PostgresStore:
     def _error(self, exc: BaseException, doing: str, resume: str | None = None) -> StoreError:
         return store_error(self.path, exc, doing, resume=resume, secret=self._db._secret)
 
-    def _submit(self, work: Callable[[Conn], T], write: bool) -> Future[T]:
+    def _submit(self, work: Callable[[Conn], T], write: bool, pipeline: bool = False) -> Future[T]:
         if write and self.read_only:
             raise ConfigError(f"the store {self.path} was opened read-only")
-        return self._db.submit(work)
+        return self._db.submit(work, pipeline=pipeline)
 
-    async def _write(self, work: Callable[[Conn], T], doing: str, resume: str | None = None) -> T:
+    async def _write(
+        self,
+        work: Callable[[Conn], T],
+        doing: str,
+        resume: str | None = None,
+        pipeline: bool = False,
+    ) -> T:
         try:
-            return await asyncio.wrap_future(self._submit(work, write=True))
+            return await asyncio.wrap_future(self._submit(work, True, pipeline))
         except psycopg.Error as exc:
             raise self._error(exc, doing, resume) from None
 
@@ -128,7 +135,7 @@ class PostgresStore:
     async def save_step(self, checkpoint: Checkpoint) -> None:
         step, run_id = checkpoint.state.step, checkpoint.run_id
         doing = f"step {step} could not be saved; run {run_id} stays at its last saved step"
-        await self._write(lambda conn: _write_checkpoint(conn, checkpoint), doing, run_id)
+        await self._write(lambda conn: _write_checkpoint(conn, checkpoint), doing, run_id, True)
 
     async def acquire_lease(self, run_id: str, owner: str, ttl: float) -> None:
         def write(conn: Conn) -> None:
@@ -307,23 +314,32 @@ def insert_run(
 
 
 def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
-    """One step: the lease first (the guarded UPDATE), then only what the step added."""
+    """One step: the lease first (the guarded UPDATE), then only what the step added.
+
+    A step's commit waits for the server's WAL flush only when it journals a side effect about
+    to run (the one commit whose loss could make an effect run twice). Other steps commit
+    asynchronously: like SQLite's synchronous=NORMAL, a killed Keel process loses nothing, and
+    a crashed database server loses at most its last moment of steps (never one before an
+    effect), never its consistency; they then cost no fsync each (ADR 0026)."""
     released = cp.release or cp.lease is None
-    cursor = conn.execute(
-        "UPDATE keel.runs SET status = %s, state = %s, updated_at = %s, lease_owner = %s,"
-        f" lease_until = CASE WHEN %s THEN NULL ELSE {NOW} + %s END"
-        " WHERE run_id = %s AND lease_owner IS NOT DISTINCT FROM %s",
-        (
-            cp.state.status,
-            _dumps(cp.state.encode()),
-            time.time(),
-            None if cp.release else cp.lease,
-            released,
-            cp.lease_ttl,
-            cp.run_id,
-            cp.lease,
-        ),
-    )
+    with conn.pipeline():  # BEGIN, the setting and the guarded UPDATE: one round trip
+        if not any(isinstance(e, ToolDispatched) for e in cp.events):
+            conn.execute("SET LOCAL synchronous_commit = off")
+        cursor = conn.execute(
+            "UPDATE keel.runs SET status = %s, state = %s, updated_at = %s, lease_owner = %s,"
+            f" lease_until = CASE WHEN %s THEN NULL ELSE {NOW} + %s END"
+            " WHERE run_id = %s AND lease_owner IS NOT DISTINCT FROM %s",
+            (
+                cp.state.status,
+                _dumps(cp.state.encode()),
+                time.time(),
+                None if cp.release else cp.lease,
+                released,
+                cp.lease_ttl,
+                cp.run_id,
+                cp.lease,
+            ),
+        )
     if cursor.rowcount != 1:
         raise LeaseLost(
             f"run {cp.run_id} was taken over by another process; its step was not saved"
