@@ -91,7 +91,7 @@ def start_cluster(fsync: bool = False) -> Cluster:
     )  # fmt: skip
     options = (
         f"-p {cluster.port} -k {root} -c listen_addresses=127.0.0.1 -c max_connections=300"
-        f" -c fsync={'on' if fsync else 'off'} -c synchronous_commit={'on' if fsync else 'off'}"
+        f" -c fsync={'on' if fsync else 'off'}"
         " -c full_page_writes=off -c shared_buffers=64MB"
     )
     cluster.run(

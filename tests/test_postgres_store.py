@@ -3,6 +3,7 @@ the URL's password never reaches the store, its events or any output."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -12,7 +13,10 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from keel.records import RunConfig, RunStarted, RunState, ToolDispatched
+from keel.store import Checkpoint
 from keel.store.locate import redact, store_target
+from keel.store.postgres_store import PostgresStore, _write_checkpoint
 from postgres import PASSWORD, Cluster, free_port
 
 
@@ -83,3 +87,22 @@ def test_credentials_in_the_url_never_enter_the_store_events_or_output(
             for t in tables
         )
     assert run_id in dump and PASSWORD not in dump
+
+
+def test_only_the_journal_before_a_side_effect_waits_for_the_wal_flush(pg_url: str) -> None:
+    store = PostgresStore(pg_url)
+    state = RunState()
+    asyncio.run(
+        store.create_run("run_1", "q", "m", RunConfig("m", "p"), state, lease="o", lease_ttl=30)
+    )
+    store.close()
+    plain = RunStarted(question="q", model="m", seq=0, at=1.0)
+    journal = ToolDispatched(call_id="c", call_key="k", name="write_file", seq=0, at=1.0)
+    seen = {}
+    with psycopg.connect(pg_url) as conn:
+        for name, event in (("plain", plain), ("journal", journal)):
+            with conn.transaction(force_rollback=True):
+                cp = Checkpoint("run_1", state, events=[event], lease="o", lease_ttl=30)
+                _write_checkpoint(conn, cp)
+                seen[name] = conn.execute("SHOW synchronous_commit").fetchone()[0]  # type: ignore[index]
+    assert seen == {"plain": "off", "journal": "on"}
