@@ -42,7 +42,7 @@ def script_for(n: int) -> dict[str, Any]:
             {"tool_calls": [call("read_file", path="notes.md", start_line=2)]},
             {"text": ANSWER},
         ],
-        "latency_ms": 400,
+        "latency_ms": 1200,
     }
 
 
@@ -88,7 +88,7 @@ class Killer(threading.Thread):
         self.done = threading.Event()
 
     def run(self) -> None:
-        while self.kills < KILLS and not self.done.wait(self.rng.uniform(0.5, 3.0)):
+        while self.kills < KILLS and not self.done.wait(self.rng.uniform(0.3, 2.0)):
             working = [name for name in self.live if "taking runs" in self.pool.log(name)]
             if not working:
                 continue

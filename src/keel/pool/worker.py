@@ -61,7 +61,7 @@ class PoolWorker:
         self.poll = poll
         self.say = say
         self.stopping = False
-        self.store = PostgresStore(url, connections=min(concurrency, 16) + 2)
+        self.store = PostgresStore(url, connections=min(concurrency, 8) + 2)
         self.dispatch = Dispatch(self.store)
         self._active: dict[str, tuple[asyncio.AbstractEventLoop, RunHandle]] = {}
         self._lock = threading.Lock()
@@ -83,6 +83,7 @@ class PoolWorker:
                 "executor_id": self.executor_id,
                 "application_version": APP_VERSION,
                 "log_level": "WARNING",
+                "sys_db_pool_size": 8,
             }
         )
         try:

@@ -38,10 +38,10 @@ from keel.records import (
 )
 from keel.store import reading
 from keel.store.failures import StoreMoved, store_error
-from keel.store.protocol import Checkpoint, RunRecord, holder_alive, new_lease_owner
+from keel.store.protocol import HOST, Checkpoint, RunRecord, holder_alive, new_lease_owner
 from keel.store.worker import Worker
 
-__all__ = ["Checkpoint", "RunRecord", "Store", "new_lease_owner"]
+__all__ = ["HOST", "Checkpoint", "RunRecord", "Store", "new_lease_owner"]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _dumps = _encoder.encode
