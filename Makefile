@@ -44,6 +44,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/local_model.py
 	$(BIN)/python benchmarks/confine.py
 	$(BIN)/python benchmarks/observability.py
+	$(BIN)/python benchmarks/pool.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

@@ -9,7 +9,7 @@ from hypothesis import settings
 
 from pageserver import PageServer
 
-pytest_plugins = ["local_model"]  # the embedded model and llama.cpp server fixtures
+pytest_plugins = ["local_model", "postgres"]  # the embedded model, llama.cpp, a Postgres cluster
 
 # A loaded 2-core CI machine makes per-example timings meaningless; correctness is the point.
 settings.register_profile("keel", deadline=None)

@@ -52,11 +52,11 @@ KILL_POINTS = [
 class Keel:
     """Runs the real command line in a fresh process."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, store: str | Path | None = None) -> None:
         self.repo = tmp_path / "repo"
         self.repo.mkdir()
         (self.repo / "notes.md").write_text("# Notes\nLeases expire.\n")
-        self.store = tmp_path / "runs.sqlite"
+        self.store = store or tmp_path / "runs.sqlite"
         self.script = tmp_path / "script.json"
         self.script.write_text(json.dumps(SCRIPT))
 
@@ -107,6 +107,14 @@ def outcome(proc: subprocess.CompletedProcess[str]) -> dict[str, Any]:
     return result
 
 
+@pytest.fixture(params=["sqlite", "postgres"])
+def keel_cli(request: pytest.FixtureRequest, tmp_path: Path) -> Keel:
+    """The command line over either store: a file, or a new database in the test cluster."""
+    if request.param == "sqlite":
+        return Keel(tmp_path)
+    return Keel(tmp_path, request.getfixturevalue("pg_url"))
+
+
 @pytest.fixture(scope="module")
 def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     keel = Keel(tmp_path_factory.mktemp("baseline"))
@@ -117,9 +125,9 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
 
 @pytest.mark.parametrize(("point", "nth"), KILL_POINTS, ids=[f"{p}-{n}" for p, n in KILL_POINTS])
 def test_killed_run_resumes_to_the_same_end_without_repeating_side_effects(
-    tmp_path: Path, baseline: dict[str, Any], point: str, nth: int
+    keel_cli: Keel, baseline: dict[str, Any], point: str, nth: int
 ) -> None:
-    keel = Keel(tmp_path)
+    keel = keel_cli
     killed = keel.run(failpoints=f"{point}:{nth}")
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     run_id = keel.latest_run()
@@ -153,9 +161,9 @@ def test_killed_run_resumes_to_the_same_end_without_repeating_side_effects(
 
 
 def test_approval_across_processes_keeps_the_synthesis_turn_at_threshold_minus_one(
-    tmp_path: Path,
+    keel_cli: Keel,
 ) -> None:
-    keel = Keel(tmp_path)
+    keel = keel_cli
     script = {
         "turns": [
             {"tool_calls": [call("read_file", path="notes.md")]},
@@ -193,8 +201,8 @@ def test_approval_across_processes_keeps_the_synthesis_turn_at_threshold_minus_o
     assert "approval asked" in table and "synthesis turn" in table and "approved by ana" in table
 
 
-def test_two_resumes_of_one_run_exactly_one_proceeds(tmp_path: Path) -> None:
-    keel = Keel(tmp_path)
+def test_two_resumes_of_one_run_exactly_one_proceeds(keel_cli: Keel) -> None:
+    keel = keel_cli
     script = dict(SCRIPT, latency_ms=300)
     keel.script.write_text(json.dumps(script))
     paused = keel.run(approve_writes=False)

@@ -34,7 +34,9 @@ EXPORTED = {
     "PendingApproval",
     "RunResult",
     "RunStatus",
+    "RunStore",
     "Store",
+    "open_store",
     # models: the one interface, a scripted model for tests, and the messages they exchange
     "AssistantMessage",
     "ModelRequest",

@@ -1,5 +1,5 @@
 """SYSTEM.md "Durability": one process at a time advances a run. A holder whose lease was taken
-over stops at once with LeaseLost, even in the middle of a long call."""
+over stops at once with LeaseLost, even in the middle of a long call; on both stores."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import sqlite3
 import time
 from pathlib import Path
 
+import psycopg
 import pytest
 
 import keel
@@ -15,8 +16,27 @@ from keel.errors import LeaseLost
 from keel.transports.scripted import ScriptedTransport
 
 
-async def test_heartbeat_that_finds_the_lease_taken_stops_the_run_at_once(tmp_path: Path) -> None:
-    path = tmp_path / "runs.sqlite"
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+    if request.param == "sqlite":
+        return tmp_path / "runs.sqlite"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def execute(target: str | Path, statement: str) -> list[tuple[object, ...]]:
+    """Another process's statement on the store's `runs` table."""
+    if isinstance(target, Path):
+        with sqlite3.connect(target) as conn:
+            return conn.execute(statement).fetchall()
+    with psycopg.connect(target, autocommit=True) as pg:
+        cursor = pg.execute(statement.replace("runs", "keel.runs"))  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []
+
+
+async def test_heartbeat_that_finds_the_lease_taken_stops_the_run_at_once(
+    target: str | Path,
+) -> None:
     started = asyncio.Event()
 
     @keel.tool
@@ -28,17 +48,16 @@ async def test_heartbeat_that_finds_the_lease_taken_stops_the_run_at_once(tmp_pa
 
     script = {"turns": [{"tool_calls": [{"name": "slow", "arguments": {"topic": "a"}}]}]}
     agent = keel.Agent(
-        ScriptedTransport.from_dict(script), tools=[slow], store=path, lease_ttl=0.3
+        ScriptedTransport.from_dict(script), tools=[slow], store=target, lease_ttl=0.3
     )
     handle = agent.start("Take long.")
     await started.wait()
-    with sqlite3.connect(path) as other:  # another process took the run over
-        other.execute("UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
+    # another process took the run over
+    execute(target, "UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
     begun = time.monotonic()
     with pytest.raises(LeaseLost):
         await handle
     assert time.monotonic() - begun < 2.0, "the run went on after its lease was lost"
-    with sqlite3.connect(path) as other:
-        (owner,) = other.execute("SELECT lease_owner FROM runs").fetchone()
+    ((owner,),) = execute(target, "SELECT lease_owner FROM runs")
     assert owner == "elsewhere:1:x"  # nothing was written over the new holder
     agent.close()

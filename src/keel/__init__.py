@@ -43,7 +43,7 @@ from keel.messages import (
     UserMessage,
 )
 from keel.result import Failure, PendingApproval, RunResult, RunStatus
-from keel.store import Store
+from keel.store import RunStore, Store, open_store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
 from keel.tools.files import file_tools
@@ -78,6 +78,7 @@ __all__ = [
     "RunHandle",
     "RunResult",
     "RunStatus",
+    "RunStore",
     "RunStream",
     "ScriptedTransport",
     "Store",
@@ -95,6 +96,7 @@ __all__ = [
     "browser_tools",
     "file_tools",
     "mcp_tools",
+    "open_store",
     "tool",
     "web_tools",
     "write_tools",

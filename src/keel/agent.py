@@ -11,8 +11,6 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any
 
-import platformdirs
-
 from keel import approvals, resume
 from keel.context import ContextBuilder
 from keel.errors import ConfigError
@@ -24,7 +22,8 @@ from keel.options import check_tool_names
 from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
-from keel.store import Store
+from keel.store import RunStore, open_store
+from keel.store.locate import default_store_path
 from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
@@ -41,10 +40,6 @@ DEFAULT_SYSTEM_PROMPT = (
 )
 
 
-def default_store_path() -> Path:
-    return Path(platformdirs.user_data_dir("keel")) / "keel.sqlite"
-
-
 class RunHandle:
     """A run in progress: await it for the RunResult, or cancel it cooperatively."""
 
@@ -52,6 +47,11 @@ class RunHandle:
         self._loop = loop
         self._task = task
         self.run_id = loop.run_id
+
+    def stop(self) -> None:
+        """Stop after the current step: saved, the lease released, the run left `running` for
+        another process to continue (its result says `running`)."""
+        self._loop.stop_requested = True
 
     def cancel(self) -> None:
         """Stop at once: in-flight calls are cancelled, the run ends `cancelled`, nothing
@@ -73,7 +73,7 @@ class Agent:
         tools: Sequence[Tool | Callable[..., Any]] = (),
         limits: Limits | None = None,
         system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-        store: Store | str | Path | None = None,
+        store: RunStore | str | Path | None = None,
         token_counter: TokenCounter | None = None,
         listeners: Sequence[Listener] = (),
         approve_tools: Collection[str] = (),
@@ -100,35 +100,43 @@ class Agent:
         self.trace_content = capture_content(trace_content)
         """Put questions, answers, tool arguments and results in OpenTelemetry spans; None:
         as OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT says (off unless true)."""
-        self._owns_store = not isinstance(store, Store)
+        self._owns_store = not isinstance(store, RunStore)
         self._store_arg = store
-        self._store: Store | None = store if isinstance(store, Store) else None
+        self._store: RunStore | None = store if isinstance(store, RunStore) else None
 
     @property
-    def store(self) -> Store:
-        """Opened on first use, so constructing an Agent touches no disk."""
+    def store(self) -> RunStore:
+        """Opened on first use, so constructing an Agent touches no disk. A path or a
+        `postgresql://` URL; None: the SQLite file under the user data directory."""
         if self._store is None:
             arg = self._store_arg
-            self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
+            target = default_store_path() if arg is None else arg
+            self._store = open_store(target if isinstance(target, str | Path) else str(target))
         return self._store
+
+    def config(self, limits: Limits | None = None, settings: JsonObject | None = None) -> RunConfig:
+        """What is saved with a run so any process can rebuild it (no secrets)."""
+        return RunConfig(
+            model=self._model_name,
+            system_prompt=self.system_prompt,
+            tools=tuple(t.name for t in self.tools),
+            approve_tools=tuple(sorted(self.approve_tools)),
+            limits=limits or self.limits,
+            settings={**self.run_config, **(settings or {})},
+        )
 
     def _setup(
         self,
         limits: Limits | None = None,
         listeners: Sequence[Listener] = (),
         settings: JsonObject | None = None,
+        lease_owner: str | None = None,
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
-        `settings`: this run's own, beside the agent's."""
+        `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
+        already holds on the run (a worker)."""
         limits = limits or self.limits
-        config = RunConfig(
-            model=self._model_name,
-            system_prompt=self.system_prompt,
-            tools=tuple(t.name for t in self.tools),
-            approve_tools=tuple(sorted(self.approve_tools)),
-            limits=limits,
-            settings={**self.run_config, **(settings or {})},
-        )
+        config = self.config(limits, settings)
         counter, window = _model_window(self.transport)
         budget = limits.context_tokens
         if window is not None:  # a local model's window is small and hard: stay inside it
@@ -151,6 +159,7 @@ class Agent:
             approve_tools=self.approve_tools,
             config=config,
             lease_ttl=self.lease_ttl,
+            lease_owner=lease_owner,
         )
 
     def start(self, question: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
@@ -171,7 +180,13 @@ class Agent:
         )
         return _launch(RunLoop(run_id, question, setup), traced)
 
-    def start_resume(self, run_id: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
+    def start_resume(
+        self,
+        run_id: str,
+        *,
+        listeners: Sequence[Listener] = (),
+        lease_owner: str | None = None,
+    ) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
@@ -185,8 +200,23 @@ class Agent:
             content=self.trace_content,
         )
         extra = () if traced is None else (traced,)
-        setup = self._setup(record.config.limits, listeners=(*listeners, *extra))
+        setup = self._setup(
+            record.config.limits, listeners=(*listeners, *extra), lease_owner=lease_owner
+        )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
+
+    def start_queued(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
+        """Start a run that `keel submit` recorded (status `queued`, nothing done yet)."""
+        record = self.store.get_run(run_id)
+        if record is None or record.status != "queued":
+            found = record.status if record else "no such run"
+            raise ConfigError(f"run {run_id} is not waiting to start ({found})")
+        traced = RunTrace.begin(
+            run_id, self._model_name, record.question, content=self.trace_content
+        )
+        extra = () if traced is None else (traced,)
+        setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
+        return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
 
     def stream(self, question: str) -> RunStream:
         """Run, and hear each typed event as it is recorded: ``async for event in

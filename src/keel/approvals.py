@@ -10,7 +10,7 @@ import getpass
 
 from keel.errors import ConfigError
 from keel.result import PendingApproval
-from keel.store import Store
+from keel.store import RunStore
 
 __all__ = ["approve", "deny", "pending", "who"]
 
@@ -22,7 +22,7 @@ def who() -> str:
         return "a person"
 
 
-def pending(store: Store, run_id: str) -> tuple[PendingApproval, ...]:
+def pending(store: RunStore, run_id: str) -> tuple[PendingApproval, ...]:
     """Calls of a paused run still waiting for a decision."""
     record = store.get_run(run_id)
     if record is None:
@@ -32,7 +32,7 @@ def pending(store: Store, run_id: str) -> tuple[PendingApproval, ...]:
 
 
 def approve(
-    store: Store, run_id: str, call_id: str | None = None, by: str | None = None
+    store: RunStore, run_id: str, call_id: str | None = None, by: str | None = None
 ) -> list[str]:
     """Approve one pending call, or all of them when `call_id` is None."""
     ids = [p.call_id for p in pending(store, run_id)] if call_id is None else [call_id]
@@ -41,5 +41,5 @@ def approve(
     return ids
 
 
-def deny(store: Store, run_id: str, call_id: str, reason: str, by: str | None = None) -> None:
+def deny(store: RunStore, run_id: str, call_id: str, reason: str, by: str | None = None) -> None:
     store.decide(run_id, call_id, approved=False, by=by or who(), reason=reason)

@@ -7,18 +7,20 @@ another live process is advancing), 3 awaiting approval.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import signal
 import sys
-from collections.abc import Callable, Collection
+from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from typing import Annotated, Any, NoReturn, TypeVar, cast, get_args
 
 import typer
 from rich.console import Console
 
 from keel import approvals
-from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
+from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
+from keel.cli_agent import command_agent as _agent
 from keel.config import config_files, public_url, trust
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
@@ -26,16 +28,12 @@ from keel.integrations import RunExtras, mcp_settings
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
 from keel.options import check_hosts
-from keel.progress import ProgressPrinter
+from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.records import JsonObject, JsonValue
-from keel.result import RunResult
-from keel.store import Store
+from keel.result import RunResult, RunStatus
+from keel.store import RunStore, open_store, store_target
 from keel.terminal import describe_call, safe_text
 from keel.timeline import event_json, run_json, timeline
-from keel.tools.base import Tool
-from keel.tools.files import file_tools
-from keel.tools.web import web_tools
-from keel.tools.writes import write_tools
 from keel.ui.command import ui_command
 
 __all__ = ["app", "main"]
@@ -52,8 +50,12 @@ app = typer.Typer(
 err = Console(stderr=True)
 
 StoreOption = Annotated[
-    Path | None,
-    typer.Option("--store", help="SQLite file of runs [default: under the user data directory]"),
+    str | None,
+    typer.Option(
+        "--store",
+        help="SQLite file of runs, or a postgresql:// URL [default: KEEL_STORE, keel.toml, "
+        "else a file under the user data directory]",
+    ),
 ]
 JsonOption = Annotated[bool, typer.Option("--json", help="Print one JSON object.")]
 ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default: your user].")]
@@ -119,6 +121,7 @@ def run(
     events: EventsOption = False,
     otel: OtelOption = False,
     otel_content: OtelContentOption = False,
+    submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     settings: JsonObject = {
@@ -154,12 +157,15 @@ def run(
             choice.spec,
             settings,
             limits(),
-            store,
+            store_target(store),
             extras,
             approve_tools=approved,
             base_url=choice.base_url,
         )
     )
+    if submit_:
+        _guard(lambda: submit_run(agent, question, as_json))
+        return
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
     _finish(agent, lambda: agent.start(question), extras)
@@ -179,6 +185,17 @@ def trust_command(
     data = _guard(lambda: config_files(path.parent)[0][0].data)
     what = ", ".join(f"{k} = {v!r}" for k, v in data.items() if k in ("model", "base_url"))
     typer.echo(f"trusted {path}" + (f" ({safe_text(what)})" if what else ""))
+
+
+@app.command("submit")
+@functools.wraps(run, assigned=("__module__", "__annotations__"))
+def submit(**options: Any) -> None:
+    """Queue QUESTION for `keel worker`s (a postgresql:// --store) and print its run id at once.
+    Takes every `keel run` option."""
+    run(**{**options, "submit_": True})
+
+
+app.command("worker")(worker_command)
 
 
 @app.command()
@@ -252,7 +269,7 @@ def approve(
         _usage_error(f"run {run_id} has no call awaiting a decision")
     for one in ids:
         typer.echo(f"approved {one}")
-    err.print(f"continue with: keel resume {run_id}", highlight=False)
+    err.print(_guard(lambda: after_decision(store, run_id)), highlight=False)
 
 
 @app.command()
@@ -270,7 +287,7 @@ def deny(
     finally:
         db.close()
     typer.echo(f"denied {call_id}")
-    err.print(f"continue with: keel resume {run_id}", highlight=False)
+    err.print(_guard(lambda: after_decision(store, run_id)), highlight=False)
 
 
 @app.command()
@@ -310,11 +327,17 @@ def show(
 def runs(
     store: StoreOption = None,
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+    status: Annotated[
+        str | None,
+        typer.Option(help="Only runs in this status: queued, running, awaiting_approval, ..."),
+    ] = None,
 ) -> None:
     """List recent runs, newest first."""
+    if status is not None and status not in get_args(RunStatus):
+        _usage_error(f"--status must be one of {', '.join(get_args(RunStatus))}")
     db = _open_store(store, read_only=True)
     try:
-        records = _guard(lambda: db.list_runs(limit))
+        records = _guard(lambda: db.list_runs(limit, status))
     finally:
         db.close()
     for r in records:
@@ -339,49 +362,6 @@ def models() -> None:
 
 
 # -- helpers ---------------------------------------------------------------------------------
-
-
-def _agent(
-    model: str,
-    settings: JsonObject,
-    limits: Limits,
-    store: Store | Path | None,
-    extras: RunExtras,
-    system_prompt: str = DEFAULT_SYSTEM_PROMPT,
-    approve_tools: Collection[str] = (),
-    base_url: str | None = None,
-) -> Agent:
-    repo = Path(str(settings.get("repo", ".")))
-    if not repo.is_dir():
-        raise ConfigError(f"--repo {repo} is not a folder")
-    allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
-    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
-    if settings.get("allow_writes"):
-        tools += write_tools(repo)
-    if settings.get("browser"):
-        from keel.tools.browser import browser_tools
-
-        tools += browser_tools(allow_hosts=allow_hosts)
-    tools += extras.mcp_tools(settings)  # last: it starts servers, stopped by `extras`
-    try:
-        return Agent(
-            model,
-            base_url=base_url,
-            tools=tools,
-            limits=limits,
-            system_prompt=system_prompt,
-            store=store or default_store_path(),
-            listeners=extras.listeners(lambda: ProgressPrinter(err)),
-            approve_tools=approve_tools,
-            run_config={
-                k: settings.get(k)
-                for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser", "mcp")
-            },
-            trace_content=extras.otel_content or None,
-        )
-    except BaseException:
-        extras.close()  # a bad model spec, a tool name clash: stop the servers just started
-        raise
 
 
 def _header(spec: str, base_url: str | None, source: str) -> None:
@@ -454,16 +434,16 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     )
 
 
-def _open_store(path: Path | None, *, read_only: bool = False) -> Store:
+def _open_store(given: str | None, *, read_only: bool = False) -> RunStore:
     """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
     never write to it, not even a schema upgrade, and work on a read-only file or folder."""
-    target = path or default_store_path()
-    if not target.exists():
+    target = _guard(lambda: store_target(given))
+    if isinstance(target, Path) and not target.exists():
         _usage_error(f"no store at {target} (run `keel run` first)")
-    return _guard(lambda: Store(target, read_only=read_only))
+    return _guard(lambda: open_store(target, read_only=read_only))
 
 
-def _known_run(db: Store, run_id: str) -> Any:
+def _known_run(db: RunStore, run_id: str) -> Any:
     record = db.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {db.path}")

@@ -13,17 +13,20 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from keel.errors import LeaseLost, StoreError
-from keel.store import Store, new_lease_owner
+from keel.store import RunStore, new_lease_owner
 
 __all__ = ["Lease"]
 
 
 class Lease:
-    def __init__(self, store: Store | None, run_id: str, ttl: float) -> None:
+    def __init__(
+        self, store: RunStore | None, run_id: str, ttl: float, owner: str | None = None
+    ) -> None:
+        """`owner`: a lease the caller already took (a worker takes it before loading)."""
         self.store = store
         self.run_id = run_id
         self.ttl = ttl
-        self.owner: str | None = new_lease_owner() if store is not None else None
+        self.owner: str | None = (owner or new_lease_owner()) if store is not None else None
         self.lost: LeaseLost | None = None
 
     async def acquire(self) -> None:

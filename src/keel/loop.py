@@ -1,8 +1,9 @@
 """The run loop: a `while` over steps, each ending in one of a closed set of outcomes.
 
-    open (create the run, or take a stored one over)
+    open (create the run, start a queued one, or take a stored one over)
     keep the lease:  step -> Continue: step again (the next model attempt checkpoints first)
                           -> Completed | Paused | Failed: stop
+                          -> Continue after `stop()` was asked: stop, the run still running
     end (record the outcome) and checkpoint, releasing the lease
 
 What one step does lives in `step.py`; the model turn in `turns.py`; the batch in `batch.py`.
@@ -37,7 +38,7 @@ from keel.records import (
 from keel.result import Failure, RunResult
 from keel.resume import ResumePoint
 from keel.step import Completed, Continue, Failed, Paused, StepOutcome, StepParts, take_step
-from keel.store import Store
+from keel.store import RunStore
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -52,27 +53,37 @@ class RunSetup:
     executor: ToolExecutor
     limits: Limits
     context: ContextBuilder
-    store: Store | None
+    store: RunStore | None
     config: RunConfig
     """What `keel resume` needs to rebuild the run (no secrets)."""
     listeners: tuple[Listener, ...] = ()
     approve_tools: frozenset[str] = frozenset()
     """Tools whose calls are pre-approved for this run."""
     lease_ttl: float = 30.0
+    lease_owner: str | None = None
+    """A lease the caller already holds on the run (a worker takes it before loading)."""
 
 
 class RunLoop:
     """Advances one run to its end."""
 
     def __init__(
-        self, run_id: str, question: str, setup: RunSetup, resume: ResumePoint | None = None
+        self,
+        run_id: str,
+        question: str,
+        setup: RunSetup,
+        resume: ResumePoint | None = None,
+        *,
+        queued: bool = False,
     ) -> None:
+        """`queued`: the run was recorded by `keel submit` and has not started yet."""
         self.run_id = run_id
+        self.queued = queued
         self.question = question
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
-        self.lease = Lease(setup.store, run_id, setup.lease_ttl)
+        self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
             setup.limits.loop_threshold,
@@ -93,6 +104,9 @@ class RunLoop:
         )
         self.batch: Batch | None = resume.batch if resume else None
         self.cancel_requested = False
+        self.stop_requested = False
+        """Stop after the current step, the run left running and its lease released, for
+        another process to continue (a worker shutting down)."""
 
     @property
     def state(self) -> RunState:
@@ -112,7 +126,8 @@ class RunLoop:
             outcome = None
         except StoreError as error:
             return self._unsaved(error)
-        self._end(outcome)
+        if not isinstance(outcome, Continue):  # Continue: stopped between steps, not ended
+            self._end(outcome)
         try:
             await asyncio.shield(self.checkpoint(release=True))
         except StoreError as error:
@@ -125,7 +140,7 @@ class RunLoop:
         while True:
             outcome = await take_step(self.parts, self.batch)
             self.batch = None
-            if not isinstance(outcome, Continue):
+            if not isinstance(outcome, Continue) or self.stop_requested:
                 return outcome
 
     async def checkpoint(self, release: bool = False) -> None:
@@ -143,10 +158,13 @@ class RunLoop:
         self.parts.clock.deadline_at = self.state.deadline_at
         name = self.setup.transport.name
         if self.resume is None:
-            await self.recorder.start(
-                self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
-            )
-            emit(RunStarted(question=self.question, model=name))
+            if self.queued:
+                await self.lease.acquire()
+            else:
+                await self.recorder.start(
+                    self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
+                )
+            emit(RunStarted(question=self.question, model=name, owner=self.lease.owner))
             context.append(UserMessage(self.question))
             await self.checkpoint()  # the question is durable before the first model call
             return
@@ -158,7 +176,11 @@ class RunLoop:
             transport.restore(self.state.transport)
         self.state.status = "running"
         open_calls = len(self.batch.open_calls()) if self.batch else 0
-        emit(RunResumed(step=self.state.step, model=name, open_calls=open_calls))
+        emit(
+            RunResumed(
+                step=self.state.step, model=name, open_calls=open_calls, owner=self.lease.owner
+            )
+        )
 
     def _unsaved(self, error: StoreError) -> RunResult:
         """The store could not save a step (disk full, file gone). This process stops here and

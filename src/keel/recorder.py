@@ -13,7 +13,7 @@ from collections.abc import Callable
 from keel.breaker import KeyCounter
 from keel.messages import ToolResult
 from keel.records import Event, ResultElided, RunConfig, RunState, ToolResultRecorded
-from keel.store import Checkpoint, Store
+from keel.store import Checkpoint, RunStore
 
 __all__ = ["Listener", "StepRecorder"]
 
@@ -22,7 +22,7 @@ Listener = Callable[[Event], None]
 
 class StepRecorder:
     def __init__(
-        self, run_id: str, store: Store | None, state: RunState, listeners: tuple[Listener, ...]
+        self, run_id: str, store: RunStore | None, state: RunState, listeners: tuple[Listener, ...]
     ) -> None:
         self.run_id = run_id
         self.store = store

@@ -73,6 +73,8 @@ class RunStarted(_EventBase):
     type: ClassVar[str] = "run_started"
     question: str
     model: str
+    owner: str | None = None
+    """The process that started it (`host:pid:tag`, its lease), None without a store."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -81,6 +83,8 @@ class RunResumed(_EventBase):
     model: str
     open_calls: int = 0
     """Calls of the last batch that had no result when the run stopped."""
+    owner: str | None = None
+    """The process that took the run over (its lease): who advanced the run from here."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -10,7 +10,8 @@ from keel.messages import SynthesisReason, Usage
 
 __all__ = ["Failure", "PendingApproval", "RunResult", "RunStatus"]
 
-RunStatus = Literal["running", "completed", "failed", "awaiting_approval", "cancelled"]
+RunStatus = Literal["queued", "running", "completed", "failed", "awaiting_approval", "cancelled"]
+"""`queued`: submitted to the workers (`keel submit`), not started yet."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from keel.records import (
     ToolDispatched,
     ToolResultRecorded,
 )
-from keel.store import RunRecord, Store
+from keel.store import RunRecord, RunStore
 
 __all__ = ["FINISHED", "ResumePoint", "load"]
 
@@ -39,7 +39,7 @@ class ResumePoint:
     """The last batch, when some of its calls have no result yet."""
 
 
-def load(store: Store, run_id: str) -> ResumePoint:
+def load(store: RunStore, run_id: str) -> ResumePoint:
     record = store.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {store.path}")

@@ -48,7 +48,7 @@ from keel.evals.scenario import (
 from keel.models import resolve_model
 from keel.records import ApprovalRequested, Event, EvidenceReset, ResultElided, RunResumed
 from keel.result import RunResult
-from keel.store import Store
+from keel.store import RunStore
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
@@ -290,7 +290,7 @@ class _EventCounts:
 
 
 async def run_once(
-    scenario: Scenario, *, model: str | None, store: Store, repeat: int = 1
+    scenario: Scenario, *, model: str | None, store: RunStore, repeat: int = 1
 ) -> RunRow:
     """Run the scenario once, for real, and judge it."""
     spec = scenario.spec
@@ -401,7 +401,7 @@ async def run_scenarios(
     *,
     model: str | None = None,
     repeat: int = 1,
-    store: Store,
+    store: RunStore,
     on_row: Callable[[RunRow], None] | None = None,
 ) -> list[ScenarioReport]:
     """Every scenario, `repeat` times each, one run at a time (runs must not share a CPU

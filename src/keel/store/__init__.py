@@ -1,18 +1,20 @@
-"""The run store: SQLite in WAL mode behind a narrow API (see `sqlite_store`)."""
+"""Run stores behind one Protocol (`protocol.RunStore`): SQLite, the embedded default
+(`sqlite_store`), and Postgres for many machines (`postgres_store`, imported only when a
+`postgresql://` store is named). `open_store` picks one from a path or a URL."""
 
 from keel.errors import LeaseHeld, LeaseLost
-from keel.store.sqlite_store import (
-    Checkpoint,
-    RunRecord,
-    Store,
-    new_lease_owner,
-)
+from keel.store.locate import open_store, store_target
+from keel.store.protocol import Checkpoint, RunRecord, RunStore, new_lease_owner
+from keel.store.sqlite_store import Store
 
 __all__ = [
     "Checkpoint",
     "LeaseHeld",
     "LeaseLost",
     "RunRecord",
+    "RunStore",
     "Store",
     "new_lease_owner",
+    "open_store",
+    "store_target",
 ]

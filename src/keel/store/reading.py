@@ -23,14 +23,13 @@ import json
 import os
 import sqlite3
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
 from keel.errors import StoreError
 from keel.records import Event, RunConfig, RunState, ToolResultRecorded, decode_event
-from keel.result import RunStatus
 from keel.store import schema
+from keel.store.protocol import RunRecord
 
 __all__ = [
     "RunRecord",
@@ -43,18 +42,6 @@ __all__ = [
     "list_runs",
     "run",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class RunRecord:
-    run_id: str
-    created_at: float
-    updated_at: float
-    question: str
-    model: str
-    status: RunStatus
-    config: RunConfig
-    state: RunState
 
 
 def connect_read_only(path: str) -> sqlite3.Connection:

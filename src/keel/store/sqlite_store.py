@@ -20,13 +20,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
-import socket
 import sqlite3
 import time
-import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -42,55 +38,18 @@ from keel.records import (
 )
 from keel.store import reading
 from keel.store.failures import StoreMoved, store_error
-from keel.store.reading import RunRecord
+from keel.store.protocol import HOST, Checkpoint, RunRecord, holder_alive, new_lease_owner
 from keel.store.worker import Worker
 
-__all__ = ["Checkpoint", "RunRecord", "Store", "new_lease_owner"]
+__all__ = ["HOST", "Checkpoint", "RunRecord", "Store", "new_lease_owner"]
 
 _encoder = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"))
 _dumps = _encoder.encode
-HOST = socket.gethostname()
-
-
-@dataclass(slots=True)
-class Checkpoint:
-    """What one step adds to the store; saved in one transaction."""
-
-    run_id: str
-    state: RunState
-    events: list[Event] = field(default_factory=list)
-    counters: dict[str, KeyCounter] = field(default_factory=dict)
-    elisions: list[tuple[str, int]] = field(default_factory=list)
-    """(call_id, step) of results newly elided."""
-    blobs: list[tuple[str, str]] = field(default_factory=list)
-    """(digest, text) of results kept whole because the model saw them truncated."""
-    lease: str | None = None
-    """The writer's lease: the checkpoint is refused if another process took the run over."""
-    lease_ttl: float = 0.0
-    release: bool = False
-    """Let go of the lease (the run finished or paused)."""
-
-
-def new_lease_owner() -> str:
-    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-
-
-def _holder_alive(owner: str) -> bool:
-    host, _, rest = owner.partition(":")
-    pid = rest.partition(":")[0]
-    if host != HOST or not pid.isdigit():
-        return True  # elsewhere: only the expiry tells
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class Store:
-    """One SQLite file; all access goes through one worker thread that owns the connection.
+    """A RunStore (`protocol.py`) in one SQLite file; all access goes through one worker
+    thread that owns the connection.
 
     `read_only`: open an existing store for reading only; nothing is ever written to it (no
     schema upgrade either), and the write methods raise ConfigError."""
@@ -179,7 +138,7 @@ class Store:
                 raise ConfigError(f"no run {run_id} in {self.path}")
             holder, until = row
             now = time.time()
-            if holder and holder != owner and until > now and _holder_alive(holder):
+            if holder and holder != owner and until > now and holder_alive(holder):
                 raise LeaseHeld(
                     f"run {run_id} is being advanced by another process ({holder}); its lease "
                     f"runs for {until - now:.0f}s more and is renewed while that process lives"
@@ -256,7 +215,7 @@ class Store:
         return found
 
     def list_runs(
-        self, limit: int = 20, *, status: str | None = None, offset: int = 0
+        self, limit: int = 20, status: str | None = None, offset: int = 0
     ) -> list[RunRecord]:
         """Newest first; `status` keeps only runs with that status, `offset` pages on."""
         found: list[RunRecord] = self._read(

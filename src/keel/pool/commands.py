@@ -1,0 +1,122 @@
+"""The commands of many machines: `keel submit`, `keel worker`, and what a decision does on a
+Postgres store (the run is queued again for the workers). Only the Postgres store has workers;
+on SQLite these say so, and a decision still ends with "continue with: keel resume"."""
+
+from __future__ import annotations
+
+import json
+import signal
+import sys
+import threading
+from typing import Annotated, NoReturn
+
+import typer
+
+from keel.agent import Agent, new_run_id
+from keel.errors import ConfigError, KeelError
+from keel.store import store_target
+from keel.store.locate import is_url
+
+__all__ = ["after_decision", "submit_run", "worker_command"]
+
+
+def _postgres(given: str | None, what: str) -> str:
+    target = store_target(given)
+    if not is_url(target):
+        raise ConfigError(f"{what} needs a postgresql:// store (--store, KEEL_STORE or keel.toml)")
+    return str(target)
+
+
+def submit_run(agent: Agent, question: str, as_json: bool) -> NoReturn:
+    """Record the run as `queued` and enqueue it; print its id at once (exit code 0)."""
+    from keel.pool.dispatch import Dispatch
+    from keel.store.postgres_store import PostgresStore
+
+    store = agent.store
+    if not isinstance(store, PostgresStore):
+        raise ConfigError(
+            "keel submit needs a postgresql:// store (--store, KEEL_STORE or keel.toml)"
+        )
+    run_id = new_run_id()
+    dispatch = Dispatch(store)
+    try:
+        queued = dispatch.submit(run_id, question, agent.transport.name, agent.config())
+    finally:
+        dispatch.close()
+        agent.close()
+    if as_json:
+        typer.echo(json.dumps({"run_id": run_id, "status": "queued"}))
+    else:
+        typer.echo(run_id)
+    if not queued:
+        print(
+            "the queue is not set up yet: the first `keel worker` to start takes it",
+            file=sys.stderr,
+        )
+    raise typer.Exit(0)
+
+
+def after_decision(given: str | None, run_id: str) -> str:
+    """On Postgres, once no call waits for a decision, queue the run for the workers; the line
+    to show says what happens next."""
+    target = store_target(given)
+    if not is_url(target):
+        return f"continue with: keel resume {run_id}"
+    from keel.pool.dispatch import Dispatch
+    from keel.store.postgres_store import PostgresStore
+
+    store = PostgresStore(str(target))
+    dispatch = Dispatch(store)
+    try:
+        record = store.get_run(run_id)
+        if record is None:
+            raise ConfigError(f"no run {run_id} in {store.path}")
+        waiting = [p for p in record.state.pending if p.call_id not in record.state.decisions]
+        if waiting:
+            return f"{len(waiting)} calls still wait for a decision; then a worker continues"
+        dispatch.hand_on(run_id)
+        return f"queued: a keel worker continues run {run_id} (or: keel resume {run_id})"
+    finally:
+        dispatch.close()
+        store.close()
+
+
+def worker_command(
+    store: Annotated[
+        str | None, typer.Option("--store", help="The postgresql:// store the runs are in.")
+    ] = None,
+    concurrency: Annotated[
+        int, typer.Option(help="Runs advanced at once by each worker (the pool's setting).")
+    ] = 4,
+    name: Annotated[
+        str | None, typer.Option(help="This worker's name [default: host:pid].")
+    ] = None,
+    lease_ttl: Annotated[
+        float, typer.Option(help="Seconds a dead worker's runs wait before another takes them.")
+    ] = 30.0,
+) -> None:
+    """Run queued runs until stopped (SIGTERM or Ctrl-C: each run finishes its step, is saved,
+    and is queued again for another worker)."""
+    from keel.pool.worker import PoolWorker
+
+    try:
+        url = _postgres(store, "keel worker")
+        worker = PoolWorker(
+            url,
+            concurrency=concurrency,
+            name=name,
+            lease_ttl=lease_ttl,
+            say=lambda line: print(line, file=sys.stderr, flush=True),
+        )
+    except KeelError as exc:  # a bad URL, an unreachable database: one line, exit code 2
+        _fail(str(exc))
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    worker.serve(stop)
+    raise typer.Exit(0)
+
+
+def _fail(message: str) -> NoReturn:
+    print(f"keel: {message}", file=sys.stderr)
+    raise typer.Exit(2)

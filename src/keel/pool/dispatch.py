@@ -1,0 +1,191 @@
+"""Handing runs to the workers: Keel's `dispatch` table and DBOS's queue, kept in step.
+
+Each handing-on of a run is one DBOS workflow, `RUN_ID.N`, N the run's attempt in `dispatch`.
+Bumping the attempt is a guarded UPDATE, so of several processes that notice the same stranded
+run only one enqueues it again, and DBOS refuses a second workflow of the same id: a run is in
+the queue at most once per attempt. The enqueue itself is a second transaction (DBOS's own); a
+crash between the two leaves a run whose current workflow does not exist, which `rescue` finds
+and hands on.
+
+What DBOS does not do here, Keel does (`rescue`): open-source DBOS recovers only the workflows
+of the executor that restarts with the same id, so a worker that dies for good would keep its
+runs forever. A run is stranded when it has not ended, no live lease covers it, it was handed on
+more than `grace` seconds ago, and its workflow is not waiting in the queue: then it is handed
+on again, and the next worker resumes it from its journal.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+
+from keel.errors import ConfigError, StoreError
+from keel.records import RunConfig, RunState
+from keel.store.postgres_store import NOW, PostgresStore, insert_run
+from keel.store.protocol import holder_alive
+
+if TYPE_CHECKING:
+    from dbos import DBOSClient
+
+__all__ = [
+    "APP",
+    "APP_VERSION",
+    "QUEUE",
+    "WORKFLOW",
+    "Dispatch",
+    "workflow_id",
+]
+
+APP = "keel"
+QUEUE = "keel-runs"
+WORKFLOW = "keel_run"
+APP_VERSION = "keel-1"
+"""Pinned, not derived from the code's hash: a redeployed worker must still take the runs that
+were queued before it (DBOS dequeues only its own version's workflows). Change it only when the
+workflow's arguments change meaning."""
+
+Conn = psycopg.Connection[Any]
+
+
+def workflow_id(run_id: str, attempt: int) -> str:
+    return f"{run_id}.{attempt}"
+
+
+class Dispatch:
+    """Keel's side of the queue, over a PostgresStore and the URL of its database."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.store = store
+        self._url = store.url
+        self._client: DBOSClient | None = None
+
+    def client(self) -> DBOSClient:
+        if self._client is None:
+            try:
+                from dbos import DBOSClient
+            except ImportError:
+                raise ConfigError("workers need DBOS: pip install 'keel[postgres]'") from None
+            try:
+                self._client = DBOSClient(
+                    system_database_url=self._url,
+                    application_name=APP,
+                    retry_connection_errors=False,
+                )
+            except Exception as exc:
+                name = type(exc).__name__
+                raise StoreError(
+                    f"the queue in {self.store.path} cannot be reached ({name})"
+                ) from None
+        return self._client
+
+    def close(self) -> None:
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._client.destroy()
+            self._client = None
+
+    def submit(self, run_id: str, question: str, model: str, config: RunConfig) -> bool:
+        """Record a queued run and hand it to the workers; False: it is recorded, and the first
+        worker to start enqueues it (the queue's tables do not exist before one has run)."""
+
+        def write(conn: Conn) -> None:
+            state = RunState(status="queued")
+            insert_run(conn, run_id, question, model, config, state, "queued")
+            conn.execute(
+                "INSERT INTO keel.dispatch (run_id, attempt, handed_at) VALUES (%s, 1, %s)",
+                (run_id, time.time()),
+            )
+
+        self.store.run_sql(write, f"run {run_id} could not be submitted; nothing was saved")
+        return self.enqueue(run_id, 1)
+
+    def enqueue(self, run_id: str, attempt: int) -> bool:
+        try:
+            self.client().enqueue(
+                {
+                    "workflow_name": WORKFLOW,
+                    "queue_name": QUEUE,
+                    "workflow_id": workflow_id(run_id, attempt),
+                    "app_version": APP_VERSION,
+                },
+                run_id,
+            )
+        except (ConfigError, StoreError):
+            raise
+        except Exception:  # DBOS's tables missing, or the database went away: rescue retries
+            return False
+        return True
+
+    def hand_on(self, run_id: str, attempt: int | None = None) -> int | None:
+        """Queue the run again; `attempt`: only if that is still its current one (so one of
+        several processes noticing the same run does it). Returns the new attempt, or None."""
+
+        def write(conn: Conn) -> int | None:
+            if attempt is None:
+                row = conn.execute(
+                    "INSERT INTO keel.dispatch (run_id, attempt, handed_at) VALUES (%s, 1, %s)"
+                    " ON CONFLICT (run_id) DO UPDATE SET attempt = keel.dispatch.attempt + 1,"
+                    " handed_at = excluded.handed_at RETURNING attempt",
+                    (run_id, time.time()),
+                ).fetchone()
+            else:
+                row = conn.execute(
+                    "UPDATE keel.dispatch SET attempt = attempt + 1, handed_at = %s"
+                    " WHERE run_id = %s AND attempt = %s RETURNING attempt",
+                    (time.time(), run_id, attempt),
+                ).fetchone()
+            return int(row[0]) if row else None
+
+        new = self.store.run_sql(write, f"run {run_id} could not be handed on")
+        if new is not None:
+            self.enqueue(run_id, new)
+        return new
+
+    def stranded(self, grace: float, settle: float) -> list[tuple[str, int, bool]]:
+        """(run, attempt, handed on more than `grace` ago) of every run the workers own that
+        has not ended, that no live lease covers (none, expired, or held by a process of this
+        host that is gone), and that was handed on more than `settle` seconds ago (a submit
+        commits its run a moment before it enqueues it)."""
+
+        def read(conn: Conn) -> list[tuple[str, int, bool]]:
+            rows = conn.execute(
+                f"SELECT r.run_id, d.attempt, d.handed_at < {NOW} - %s, r.lease_owner,"
+                f" r.lease_until > {NOW}"
+                " FROM keel.runs r JOIN keel.dispatch d ON d.run_id = r.run_id"
+                f" WHERE r.status IN ('queued', 'running') AND d.handed_at < {NOW} - %s",
+                (grace, settle),
+            ).fetchall()
+            return [
+                (str(run_id), int(attempt), bool(old))
+                for run_id, attempt, old, owner, live in rows
+                if not (owner and live and holder_alive(owner))
+            ]
+
+        return self.store.run_sql(read, "the queued runs could not be read")
+
+    def rescue(self, grace: float, settle: float = 2.0) -> list[str]:
+        """Hand on every stranded run (see the module docstring); returns their ids. A run
+        whose workflow does not exist waits only `settle` seconds; one whose workflow was
+        taken (its worker died before it took the lease), `grace`."""
+        found = self.stranded(grace, min(settle, grace))
+        if not found:
+            return []
+        ids = [workflow_id(run_id, attempt) for run_id, attempt, _ in found]
+        statuses = {
+            w.workflow_id: w.status
+            for w in self.client().list_workflows(
+                workflow_ids=ids, load_input=False, load_output=False
+            )
+        }
+        rescued = []
+        for (run_id, attempt, old), wid in zip(found, ids, strict=True):
+            status = statuses.get(wid)
+            waiting = status in ("ENQUEUED", "DELAYED")
+            if waiting or (status is not None and not old):
+                continue
+            if self.hand_on(run_id, attempt) is not None:
+                rescued.append(run_id)
+        return rescued

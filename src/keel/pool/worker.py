@@ -1,0 +1,188 @@
+"""`keel worker`: a process that runs queued runs until it is stopped.
+
+Runs arrive as DBOS workflows (`dispatch.py`), at most `concurrency` at once on this worker.
+One workflow advances one run as far as it goes:
+
+    take the run's lease (LeaseHeld: another process has it; nothing to do)
+    finished, or paused with calls still undecided: let go at once; the queue slot is free
+        (a run waiting for a person never holds a slot: the decision queues it again)
+    queued: start it; otherwise resume it from its journal (the same rules as `keel resume`:
+        an interrupted side effect is answered "effect unknown", never run twice)
+    stopped by SIGTERM between two steps: its lease released, it is queued again at once
+
+Keel's journal is the authority, never DBOS's: a workflow has no DBOS steps, so DBOS replaying
+one (it runs workflows at least once) only leads back into the lease and the journal. Each
+worker has its own executor id, and rescues the runs of dead workers (`Dispatch.rescue`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+
+from keel.agent import RunHandle
+from keel.cli_agent import agent_for_record
+from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
+from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
+from keel.resume import FINISHED
+from keel.store import Checkpoint, new_lease_owner
+from keel.store.postgres_store import PostgresStore
+from keel.store.protocol import HOST
+
+__all__ = ["PoolWorker"]
+
+_current: PoolWorker | None = None
+"""The worker of this process: DBOS calls a module-level workflow, which asks it."""
+
+
+class PoolWorker:
+    def __init__(
+        self,
+        url: str,
+        *,
+        concurrency: int = 4,
+        name: str | None = None,
+        lease_ttl: float = 30.0,
+        poll: float = 0.5,
+        say: Callable[[str], None] = print,
+    ) -> None:
+        if concurrency < 1:
+            raise ConfigError("--concurrency must be at least 1")
+        self.url = url
+        self.concurrency = concurrency
+        self.name = name or f"{HOST}:{os.getpid()}"
+        self.executor_id = f"{self.name}:{uuid.uuid4().hex[:8]}"
+        """Unique per process: DBOS tells workers apart by it (and recovers by it)."""
+        self.lease_ttl = lease_ttl
+        self.poll = poll
+        self.say = say
+        self.stopping = False
+        self.store = PostgresStore(url, connections=min(concurrency, 8) + 2)
+        self.dispatch = Dispatch(self.store)
+        self._active: dict[str, tuple[asyncio.AbstractEventLoop, RunHandle]] = {}
+        self._lock = threading.Lock()
+
+    # -- the process -------------------------------------------------------------------------
+
+    def serve(self, stop: threading.Event) -> None:
+        """Run until `stop` is set; then stop every run at its next step boundary, let go of
+        their leases, queue them again, and return."""
+        global _current
+        from dbos import DBOS
+
+        _current = self
+        _register_workflow()
+        DBOS(
+            config={
+                "name": APP,
+                "system_database_url": self.url,
+                "executor_id": self.executor_id,
+                "application_version": APP_VERSION,
+                "log_level": "WARNING",
+                "sys_db_pool_size": 8,
+            }
+        )
+        try:
+            DBOS.launch()
+            DBOS.register_queue(
+                QUEUE,
+                worker_concurrency=self.concurrency,
+                polling_interval_sec=self.poll,
+                on_conflict="always_update",
+            )
+            self.say(
+                f"keel worker {self.name}: taking runs from {self.store.path} "
+                f"(concurrency {self.concurrency}, executor {self.executor_id})"
+            )
+            self._rescue(settle=0.0)  # runs submitted before any worker had set the queue up
+            while not stop.wait(min(self.lease_ttl / 3, 5.0)):
+                self._rescue()
+            self._drain()
+        finally:
+            DBOS.destroy(workflow_completion_timeout_sec=0)
+            self.dispatch.close()
+            self.store.close()
+            _current = None
+
+    def _rescue(self, settle: float = 2.0) -> None:
+        try:
+            for run_id in self.dispatch.rescue(grace=self.lease_ttl, settle=settle):
+                self.say(f"{run_id}: stranded (its worker is gone?); queued again")
+        except KeelError as exc:
+            self.say(f"could not look for stranded runs: {exc}")
+
+    def _drain(self, timeout: float | None = None) -> None:
+        self.stopping = True
+        with self._lock:
+            active = list(self._active.values())
+        self.say(f"keel worker {self.name}: stopping; {len(active)} runs finish their step")
+        for loop, handle in active:
+            loop.call_soon_threadsafe(handle.stop)
+        deadline = time.monotonic() + (timeout or self.lease_ttl * 2)
+        while self._active and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    # -- one run -----------------------------------------------------------------------------
+
+    async def advance(self, run_id: str) -> str:
+        """Advance one run as far as it goes (see the module docstring); its end, in a word."""
+        if self.stopping:
+            self.dispatch.hand_on(run_id)
+            return "handed on"
+        owner = new_lease_owner()
+        try:
+            await self.store.acquire_lease(run_id, owner, self.lease_ttl)
+        except (LeaseHeld, ConfigError) as exc:
+            return f"skipped: {exc}"
+        record = self.store.get_run(run_id)
+        if record is None:
+            return "skipped: no such run"
+        undecided = [p for p in record.state.pending if p.call_id not in record.state.decisions]
+        if record.status in FINISHED or (record.status == "awaiting_approval" and undecided):
+            checkpoint = Checkpoint(run_id, record.state, lease=owner, release=True)
+            await self.store.save_step(checkpoint)
+            return record.status
+        agent = agent_for_record(record, self.store)
+        agent.lease_ttl = self.lease_ttl
+        start = agent.start_queued if record.status == "queued" else agent.start_resume
+        handle = start(run_id, lease_owner=owner)
+        with self._lock:
+            self._active[run_id] = (asyncio.get_running_loop(), handle)
+        try:
+            result = await handle
+        except LeaseLost:
+            return "lease lost"
+        finally:
+            with self._lock:
+                self._active.pop(run_id, None)
+            agent.close()
+        if result.status == "running":  # stopped between steps: another worker continues
+            self.dispatch.hand_on(run_id)
+            self.say(f"{run_id}: stopped after {result.model_calls} model calls; queued again")
+            return "handed on"
+        self.say(f"{run_id}: {result.status}")
+        return result.status
+
+
+_registered = False
+
+
+def _register_workflow() -> None:
+    """Register Keel's one workflow with DBOS, once per process, before DBOS is built."""
+    global _registered
+    if _registered:
+        return
+    from dbos import DBOS
+
+    @DBOS.workflow(name=WORKFLOW)
+    async def keel_run(run_id: str) -> str:
+        worker = _current
+        if worker is None:
+            raise RuntimeError("no Keel worker in this process")
+        return await worker.advance(run_id)
+
+    _registered = True

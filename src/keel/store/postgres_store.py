@@ -1,0 +1,430 @@
+"""The Postgres run store, for many machines: the same RunStore as the SQLite file, on psycopg 3.
+
+The same promises as `sqlite_store`: a step is saved in one transaction that writes only what
+the step added; the lease is checked first (a guarded UPDATE of `runs`), so a holder whose run
+was taken over gets LeaseLost before any of its events could collide with the new holder's.
+Leases are timed by the database's clock, never the machines' (they may disagree). A crashed
+holder loses its lease when it expires; on its own host, at once (its process id is gone), as
+with SQLite: the owner names host and pid, and another host never judges a pid.
+
+Records cross the boundary typed (`records.py` encodes and decodes them); text columns hold the
+same JSON as SQLite's. Postgres refuses NUL characters in text, so a tool result or kept text
+holding one is stored JSON-escaped, and read back exactly.
+
+The URL's password is never stored, logged or shown: `path` is the redacted URL, and every
+error leaves as one line through `pg_connection`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import Any, TypeVar
+
+import psycopg
+
+from keel.breaker import KeyCounter
+from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
+from keel.records import (
+    ApprovalDecided,
+    Decision,
+    Event,
+    RunConfig,
+    RunState,
+    ToolDispatched,
+    ToolResultRecorded,
+    decode_event,
+    encode_event,
+)
+from keel.store import pg_schema
+from keel.store.locate import redact
+from keel.store.pg_connection import Connections, store_error
+from keel.store.protocol import Checkpoint, RunRecord, holder_alive
+
+__all__ = ["PostgresStore"]
+
+T = TypeVar("T")
+Conn = psycopg.Connection[Any]
+_dumps = json.JSONEncoder(ensure_ascii=False, separators=(",", ":")).encode
+NOW = "extract(epoch from clock_timestamp())::float8"
+_ESCAPED = "\x01json:"  # a text that held NUL is stored as this prefix and its JSON string
+
+
+class PostgresStore:
+    """A RunStore in a Postgres database (`protocol.py`). `read_only`: never write to it."""
+
+    def __init__(self, url: str, *, read_only: bool = False, connections: int = 8) -> None:
+        self.path = redact(url)
+        self.read_only = read_only
+        self._db = Connections(url, self.path, size=connections, read_only=read_only)
+        try:
+            self._db.run(self._open)
+        except BaseException as exc:
+            self._db.close()
+            if isinstance(exc, psycopg.Error):
+                raise self._error(exc, "") from None
+            raise
+
+    def _open(self, conn: Conn) -> None:
+        if self.read_only:
+            pg_schema.require_tables(conn, self.path)
+        else:
+            pg_schema.prepare(conn, self.path)
+
+    @property
+    def url(self) -> str:
+        """The URL as given, credentials included: for DBOS's connections, never shown."""
+        return self._db.url
+
+    def close(self) -> None:
+        self._db.close()
+
+    # -- running work ------------------------------------------------------------------------
+
+    def _error(self, exc: BaseException, doing: str, resume: str | None = None) -> StoreError:
+        return store_error(self.path, exc, doing, resume=resume, secret=self._db._secret)
+
+    def _submit(self, work: Callable[[Conn], T], write: bool, pipeline: bool = False) -> Future[T]:
+        if write and self.read_only:
+            raise ConfigError(f"the store {self.path} was opened read-only")
+        return self._db.submit(work, pipeline=pipeline)
+
+    async def _write(
+        self,
+        work: Callable[[Conn], T],
+        doing: str,
+        resume: str | None = None,
+        pipeline: bool = False,
+    ) -> T:
+        try:
+            return await asyncio.wrap_future(self._submit(work, True, pipeline))
+        except psycopg.Error as exc:
+            raise self._error(exc, doing, resume) from None
+
+    def _now(self, work: Callable[[Conn], T], doing: str, write: bool = False) -> T:
+        try:
+            return self._submit(work, write).result()
+        except psycopg.Error as exc:
+            raise self._error(exc, doing) from None
+
+    def run_sql(self, work: Callable[[Conn], T], doing: str) -> T:
+        """Run `work(conn)` in one transaction (for the distributed worker's own tables)."""
+        return self._now(work, doing, write=True)
+
+    # -- writes ------------------------------------------------------------------------------
+
+    async def create_run(
+        self,
+        run_id: str,
+        question: str,
+        model: str,
+        config: RunConfig,
+        state: RunState,
+        *,
+        lease: str | None = None,
+        lease_ttl: float = 0.0,
+    ) -> None:
+        def write(conn: Conn) -> None:
+            insert_run(conn, run_id, question, model, config, state, "running", lease, lease_ttl)
+
+        await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
+
+    async def save_step(self, checkpoint: Checkpoint) -> None:
+        step, run_id = checkpoint.state.step, checkpoint.run_id
+        doing = f"step {step} could not be saved; run {run_id} stays at its last saved step"
+        await self._write(lambda conn: _write_checkpoint(conn, checkpoint), doing, run_id, True)
+
+    async def acquire_lease(self, run_id: str, owner: str, ttl: float) -> None:
+        def write(conn: Conn) -> None:
+            row = conn.execute(
+                f"SELECT lease_owner, lease_until, {NOW} FROM keel.runs WHERE run_id = %s"
+                " FOR UPDATE",
+                (run_id,),
+            ).fetchone()
+            if row is None:
+                raise ConfigError(f"no run {run_id} in {self.path}")
+            holder, until, now = row
+            live = until is not None and until > now and holder_alive(holder)
+            if holder and holder != owner and live:
+                raise LeaseHeld(
+                    f"run {run_id} is being advanced by another process ({holder}); its lease "
+                    f"runs for {until - now:.0f}s more and is renewed while that process lives"
+                )
+            conn.execute(
+                f"UPDATE keel.runs SET lease_owner = %s, lease_until = {NOW} + %s"
+                " WHERE run_id = %s",
+                (owner, ttl, run_id),
+            )
+
+        await self._write(write, f"run {run_id} could not be taken over", resume=run_id)
+
+    async def renew_lease(self, run_id: str, owner: str, ttl: float) -> None:
+        def write(conn: Conn) -> None:
+            cursor = conn.execute(
+                f"UPDATE keel.runs SET lease_until = {NOW} + %s"
+                " WHERE run_id = %s AND lease_owner = %s",
+                (ttl, run_id, owner),
+            )
+            if cursor.rowcount != 1:
+                raise LeaseLost(f"run {run_id} was taken over by another process")
+
+        await self._write(write, f"the lease on run {run_id} could not be renewed", run_id)
+
+    def decide(
+        self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
+    ) -> ApprovalDecided:
+        def write(conn: Conn) -> ApprovalDecided:
+            found = conn.execute(
+                "SELECT status, state FROM keel.runs WHERE run_id = %s FOR UPDATE", (run_id,)
+            ).fetchone()
+            if found is None:
+                raise ConfigError(f"no run {run_id} in {self.path}")
+            status, state_json = found
+            state = RunState.decode(json.loads(state_json))
+            pending = {p.call_id: p for p in state.pending}
+            if status != "awaiting_approval" or call_id not in pending:
+                waiting = ", ".join(pending) or "none"
+                raise ConfigError(
+                    f"run {run_id} has no call {call_id} awaiting a decision "
+                    f"(status {status}; calls waiting: {waiting})"
+                )
+            row = conn.execute(
+                "SELECT coalesce(max(seq), -1) + 1 FROM keel.events WHERE run_id = %s", (run_id,)
+            ).fetchone()
+            seq = int(row[0]) if row else 0
+            event = ApprovalDecided(
+                step=state.step,
+                seq=seq,
+                at=time.time(),
+                call_id=call_id,
+                name=pending[call_id].name,
+                call_key=pending[call_id].call_key,
+                approved=approved,
+                by=by,
+                reason=reason,
+            )
+            _insert_events(conn, run_id, [event])
+            state.decisions[call_id] = Decision(approved, by, reason)
+            state.next_seq = seq + 1
+            conn.execute(
+                "UPDATE keel.runs SET state = %s, updated_at = %s WHERE run_id = %s",
+                (_dumps(state.encode()), time.time(), run_id),
+            )
+            return event
+
+        return self._now(write, "the decision could not be recorded", write=True)
+
+    # -- reads -------------------------------------------------------------------------------
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        def read(conn: Conn) -> RunRecord | None:
+            row = conn.execute(_RUN_SELECT + " WHERE run_id = %s", (run_id,)).fetchone()
+            return _record(row) if row else None
+
+        return self._now(read, f"run {run_id} could not be read")
+
+    def list_runs(
+        self, limit: int = 20, status: str | None = None, offset: int = 0
+    ) -> list[RunRecord]:
+        def read(conn: Conn) -> list[RunRecord]:
+            where, args = (" WHERE status = %s", (status,)) if status else ("", ())
+            rows = conn.execute(
+                _RUN_SELECT + where + " ORDER BY created_at DESC LIMIT %s OFFSET %s",
+                (*args, limit, offset),
+            ).fetchall()
+            return [_record(row) for row in rows]
+
+        return self._now(read, "the runs could not be listed")
+
+    def count_runs(self, status: str | None = None) -> int:
+        def read(conn: Conn) -> int:
+            where, args = (" WHERE status = %s", (status,)) if status else ("", ())
+            row = conn.execute("SELECT count(*) FROM keel.runs" + where, args).fetchone()
+            return int(row[0]) if row else 0
+
+        return self._now(read, "the runs could not be counted")
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        def read(conn: Conn) -> list[Event]:
+            rows = conn.execute(
+                "SELECT seq, type, at, data, body FROM keel.events"
+                " WHERE run_id = %s AND seq > %s ORDER BY seq",
+                (run_id, after),
+            ).fetchall()
+            hidden = _elided(conn, run_id)
+            decoded = []
+            for seq, type_, at, data, body in rows:
+                event = decode_event(type_, seq, at, json.loads(data), _unescape(body))
+                if isinstance(event, ToolResultRecorded):
+                    event.elided = event.call_id in hidden
+                decoded.append(event)
+            return decoded
+
+        return self._now(read, f"the events of run {run_id} could not be read")
+
+    def counters(self, run_id: str) -> dict[str, KeyCounter]:
+        def read(conn: Conn) -> dict[str, KeyCounter]:
+            rows = conn.execute(
+                "SELECT call_key, count, resets, last_digest FROM keel.counters WHERE run_id = %s",
+                (run_id,),
+            ).fetchall()
+            return {key: KeyCounter(count, resets, digest) for key, count, resets, digest in rows}
+
+        return self._now(read, f"run {run_id} could not be read")
+
+    def elided(self, run_id: str) -> set[str]:
+        return self._now(lambda conn: _elided(conn, run_id), f"run {run_id} could not be read")
+
+    def blob(self, digest: str) -> str | None:
+        def read(conn: Conn) -> str | None:
+            row = conn.execute("SELECT data FROM keel.blobs WHERE digest = %s", (digest,))
+            found = row.fetchone()
+            return _unescape(found[0]) if found else None
+
+        return self._now(read, f"the result {digest} could not be read")
+
+
+_RUN_SELECT = (
+    "SELECT run_id, created_at, updated_at, question, model, status, config, state FROM keel.runs"
+)
+
+
+def insert_run(
+    conn: Conn,
+    run_id: str,
+    question: str,
+    model: str,
+    config: RunConfig,
+    state: RunState,
+    status: str,
+    lease: str | None = None,
+    lease_ttl: float = 0.0,
+) -> None:
+    now = time.time()
+    conn.execute(
+        "INSERT INTO keel.runs (run_id, created_at, updated_at, question, model, status, config,"
+        f" state, lease_owner, lease_until) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
+        f" CASE WHEN %s::text IS NULL THEN NULL ELSE {NOW} + %s END)",
+        (
+            run_id,
+            now,
+            now,
+            _plain(question),
+            _plain(model),
+            status,
+            _dumps(config.encode()),
+            _dumps(state.encode()),
+            lease,
+            lease,
+            lease_ttl,
+        ),
+    )
+
+
+def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
+    """One step: the lease first (the guarded UPDATE), then only what the step added.
+
+    A step's commit waits for the server's WAL flush only when it journals a side effect about
+    to run (the one commit whose loss could make an effect run twice). Other steps commit
+    asynchronously: like SQLite's synchronous=NORMAL, a killed Keel process loses nothing, and
+    a crashed database server loses at most its last moment of steps (never one before an
+    effect), never its consistency; they then cost no fsync each (ADR 0026)."""
+    released = cp.release or cp.lease is None
+    with conn.pipeline():  # BEGIN, the setting and the guarded UPDATE: one round trip
+        if not any(isinstance(e, ToolDispatched) for e in cp.events):
+            conn.execute("SET LOCAL synchronous_commit = off")
+        cursor = conn.execute(
+            "UPDATE keel.runs SET status = %s, state = %s, updated_at = %s, lease_owner = %s,"
+            f" lease_until = CASE WHEN %s THEN NULL ELSE {NOW} + %s END"
+            " WHERE run_id = %s AND lease_owner IS NOT DISTINCT FROM %s",
+            (
+                cp.state.status,
+                _dumps(cp.state.encode()),
+                time.time(),
+                None if cp.release else cp.lease,
+                released,
+                cp.lease_ttl,
+                cp.run_id,
+                cp.lease,
+            ),
+        )
+    if cursor.rowcount != 1:
+        raise LeaseLost(
+            f"run {cp.run_id} was taken over by another process; its step was not saved"
+        )
+    with conn.cursor() as cur:
+        if cp.events:
+            _insert_events(conn, cp.run_id, cp.events, cur)
+        if cp.counters:
+            cur.executemany(
+                "INSERT INTO keel.counters (run_id, call_key, count, resets, last_digest)"
+                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, call_key) DO UPDATE"
+                " SET count = excluded.count, resets = excluded.resets,"
+                " last_digest = excluded.last_digest",
+                [(cp.run_id, k, c.count, c.resets, c.last_digest) for k, c in cp.counters.items()],
+            )
+        if cp.elisions:
+            cur.executemany(
+                "INSERT INTO keel.elisions (run_id, call_id, step) VALUES (%s, %s, %s)"
+                " ON CONFLICT DO NOTHING",
+                [(cp.run_id, _plain(call_id), step) for call_id, step in cp.elisions],
+            )
+        if cp.blobs:
+            cur.executemany(
+                "INSERT INTO keel.blobs (digest, data) VALUES (%s, %s) ON CONFLICT DO NOTHING",
+                [(digest, _escape(text)) for digest, text in cp.blobs],
+            )
+
+
+def _insert_events(
+    conn: Conn, run_id: str, events: Sequence[Event], cur: psycopg.Cursor[Any] | None = None
+) -> None:
+    rows = []
+    for event in events:
+        type_, data, body = encode_event(event)
+        rows.append((run_id, event.seq, type_, event.at, _dumps(data), _escape(body)))
+    (cur or conn.cursor()).executemany(
+        "INSERT INTO keel.events (run_id, seq, type, at, data, body)"
+        " VALUES (%s, %s, %s, %s, %s, %s)",
+        rows,
+    )
+
+
+def _elided(conn: Conn, run_id: str) -> set[str]:
+    rows = conn.execute("SELECT call_id FROM keel.elisions WHERE run_id = %s", (run_id,))
+    return {r[0] for r in rows.fetchall()}
+
+
+def _record(row: Sequence[Any]) -> RunRecord:
+    run_id, created, updated, question, model, status, config, state = row
+    return RunRecord(
+        run_id,
+        created,
+        updated,
+        question,
+        model,
+        status,
+        RunConfig.decode(json.loads(config)),
+        RunState.decode(json.loads(state)),
+    )
+
+
+def _escape(text: str | None) -> str | None:
+    """Postgres text cannot hold NUL: such a text is kept as a marked JSON string."""
+    if text is None or ("\x00" not in text and not text.startswith(_ESCAPED)):
+        return text
+    return _ESCAPED + json.dumps(text)
+
+
+def _unescape(text: str | None) -> str | None:
+    if text is None or not text.startswith(_ESCAPED):
+        return text
+    return str(json.loads(text[len(_ESCAPED) :]))
+
+
+def _plain(text: str) -> str:
+    """A name or question shown as it is, NUL made visible (never an identifier that joins)."""
+    return text.replace("\x00", "\ufffd")

@@ -1,0 +1,135 @@
+"""What Keel needs from a run store, as a Protocol: the run loop, resume, approvals, evaluations
+and `keel runs`/`keel show` use these methods and nothing else, so the embedded SQLite store and
+the Postgres store are interchangeable.
+
+The promises every implementation keeps (the store behaviour tests run against each):
+- a step is saved whole or not at all, in one transaction that writes only what it added;
+- the lease is checked before a step's events are written: a holder whose run was taken over
+  gets LeaseLost and writes nothing; a lease whose holder died is lost when it expires;
+- every failure of the database leaves as a StoreError (or ConfigError for misuse) with one
+  line that says what happened and what to do, never naming a password;
+- runs, events, counters and state cross the boundary as the typed records of `records.py`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from keel.breaker import KeyCounter
+from keel.records import ApprovalDecided, Event, RunConfig, RunState
+from keel.result import RunStatus
+
+__all__ = ["HOST", "Checkpoint", "RunRecord", "RunStore", "holder_alive", "new_lease_owner"]
+
+HOST = socket.gethostname()
+
+
+@dataclass(frozen=True, slots=True)
+class RunRecord:
+    """A stored run as `keel runs`, `keel show` and resume see it."""
+
+    run_id: str
+    created_at: float
+    updated_at: float
+    question: str
+    model: str
+    status: RunStatus
+    config: RunConfig
+    state: RunState
+
+
+@dataclass(slots=True)
+class Checkpoint:
+    """What one step adds to the store; saved in one transaction."""
+
+    run_id: str
+    state: RunState
+    events: list[Event] = field(default_factory=list)
+    counters: dict[str, KeyCounter] = field(default_factory=dict)
+    elisions: list[tuple[str, int]] = field(default_factory=list)
+    """(call_id, step) of results newly elided."""
+    blobs: list[tuple[str, str]] = field(default_factory=list)
+    """(digest, text) of results kept whole because the model saw them truncated."""
+    lease: str | None = None
+    """The writer's lease: the checkpoint is refused if another process took the run over."""
+    lease_ttl: float = 0.0
+    release: bool = False
+    """Let go of the lease (the run finished, paused, or was handed to another process)."""
+
+
+@runtime_checkable
+class RunStore(Protocol):
+    """A run store. `path` names it in messages: a file path, or a URL without its password."""
+
+    path: str
+
+    async def create_run(
+        self,
+        run_id: str,
+        question: str,
+        model: str,
+        config: RunConfig,
+        state: RunState,
+        *,
+        lease: str | None = None,
+        lease_ttl: float = 0.0,
+    ) -> None: ...
+
+    async def save_step(self, checkpoint: Checkpoint) -> None:
+        """Save one step whole, or raise LeaseLost (taken over) or StoreError (not saved)."""
+
+    async def acquire_lease(self, run_id: str, owner: str, ttl: float) -> None:
+        """Take the run for `owner`, or raise LeaseHeld naming the live holder."""
+
+    async def renew_lease(self, run_id: str, owner: str, ttl: float) -> None:
+        """Extend `owner`'s lease, or raise LeaseLost."""
+
+    def decide(
+        self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
+    ) -> ApprovalDecided:
+        """Record a person's decision on a pending call of a paused run."""
+
+    def get_run(self, run_id: str) -> RunRecord | None: ...
+
+    def list_runs(
+        self, limit: int = 20, status: str | None = None, offset: int = 0
+    ) -> list[RunRecord]:
+        """Newest first; `status` keeps only runs with that status, `offset` pages on."""
+
+    def count_runs(self, status: str | None = None) -> int: ...
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        """The run's events in order (after seq `after`); a tool result's `elided` is set from
+        the elisions."""
+
+    def counters(self, run_id: str) -> dict[str, KeyCounter]: ...
+
+    def elided(self, run_id: str) -> set[str]: ...
+
+    def blob(self, digest: str) -> str | None: ...
+
+    def close(self) -> None: ...
+
+
+def new_lease_owner() -> str:
+    return f"{HOST}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+def holder_alive(owner: str) -> bool:
+    """Whether a lease's holder may still live: on this host, its pid says; elsewhere only the
+    lease's expiry can tell."""
+    host, _, rest = owner.partition(":")
+    pid = rest.partition(":")[0]
+    if host != HOST or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
