@@ -15,6 +15,7 @@ import platformdirs
 
 from keel import approvals, resume
 from keel.context import ContextBuilder
+from keel.durability import Durability, check_durability
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.loop import RunLoop, RunSetup
@@ -76,7 +77,12 @@ class Agent:
         approve_tools: Collection[str] = (),
         run_config: JsonObject | None = None,
         lease_ttl: float = 30.0,
+        durability: Durability | None = None,
     ) -> None:
+        """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
+        a power cut loses nothing committed; see `keel/durability.py`). It applies to the
+        store the agent opens; a `Store` passed in keeps its own, and naming another is an
+        error."""
         self.model_spec = model if isinstance(model, str) else None
         self.transport = (
             resolve_model(model, base_url=base_url) if isinstance(model, str) else model
@@ -95,13 +101,24 @@ class Agent:
         self._owns_store = not isinstance(store, Store)
         self._store_arg = store
         self._store: Store | None = store if isinstance(store, Store) else None
+        if durability is not None:
+            durability = check_durability(durability)
+        if self._store is not None and durability not in (None, self._store.durability):
+            raise ConfigError(
+                f"the store passed in was opened with durability {self._store.durability!r}: "
+                f"open it with Store(..., durability={durability!r}) instead"
+            )
+        self.durability: Durability = durability or (
+            self._store.durability if self._store is not None else "process"
+        )
 
     @property
     def store(self) -> Store:
         """Opened on first use, so constructing an Agent touches no disk."""
         if self._store is None:
             arg = self._store_arg
-            self._store = Store(default_store_path() if arg is None else arg)  # type: ignore[arg-type]
+            path = default_store_path() if arg is None else arg
+            self._store = Store(path, durability=self.durability)  # type: ignore[arg-type]
         return self._store
 
     def _setup(self, limits: Limits | None = None) -> RunSetup:

@@ -19,6 +19,7 @@ from rich.console import Console
 
 from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle, default_store_path
+from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
@@ -55,6 +56,13 @@ ByOption = Annotated[str | None, typer.Option("--by", help="Who decides [default
 BaseUrlOption = Annotated[
     str | None,
     typer.Option(help="Server for openai-chat:/openai:/anthropic: (e.g. a local llama.cpp)."),
+]
+DurabilityOption = Annotated[
+    str | None,
+    typer.Option(
+        help="process: survives a killed process; power: also a power cut (an fsync per "
+        "step) [default: keel.toml's durability, else process]."
+    ),
 ]
 
 
@@ -96,6 +104,7 @@ def run(
     context_tokens: Annotated[
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
+    durability: DurabilityOption = None,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     settings: JsonObject = {
@@ -119,8 +128,17 @@ def run(
     choice = _guard(lambda: choose_model(model, base_url))
     settings["base_url"] = choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    level = _guard(lambda: choose_durability(durability))
     agent = _guard(
-        lambda: _agent(choice.spec, settings, limits(), store, as_json, approve_tools=approved)
+        lambda: _agent(
+            choice.spec,
+            settings,
+            limits(),
+            store,
+            as_json,
+            approve_tools=approved,
+            durability=level,
+        )
     )
     _finish(agent, lambda: agent.start(question), as_json)
 
@@ -134,9 +152,10 @@ def resume(
         str | None, typer.Option(help="Model spec [default: the one the run started with].")
     ] = None,
     base_url: BaseUrlOption = None,
+    durability: DurabilityOption = None,
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, or a crash."""
-    db = _open_store(store)
+    db = _open_store(store, durability=_guard(lambda: choose_durability(durability)))
     record = _guard(lambda: _known_run(db, run_id))
     config = record.config
     settings = dict(config.settings)
@@ -271,6 +290,7 @@ def _agent(
     quiet: bool,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
+    durability: Durability | None = None,
 ) -> Agent:
     repo = Path(str(settings.get("repo", ".")))
     if not repo.is_dir():
@@ -296,6 +316,7 @@ def _agent(
             k: settings.get(k)
             for k in ("repo", "allow_hosts", "allow_writes", "base_url", "browser")
         },
+        durability=durability,
     )
 
 
@@ -354,13 +375,15 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     )
 
 
-def _open_store(path: Path | None, *, read_only: bool = False) -> Store:
+def _open_store(
+    path: Path | None, *, read_only: bool = False, durability: Durability = "process"
+) -> Store:
     """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
     never write to it, not even a schema upgrade, and work on a read-only file or folder."""
     target = path or default_store_path()
     if not target.exists():
         _usage_error(f"no store at {target} (run `keel run` first)")
-    return _guard(lambda: Store(target, read_only=read_only))
+    return _guard(lambda: Store(target, read_only=read_only, durability=durability))
 
 
 def _known_run(db: Store, run_id: str) -> Any:

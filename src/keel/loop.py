@@ -143,12 +143,12 @@ class RunLoop:
         self.parts.clock.deadline_at = self.state.deadline_at
         name = self.setup.transport.name
         if self.resume is None:
+            emit(RunStarted(question=self.question, model=name))
+            context.append(UserMessage(self.question))
+            # The run and its question are durable before the first model call: one commit.
             await self.recorder.start(
                 self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
             )
-            emit(RunStarted(question=self.question, model=name))
-            context.append(UserMessage(self.question))
-            await self.checkpoint()  # the question is durable before the first model call
             return
         await self.lease.acquire()
         context.elided.update(self.resume.elided)

@@ -35,6 +35,7 @@ __all__ = [
     "available_models",
     "choose_model",
     "config_files",
+    "read_config",
     "resolve_model",
 ]
 
@@ -109,7 +110,7 @@ def config_files(cwd: Path | None = None) -> list[Path]:
     ]
 
 
-def _read_config(path: Path) -> dict[str, object]:
+def read_config(path: Path) -> dict[str, object]:
     try:
         return tomllib.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
@@ -132,7 +133,7 @@ def choose_model(
     for path in config_files(cwd):
         if not path.is_file():
             continue
-        data = _read_config(path)
+        data = read_config(path)
         model, url = data.get("model"), data.get("base_url")
         if model is not None and not isinstance(model, str):
             raise ConfigError(f'{path}: model must be a string such as "local"')

@@ -7,8 +7,9 @@ writes only what the step added, so a checkpoint costs the same at turn 300 as a
 
 One process at a time advances a run: it holds the run's lease, renewed with every checkpoint.
 A lease whose holder died (same host: its pid is gone; elsewhere: the lease expired) can be
-taken over. `synchronous=NORMAL` with WAL survives a killed process; a power cut may lose the
-last commits but never corrupts the file.
+taken over. `durability="process"` (WAL, `synchronous=NORMAL`) survives a killed process; a power
+cut may lose the last commits but never corrupts the file. `durability="power"` fsyncs each
+step's commit, so a power cut loses nothing committed either (`keel/durability.py`).
 
 Every SQLite or file-system failure leaves here as a StoreError naming the file and what was not
 saved (`failures.py`); a failed step is rolled back whole, so the run stays at its last saved
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.breaker import KeyCounter
+from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, LeaseHeld, LeaseLost
 from keel.records import (
     ApprovalDecided,
@@ -93,23 +95,32 @@ class Store:
     """One SQLite file; all access goes through one worker thread that owns the connection.
 
     `read_only`: open an existing store for reading only; nothing is ever written to it (no
-    schema upgrade either), and the write methods raise ConfigError."""
+    schema upgrade either), and the write methods raise ConfigError. `durability`: "process"
+    (the default) or "power", see `keel/durability.py`."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, durability: Durability = "process"
+    ) -> None:
         self.path = str(path)
+        self.durability = check_durability(durability)
         if self.path != ":memory:" and not read_only:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"cannot create the folder for {self.path}: {exc}") from exc
-        self._worker = Worker(self.path, _write_checkpoints, read_only=read_only)
+        self._worker = Worker(
+            self.path, _write_checkpoints, read_only=read_only, durability=self.durability
+        )
 
     def close(self) -> None:
         self._worker.close()
 
-    async def _write(self, work: Any, doing: str, resume: str | None = None) -> Any:
+    async def _write(
+        self, work: Any, doing: str, resume: str | None = None, *, sync: bool = True
+    ) -> Any:
+        """`sync`: at power durability, this write is on the disk before it returns."""
         try:
-            return await asyncio.wrap_future(self._worker.submit(work, write=True))
+            return await asyncio.wrap_future(self._worker.submit(work, write=True, sync=sync))
         except (sqlite3.Error, StoreMoved) as exc:
             raise store_error(self.path, exc, doing, resume=resume) from exc
 
@@ -137,7 +148,9 @@ class Store:
         *,
         lease: str | None = None,
         lease_ttl: float = 0.0,
+        events: Sequence[Event] = (),
     ) -> None:
+        """Create the run and log its first events, in one transaction."""
         now = time.time()
         until = now + lease_ttl if lease else None
 
@@ -158,6 +171,7 @@ class Store:
                     until,
                 ),
             )
+            _insert_events(conn, run_id, events)
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 
@@ -189,7 +203,8 @@ class Store:
                 (owner, now + ttl, run_id),
             )
 
-        await self._write(write, f"run {run_id} could not be taken over", resume=run_id)
+        # Not synced: a take-over lost to a power cut only matters to a process that is gone.
+        await self._write(write, f"run {run_id} could not be taken over", run_id, sync=False)
 
     async def renew_lease(self, run_id: str, owner: str, ttl: float) -> None:
         def write(conn: sqlite3.Connection) -> None:
@@ -200,7 +215,8 @@ class Store:
             if cursor.rowcount != 1:
                 raise LeaseLost(f"run {run_id} was taken over by another process")
 
-        await self._write(write, f"the lease on run {run_id} could not be renewed", run_id)
+        doing = f"the lease on run {run_id} could not be renewed"
+        await self._write(write, doing, run_id, sync=False)
 
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
