@@ -72,6 +72,7 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
+        setup.context.cache_key = run_id  # one provider cache key for the whole run
         self.lease = Lease(setup.store, run_id, setup.lease_ttl)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
