@@ -8,7 +8,8 @@ one call in the budget becomes budget synthesis.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
+import functools
+from typing import TYPE_CHECKING, cast
 
 from keel import gateway
 from keel.budgets import past_limits, running_out
@@ -87,8 +88,16 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
 
 def _remember_transport(parts: StepParts) -> None:
     """A deterministic transport's position is part of the checkpoint."""
-    if isinstance(parts.transport, Resumable):
-        parts.state.transport = parts.transport.snapshot()
+    transport = parts.transport
+    if _resumable(type(transport)):
+        parts.state.transport = cast(Resumable, transport).snapshot()
+
+
+@functools.cache
+def _resumable(kind: type) -> bool:
+    """`isinstance(transport, Resumable)`, asked once per transport class: a runtime protocol
+    check walks the protocol's members every time (~10 us, once per model attempt)."""
+    return issubclass(kind, Resumable)
 
 
 async def _after_error(

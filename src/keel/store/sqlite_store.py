@@ -340,21 +340,23 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
         raise LeaseLost(f"run {taken} was taken over by another process; its step was not saved")
     for cp in cps:
         _insert_events(conn, cp.run_id, cp.events)
-    conn.executemany(
-        "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
-        " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
-        [
-            (cp.run_id, k, c.count, c.resets, c.last_digest)
-            for cp in cps
-            for k, c in cp.counters.items()
-        ],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO elisions (run_id, call_id, step) VALUES (?, ?, ?)",
-        [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)",
-        [b for cp in cps for b in cp.blobs],
-    )
+    counters = [
+        (cp.run_id, k, c.count, c.resets, c.last_digest)
+        for cp in cps
+        for k, c in cp.counters.items()
+    ]
+    if counters:  # most steps change a counter; few elide or keep whole texts
+        conn.executemany(
+            "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE SET"
+            " count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
+            counters,
+        )
+    elisions = [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions]
+    if elisions:
+        conn.executemany(
+            "INSERT OR IGNORE INTO elisions (run_id, call_id, step) VALUES (?, ?, ?)", elisions
+        )
+    blobs = [b for cp in cps for b in cp.blobs]
+    if blobs:
+        conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)
