@@ -18,6 +18,10 @@ commit crosses its threshold, so Keel turns it off (`wal_autocheckpoint=0`) and 
   own value), while holding the writer's gate so that no step can commit in between. Frames
   committed during the copy are copied under the gate first. A step that wants to commit just
   then waits for that short tail (once per `limit` of log), never for the bulk of a checkpoint.
+- **Back-pressure, only when the disk falls behind.** If the writer outruns a checkpoint by a
+  whole `limit` (the log reaches twice the mark that started it), the writer waits for that
+  checkpoint to finish before its next commit. On a machine that keeps up this never happens;
+  on one that does not, it is what keeps the log bounded.
 - **Readers decide when the log can restart.** A reader still using old frames (`keel show`,
   another process) can keep a checkpoint from finishing or the log from restarting; the next try
   then waits for another `limit` of growth, so a slow reader costs one checkpoint per `limit`,
@@ -67,6 +71,9 @@ class WalKeeper:
         self._commits = commits
         self._next_at = limit + 1
         self._wake = threading.Event()
+        self._idle = threading.Event()
+        """Set while no checkpoint is running."""
+        self._idle.set()
         self._stopping = False
         self._thread = threading.Thread(target=self._work, name="keel-wal", daemon=True)
         self._thread.start()
@@ -77,16 +84,18 @@ class WalKeeper:
         return self._thread.native_id
 
     def after_commit(self) -> None:
-        """Called by the writer after each commit: one stat(), and a wake-up only when the log
-        has grown by `limit` since the last checkpoint."""
-        if self._wake.is_set():
-            return
+        """Called by the writer after each commit (outside its gate): one stat(), a wake-up
+        when the log has grown by `limit` since the last checkpoint, and a wait for the running
+        checkpoint when the log has grown by another `limit` during it."""
         try:
             size = os.stat(self.wal).st_size
         except OSError:
             return
-        if size >= self._next_at:
-            self._wake.set()
+        if size < self._next_at:
+            return
+        self._wake.set()
+        if size >= self._next_at + self.limit and not self._idle.is_set():
+            self._idle.wait()
 
     def stop(self) -> None:
         self._stopping = True
@@ -100,14 +109,18 @@ class WalKeeper:
             self._wake.clear()
             if self._stopping:
                 break
+            self._idle.clear()
             try:
-                if os.stat(self.wal).st_size < self._next_at:
+                if self._size() < self._next_at:
                     continue
                 conn = conn or self._open()
                 restarted = self._cycle(conn)
             except (OSError, sqlite3.Error):
                 restarted = False  # the writer's TRUNCATE on close still brings the log home
+            finally:
+                self._idle.set()
             self._next_at = self.limit + 1 if restarted else self._size() + self.limit
+        self._idle.set()
         if conn is not None:
             conn.close()
 
