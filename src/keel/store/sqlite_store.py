@@ -19,7 +19,6 @@ reads without ever writing (`reading.py`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
 import socket
@@ -120,7 +119,7 @@ class Store:
     ) -> Any:
         """`sync`: at power durability, this write is on the disk before it returns."""
         try:
-            return await asyncio.wrap_future(self._worker.submit(work, write=True, sync=sync))
+            return await self._worker.submit_async(work, write=True, sync=sync)
         except (sqlite3.Error, StoreMoved) as exc:
             raise store_error(self.path, exc, doing, resume=resume) from exc
 

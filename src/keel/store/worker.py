@@ -12,15 +12,20 @@ A job, once submitted, runs whole even if its caller stops waiting: its future i
 at once, so cancelling the awaiting task cannot cancel it (the recorder has already handed its
 events over; dropping them would lose them, and half of them cannot be written). Nothing a job
 does, and no way its future ends, stops the thread.
+
+The event loop's writes (`submit_async`) wait on a plain asyncio future that the thread settles
+through `call_soon_threadsafe`: a `concurrent.futures.Future` chained to an asyncio one costs a
+lock, a condition and two callbacks per step on the loop's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from queue import SimpleQueue
@@ -43,7 +48,8 @@ class Job:
     work: Work | Any
     """A function of the connection, or a value that `group` writes with its peers at once."""
     write: bool
-    future: Future[Any]
+    future: Future[Any] | asyncio.Future[Any]
+    """Settled by the thread: a waiting thread's future, or an event loop's."""
     sync: bool = True
     """At `power` durability, commit it with an fsync (every write but a lease renewal)."""
 
@@ -94,14 +100,24 @@ class Worker:
         return conn
 
     def submit(self, work: Work | Any, *, write: bool, sync: bool = True) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
+        self._put(Job(work, write, future, sync))
+        return future
+
+    def submit_async(self, work: Work | Any, *, write: bool, sync: bool = True) -> Awaitable[Any]:
+        """`submit` for the running event loop. Cancelling the awaiting task cancels the wait,
+        never the job."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._put(Job(work, write, future, sync))
+        return future
+
+    def _put(self, job: Job) -> None:
         if not self._thread.is_alive():
             raise RuntimeError("the store is closed")
-        if write and self.read_only:
+        if job.write and self.read_only:
             raise ConfigError(f"the store {self.path} was opened read-only")
-        job = Job(work, write, Future(), sync)
-        job.future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
         self._jobs.put(job)
-        return job.future
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -233,11 +249,31 @@ def _roll_back(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def _settle(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+def _settle(
+    future: Future[Any] | asyncio.Future[Any],
+    *,
+    result: Any = None,
+    error: BaseException | None = None,
+) -> None:
     """End a job's future; one that already ended (it cannot be cancelled, see `submit`) is
-    left as it is, never allowed to raise in the worker thread."""
+    left as it is, never allowed to raise in the worker thread. An event loop's future is ended
+    on its loop; a loop that has closed meanwhile has nobody waiting any more."""
+    if isinstance(future, asyncio.Future):
+        with contextlib.suppress(RuntimeError):
+            future.get_loop().call_soon_threadsafe(_resolve, future, result, error)
+        return
     with contextlib.suppress(InvalidStateError):
         if error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)
+
+
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """On the loop: a wait that was cancelled stays cancelled (the job ran all the same)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
