@@ -1,5 +1,6 @@
 """The write-ahead log's upkeep: checkpoints when the log has grown, and restarting the log, on
-a thread of its own so that no commit of a step ever waits for a checkpoint or pays its fsyncs.
+a thread of its own, so that a step's commit never pays a checkpoint's fsyncs and, unless the
+disk falls behind, never waits for one.
 
 In WAL mode each commit appends to the `-wal` file. A checkpoint copies the log back into the
 database (an fsync of the log, one of the database); only once every frame is copied can the
