@@ -133,7 +133,7 @@ async def measure(turns: int, size_kb: int, budget: int) -> list[tuple[str, floa
                 ("one at a time", 1.0),
             ):
                 requests, sent = await one_run(store, turns, size_kb, budget, elide_to)
-                estimate = sum(e.repeated_prefix_tokens for e in sent) / sum(
+                estimate = sum(e.repeated_prefix_tokens or 0 for e in sent) / sum(
                     e.estimated_input_tokens for e in sent
                 )
                 rows.append((name, estimate, wire_share(requests)))

@@ -123,12 +123,12 @@ def test_a_store_written_before_typed_records_loads_shows_and_resumes(tmp_path: 
     store.close()
 
 
-def test_a_model_request_recorded_before_the_prompt_cache_share_loads_with_zero() -> None:
+def test_a_model_request_recorded_before_the_prompt_cache_share_loads_without_one() -> None:
     old = {"step": 1, "attempt": 1, "tool_choice": None, "synthesis": None, "items": 1,
            "estimated_input_tokens": 40}  # fmt: skip
     event = decode_event("model_request", 3, 1.0, old)
     assert isinstance(event, ModelRequestSent)
-    assert (event.estimated_input_tokens, event.repeated_prefix_tokens) == (40, 0)
+    assert (event.estimated_input_tokens, event.repeated_prefix_tokens) == (40, None)
     new = ModelRequestSent(
         step=2,
         attempt=1,

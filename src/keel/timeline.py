@@ -84,15 +84,19 @@ class PromptCacheShare:
 
 
 def prompt_cache_share(events: list[Event]) -> PromptCacheShare | None:
-    """The run's prompt-cache figures; None when it sent no request."""
+    """The run's prompt-cache figures; None when it sent no request that recorded them (stores
+    written before they were recorded)."""
     sent = [e for e in events if isinstance(e, ModelRequestSent)]
-    if not sent:
+    measured = [e.repeated_prefix_tokens for e in sent if e.repeated_prefix_tokens is not None]
+    if not measured:
         return None
     usages = [e.usage for e in events if isinstance(e, ModelResponseReceived)]
     return PromptCacheShare(
-        requests=len(sent),
-        estimated_tokens=sum(e.estimated_input_tokens for e in sent),
-        repeated_tokens=sum(e.repeated_prefix_tokens for e in sent),
+        requests=len(measured),
+        estimated_tokens=sum(
+            e.estimated_input_tokens for e in sent if e.repeated_prefix_tokens is not None
+        ),
+        repeated_tokens=sum(measured),
         provider_tokens=sum(u.input_tokens for u in usages),
         provider_cached=sum(u.cached_input_tokens for u in usages),
     )
@@ -145,8 +149,8 @@ def _detail(event: Event) -> str:
             return f"model {event.model}"
         case ModelRequestSent():
             how = f"tool_choice={event.tool_choice}" if event.tool_choice else "tools allowed"
-            size = event.estimated_input_tokens
-            repeated = f" ({event.repeated_prefix_tokens} repeated)" if size else ""
+            size, same = event.estimated_input_tokens, event.repeated_prefix_tokens
+            repeated = f" ({same} repeated)" if size and same is not None else ""
             return f"attempt {event.attempt} · {how} · ~{size} tokens in{repeated}"
         case ModelResponseReceived():
             calls = ", ".join(c.name for c in event.tool_calls)
