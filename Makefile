@@ -41,6 +41,8 @@ test: lint
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/overhead.py
 	$(BIN)/python benchmarks/checkpoint.py
+	$(BIN)/python benchmarks/durability.py
+	$(BIN)/python benchmarks/prompt_cache.py
 	$(BIN)/python benchmarks/local_model.py
 	$(BIN)/python benchmarks/confine.py
 	$(BIN)/python benchmarks/observability.py

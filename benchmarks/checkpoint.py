@@ -32,6 +32,7 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import keel
 
+from keel.records import encode_event
 from keel.store import sqlite_store
 
 TURNS = (10, 100, 300)
@@ -58,15 +59,20 @@ class PayloadMeter:
 
         def metered(conn: object, cps: list[sqlite_store.Checkpoint]) -> None:
             for cp in cps:
-                size = len(sqlite_store._dumps(cp.state))
-                for e in cp.events:
-                    size += len(sqlite_store._dumps(e.data)) + len(e.body or "")
+                size = len(sqlite_store._dumps(cp.state.encode()))
+                for event in cp.events:
+                    _, data, body = encode_event(event)
+                    size += len(sqlite_store._dumps(data)) + len(body or "")
                 size += sum(len(k) + 24 for k in cp.counters)
                 size += sum(len(d) + len(t) for d, t in cp.blobs)
                 self.sizes.append(size)
             self._original(conn, cps)  # type: ignore[arg-type]
 
         sqlite_store._write_checkpoints = metered  # type: ignore[assignment]
+
+    def restore(self) -> None:
+        """Stores opened from now on write without the meter."""
+        sqlite_store._write_checkpoints = self._original
 
 
 def agent(store: keel.Store, turns: int, size_kb: int) -> keel.Agent:
@@ -111,7 +117,7 @@ async def measure(folder: Path, turns: int, size_kb: int, repeats: int) -> dict[
             payloads.append(statistics.median(meter.sizes))  # a step's checkpoint, typically
             assert result.status == "completed", result
         finally:
-            sqlite_store._write_checkpoints = meter._original
+            meter.restore()
             store.close()
         held = (turns - 1) * size_kb * 1024
         size = sum(p.stat().st_size for p in folder.glob(path.name + "*"))

@@ -59,8 +59,29 @@ def wire(
     volatile: tuple[str, ...] = (),
     tools: tuple[ToolDefinition, ...] = (TOOL,),
 ) -> dict[str, Any]:
+    """The body without its cache breakpoints (tested on their own below)."""
     request = ModelRequest("sys", tools, items, tool_choice=tool_choice, volatile=volatile)
-    return to_wire(request, model=MODEL, max_tokens=1024)
+    return without_breakpoints(to_wire(request, model=MODEL, max_tokens=1024))
+
+
+def without_breakpoints(data: Any) -> Any:
+    if isinstance(data, dict):
+        return {k: without_breakpoints(v) for k, v in data.items() if k != "cache_control"}
+    if isinstance(data, list):
+        return [without_breakpoints(v) for v in data]
+    return data
+
+
+def breakpoints(body: dict[str, Any]) -> list[str]:
+    """Where the body's cache breakpoints are, in prompt order (tools, system, messages)."""
+    found = [f"tool {t['name']}" for t in body.get("tools", ()) if "cache_control" in t]
+    found += ["system" for b in body.get("system", ()) if "cache_control" in b]
+    for m, message in enumerate(body["messages"]):
+        for b, block in enumerate(message["content"]):
+            if "cache_control" in block:
+                assert block["cache_control"] == {"type": "ephemeral"}
+                found.append(f"message {m} block {b}")
+    return found
 
 
 def result(call: ToolCall, content: str, *, is_error: bool = False) -> ToolResult:
@@ -189,6 +210,46 @@ def test_several_controls_are_appended_last_in_order() -> None:
         {"type": "text", "text": "control one"},
         {"type": "text", "text": "control two"},
     ]
+
+
+def test_the_frozen_prefix_and_the_last_history_item_are_cache_breakpoints() -> None:
+    items = (UserMessage("q"), AssistantMessage(None, (FETCH,)), result(FETCH, "page"))
+    request = ModelRequest("sys", (TOOL,), items, volatile=("control",))
+    body = to_wire(request, model=MODEL, max_tokens=1024)
+    assert body["system"] == [
+        {"type": "text", "text": "sys", "cache_control": {"type": "ephemeral"}}
+    ]
+    assert breakpoints(body) == ["tool fetch", "system", "message 2 block 0"]
+    # the volatile control comes after the last breakpoint, and is never one
+    assert body["messages"][-1]["content"][-1] == {"type": "text", "text": "control"}
+
+
+def test_the_last_settled_item_is_a_breakpoint_too_and_there_are_at_most_four() -> None:
+    other = ToolCall.from_raw("toolu_01D", "fetch", '{"url": "https://example.org/2"}')
+    items = (
+        UserMessage("q"),
+        AssistantMessage(None, (FETCH,)),
+        result(FETCH, "[elided to save context: ...]"),
+        AssistantMessage("Next.", (other,)),
+        result(other, "page two"),
+    )
+    request = ModelRequest("sys", (TOOL, TOOL), items, settled_items=3, volatile=("control",))
+    body = to_wire(request, model=MODEL, max_tokens=1024)
+    assert breakpoints(body) == ["tool fetch", "system", "message 2 block 0", "message 4 block 0"]
+    assert len(breakpoints(body)) <= 4
+    assert body["tools"][0] == {
+        "name": "fetch",
+        "description": "Download a page.",
+        "input_schema": TOOL.parameters,
+    }
+
+
+def test_a_settled_last_item_is_one_breakpoint_and_thinking_blocks_carry_none() -> None:
+    thinking = AssistantMessage(None, (), {THINKING_KEY: [THINKING]})
+    request = ModelRequest("", (), (UserMessage("q"), thinking), settled_items=2)
+    assert breakpoints(to_wire(request, model=MODEL, max_tokens=1024)) == []
+    request = ModelRequest("", (), (UserMessage("q"),), settled_items=1)
+    assert breakpoints(to_wire(request, model=MODEL, max_tokens=1024)) == ["message 0 block 0"]
 
 
 def test_controls_after_an_assistant_turn_start_a_final_user_message() -> None:

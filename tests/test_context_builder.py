@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
+
 import keel
 from keel.context import ContextBuilder
 from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage, digest_text
 from keel.records import ResultElided
-from keel.tokens import EstimatingCounter
+from keel.tokens import EstimatingCounter, item_tokens
 from support import call, run_script
 
 
@@ -121,3 +123,86 @@ async def test_call_result_pairs_stay_intact_in_every_request() -> None:
             elif isinstance(item, ToolResult):
                 assert item.call_id in open_calls, "a result without its call"
                 open_calls.discard(item.call_id)
+
+
+def prompt_cache_run(turns: int, budget: int, elide_to: float) -> list[keel.ModelRequest]:
+    """Requests of a run of `turns` turns of 20 KB results, as the builder makes them."""
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=budget, elide_to=elide_to)
+    builder.append(UserMessage("q"))
+    requests = []
+    for n in range(turns):
+        requests.append(builder.build()[0])
+        add_turn(builder, n, 20_000)
+    return requests
+
+
+def repeated_share(requests: list[keel.ModelRequest]) -> float:
+    repeated = sum(r.repeated_prefix_tokens for r in requests)
+    return repeated / sum(r.estimated_input_tokens for r in requests)
+
+
+def test_elision_goes_down_to_the_low_water_mark_in_one_batch() -> None:
+    builder = ContextBuilder("s", (), EstimatingCounter(), budget=20_000, elide_to=0.5)
+    builder.append(UserMessage("q"))
+    for n in range(3):
+        add_turn(builder, n, 20_000)  # ~5,600 tokens each: 16,700 in all, under the budget
+    assert builder.build()[1] == []
+    add_turn(builder, 3, 20_000)  # 22,300: over the budget
+    request, newly = builder.build()
+    assert [r.call_id for r in newly] == ["call_0", "call_1", "call_2"]  # a batch, oldest first
+    assert request.estimated_input_tokens <= 10_000  # down to the low-water mark
+    add_turn(builder, 4, 20_000)
+    add_turn(builder, 5, 20_000)
+    assert builder.build()[1] == []  # room for turns before the next batch
+
+
+def test_turns_between_batches_repeat_the_whole_previous_request() -> None:
+    requests = prompt_cache_run(12, 20_000, 0.5)
+    for before, after in itertools.pairwise(requests):
+        if after.settled_items == before.settled_items:  # no elision in between
+            assert after.items[: len(before.items)] == before.items
+            assert after.repeated_prefix_tokens == before.estimated_input_tokens
+
+
+def test_nothing_before_the_first_elided_result_changes_and_only_that_counts_as_repeated() -> None:
+    requests = prompt_cache_run(12, 20_000, 0.5)
+    assert requests[0].repeated_prefix_tokens == 0  # no previous request
+    batches = 0
+    for before, after in itertools.pairwise(requests):
+        if after.settled_items == before.settled_items:
+            continue
+        batches += 1
+        pairs = zip(before.items, after.items, strict=False)
+        first = next(i for i, (a, b) in enumerate(pairs) if a != b)
+        assert after.items[first].elided  # type: ignore[union-attr]
+        assert after.items[:first] == before.items[:first]
+        counter = EstimatingCounter()
+        kept = counter.count("s") + sum(item_tokens(counter, i) for i in after.items[:first])
+        assert after.repeated_prefix_tokens == kept
+        assert after.settled_items > first  # the batch ends the settled part
+    assert batches >= 2
+
+
+def test_settled_items_end_at_the_last_elided_result_and_are_rebuilt_on_resume() -> None:
+    live = ContextBuilder("s", (), EstimatingCounter(), budget=20_000)
+    live.append(UserMessage("q"))
+    for n in range(6):
+        add_turn(live, n, 20_000)
+    request, newly = live.build()
+    last = max(i for i, item in enumerate(request.items) if getattr(item, "elided", False))
+    assert request.settled_items == last + 1
+    resumed = ContextBuilder(
+        "s", (), EstimatingCounter(), budget=20_000, elided={r.call_id for r in newly}
+    )
+    resumed.extend(live._entries[i].item for i in range(len(request.items)))
+    again, _ = resumed.build()
+    assert again == request  # equal, settled items included; only the repeated count differs
+    assert again.repeated_prefix_tokens == 0
+
+
+def test_eliding_in_batches_keeps_most_of_each_request_a_repeated_prefix() -> None:
+    """100 turns of 20 KB at a 30,000-token budget (the issue's case): in batches most input
+    repeats the previous request; one result at a time, almost none does."""
+    batch = repeated_share(prompt_cache_run(100, 30_000, 0.5))
+    one_at_a_time = repeated_share(prompt_cache_run(100, 30_000, 1.0))
+    assert batch >= 0.6 and one_at_a_time <= 0.2, (batch, one_at_a_time)

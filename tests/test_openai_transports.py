@@ -6,6 +6,7 @@ checks run the real SDK over an ``httpx.MockTransport``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from datetime import UTC, datetime
 from email.utils import format_datetime
@@ -133,6 +134,21 @@ async def test_openai_itself_gets_max_completion_tokens() -> None:
     await transport.request(request())
     assert server.body()["max_completion_tokens"] == 256
     assert "max_tokens" not in server.body()
+
+
+async def test_chat_sends_the_runs_cache_key_to_openai_only() -> None:
+    keyed = dataclasses.replace(request(), cache_key="run_0123")
+    openai_server = Recorder(case_openai_chat.CASE.text_response())
+    at_openai = OpenAIChatTransport("gpt-4.1", http_client=openai_server.http(), api_key=KEY)
+    await at_openai.request(keyed)
+    assert openai_server.body()["prompt_cache_key"] == "run_0123"
+    local_server = Recorder(case_openai_chat.CASE.text_response())
+    local = OpenAIChatTransport(
+        "qwen", http_client=local_server.http(), base_url="http://127.0.0.1:8080/v1"
+    )
+    await local.request(keyed)
+    assert "prompt_cache_key" not in local_server.body()  # strict servers refuse unknown fields
+    assert "prompt_cache_key" not in openai_chat.to_wire(request(), model="m", send_cache_key=True)
 
 
 async def test_responses_sends_max_output_tokens_to_the_responses_endpoint() -> None:

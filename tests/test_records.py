@@ -11,6 +11,7 @@ from keel import approvals
 from keel.records import (
     ApprovalDecided,
     Decision,
+    ModelRequestSent,
     ModelResponseReceived,
     RecordedCall,
     RunConfig,
@@ -120,3 +121,22 @@ def test_a_store_written_before_typed_records_loads_shows_and_resumes(tmp_path: 
     results = [e for e in store.events(paused.run_id) if isinstance(e, ToolResultRecorded)]
     assert [r.content.split(".")[0] for r in results] == ["Denied by ana: not now", "posted two"]
     store.close()
+
+
+def test_a_model_request_recorded_before_the_prompt_cache_share_loads_without_one() -> None:
+    old = {"step": 1, "attempt": 1, "tool_choice": None, "synthesis": None, "items": 1,
+           "estimated_input_tokens": 40}  # fmt: skip
+    event = decode_event("model_request", 3, 1.0, old)
+    assert isinstance(event, ModelRequestSent)
+    assert (event.estimated_input_tokens, event.repeated_prefix_tokens) == (40, None)
+    new = ModelRequestSent(
+        step=2,
+        attempt=1,
+        tool_choice=None,
+        synthesis=None,
+        items=3,
+        estimated_input_tokens=90,
+        repeated_prefix_tokens=40,
+    )
+    type_, data, body = encode_event(new)
+    assert decode_event(type_, new.seq, new.at, data, body) == new

@@ -509,3 +509,20 @@ def test_qwen_native_tool_call_spelling_is_accepted() -> None:
     assert parsed.text_without_calls == "Reading it."
     (call,) = parsed.calls
     assert (call.name, call.arguments) == ("read_file", {"path": "a.py"})
+
+
+def test_the_text_request_keeps_the_cache_key_and_counts_only_wholly_settled_messages() -> None:
+    first, second = ToolCall.from_raw("c1", "fetch", "{}"), ToolCall.from_raw("c2", "fetch", "{}")
+    items: tuple[Item, ...] = (
+        UserMessage("q"),
+        AssistantMessage(None, (first, second)),
+        result("c1", "[elided to save context]"),
+        result("c2", "page two"),
+        AssistantMessage("Done?"),
+    )
+    # results c1 and c2 become one user message: settled up to c1 leaves it unsettled
+    text = to_text_request(ModelRequest("s", (FETCH,), items, settled_items=3, cache_key="run_1"))
+    assert [i.kind for i in text.items] == ["user", "assistant", "user", "assistant"]
+    assert text.settled_items == 2 and text.cache_key == "run_1"
+    whole = to_text_request(ModelRequest("s", (FETCH,), items, settled_items=4))
+    assert whole.settled_items == 3

@@ -13,6 +13,7 @@ from typing import Any
 
 from keel import approvals, resume
 from keel.context import ContextBuilder
+from keel.durability import Durability, check_durability
 from keel.errors import ConfigError
 from keel.events import RunStream
 from keel.limits import Limits
@@ -22,8 +23,8 @@ from keel.options import check_tool_names
 from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
-from keel.store import RunStore, open_store
-from keel.store.locate import default_store_path
+from keel.store import RunStore, Store, open_store
+from keel.store.locate import default_store_path, is_url
 from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
@@ -80,7 +81,12 @@ class Agent:
         run_config: JsonObject | None = None,
         lease_ttl: float = 30.0,
         trace_content: bool | None = None,
+        durability: Durability | None = None,
     ) -> None:
+        """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
+        a power cut loses nothing committed; see `keel/durability.py`). It applies to the
+        store the agent opens; a `Store` passed in keeps its own, and naming another is an
+        error."""
         self.model_spec = model if isinstance(model, str) else None
         self.transport = (
             resolve_model(model, base_url=base_url) if isinstance(model, str) else model
@@ -103,6 +109,15 @@ class Agent:
         self._owns_store = not isinstance(store, RunStore)
         self._store_arg = store
         self._store: RunStore | None = store if isinstance(store, RunStore) else None
+        if durability is not None:
+            durability = check_durability(durability)
+        passed = self._store.durability if isinstance(self._store, Store) else None
+        if passed is not None and durability not in (None, passed):
+            raise ConfigError(
+                f"the store passed in was opened with durability {passed!r}: "
+                f"open it with Store(..., durability={durability!r}) instead"
+            )
+        self.durability: Durability = durability or passed or "process"
 
     @property
     def store(self) -> RunStore:
@@ -111,7 +126,10 @@ class Agent:
         if self._store is None:
             arg = self._store_arg
             target = default_store_path() if arg is None else arg
-            self._store = open_store(target if isinstance(target, str | Path) else str(target))
+            if isinstance(target, Path) or (isinstance(target, str) and not is_url(target)):
+                self._store = Store(target, durability=self.durability)
+            else:  # a postgresql:// URL: the Postgres store keeps its own commit policy
+                self._store = open_store(str(target))
         return self._store
 
     def config(self, limits: Limits | None = None, settings: JsonObject | None = None) -> RunConfig:

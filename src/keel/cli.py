@@ -22,6 +22,7 @@ from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli_agent import command_agent as _agent
 from keel.config import config_files, public_url, trust
+from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.integrations import RunExtras, mcp_settings
@@ -31,7 +32,7 @@ from keel.options import check_hosts
 from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult, RunStatus
-from keel.store import RunStore, open_store, store_target
+from keel.store import RunStore, Store, open_store, store_target
 from keel.terminal import describe_call, safe_text
 from keel.timeline import event_json, run_json, timeline
 from keel.ui.command import ui_command
@@ -71,6 +72,13 @@ OtelOption = Annotated[
 ]
 OtelContentOption = Annotated[
     bool, typer.Option("--otel-content", help="Put prompts, answers and tool I/O in the spans.")
+]
+DurabilityOption = Annotated[
+    str | None,
+    typer.Option(
+        help="process: survives a killed process; power: also a power cut (an fsync per "
+        "step) [default: keel.toml's durability, else process]."
+    ),
 ]
 
 
@@ -121,6 +129,7 @@ def run(
     events: EventsOption = False,
     otel: OtelOption = False,
     otel_content: OtelContentOption = False,
+    durability: DurabilityOption = None,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
@@ -152,6 +161,7 @@ def run(
         settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
     extras = RunExtras(as_json, events, otel, otel_content)
+    level = _guard(lambda: choose_durability(durability))
     agent = _guard(
         lambda: _agent(
             choice.spec,
@@ -161,6 +171,7 @@ def run(
             extras,
             approve_tools=approved,
             base_url=choice.base_url,
+            durability=level,
         )
     )
     if submit_:
@@ -210,9 +221,10 @@ def resume(
     events: EventsOption = False,
     otel: OtelOption = False,
     otel_content: OtelContentOption = False,
+    durability: DurabilityOption = None,
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, or a crash."""
-    db = _open_store(store)
+    db = _open_store(store, durability=_guard(lambda: choose_durability(durability)))
     record = _guard(lambda: _known_run(db, run_id))
     config = record.config
     settings = dict(config.settings)
@@ -434,12 +446,16 @@ def _print_result(result: RunResult, as_json: bool) -> None:
     )
 
 
-def _open_store(given: str | None, *, read_only: bool = False) -> RunStore:
+def _open_store(
+    given: str | None, *, read_only: bool = False, durability: Durability = "process"
+) -> RunStore:
     """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
     never write to it, not even a schema upgrade, and work on a read-only file or folder."""
     target = _guard(lambda: store_target(given))
     if isinstance(target, Path) and not target.exists():
         _usage_error(f"no store at {target} (run `keel run` first)")
+    if isinstance(target, Path):
+        return _guard(lambda: Store(target, read_only=read_only, durability=durability))
     return _guard(lambda: open_store(target, read_only=read_only))
 
 

@@ -10,6 +10,7 @@ from typing import cast
 from rich.console import Console
 
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
+from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.integrations import RunExtras
 from keel.limits import Limits
@@ -38,6 +39,7 @@ def command_agent(
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
+    durability: Durability | None = None,
 ) -> Agent:
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
     only its public form, which is what gets stored."""
@@ -65,6 +67,7 @@ def command_agent(
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},
             trace_content=extras.otel_content or None,
+            durability=durability,
         )
     except BaseException:
         extras.close()  # a bad model spec, a tool name clash: stop the servers just started

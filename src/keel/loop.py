@@ -83,6 +83,7 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
+        setup.context.cache_key = run_id  # one provider cache key for the whole run
         self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
@@ -158,15 +159,15 @@ class RunLoop:
         self.parts.clock.deadline_at = self.state.deadline_at
         name = self.setup.transport.name
         if self.resume is None:
-            if self.queued:
+            emit(RunStarted(question=self.question, model=name, owner=self.lease.owner))
+            context.append(UserMessage(self.question))
+            if self.queued:  # `keel submit` created it; a worker takes it now
                 await self.lease.acquire()
-            else:
+                await self.checkpoint()
+            else:  # the run and its question, durable before the first model call: one commit
                 await self.recorder.start(
                     self.question, name, self.setup.config, self.lease.owner, self.lease.ttl
                 )
-            emit(RunStarted(question=self.question, model=name, owner=self.lease.owner))
-            context.append(UserMessage(self.question))
-            await self.checkpoint()  # the question is durable before the first model call
             return
         await self.lease.acquire()
         context.elided.update(self.resume.elided)

@@ -146,6 +146,17 @@ class ModelRequest:
     """Controls for this request only: appended last, never stored, never in the prefix."""
     estimated_input_tokens: int = 0
     """The context builder's count, so nobody re-tokenises the history to know it."""
+    settled_items: int = 0
+    """Leading items no later request of the run changes (up to the last elided result): a
+    provider cache breakpoint after them stays useful for the rest of the run."""
+    cache_key: str | None = None
+    """The same for every request of a run (its id): providers that route by a cache key
+    (OpenAI's ``prompt_cache_key``) send the run's requests to the same cache."""
+    repeated_prefix_tokens: int = field(default=0, compare=False)
+    """Estimated tokens at the start of this request that repeat the previous request byte for
+    byte (the frozen prefix and the unchanged history), what a prompt cache can serve; 0 for a
+    run's first request in a process. Not part of equality: a resumed run's first request is
+    the same request, with no previous one to repeat."""
 
 
 @dataclass(frozen=True, slots=True)

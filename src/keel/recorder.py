@@ -78,9 +78,18 @@ class StepRecorder:
     async def start(
         self, question: str, model: str, config: RunConfig, lease: str | None, ttl: float
     ) -> None:
+        """Create the run with the events logged so far (the question), in one transaction."""
+        events, self._events = self._events, []
         if self.store is not None:
             await self.store.create_run(
-                self.run_id, question, model, config, self.state, lease=lease, lease_ttl=ttl
+                self.run_id,
+                question,
+                model,
+                config,
+                self.state.copy(),
+                lease=lease,
+                lease_ttl=ttl,
+                events=events,
             )
 
     async def checkpoint(

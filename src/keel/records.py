@@ -97,6 +97,10 @@ class ModelRequestSent(_EventBase):
     """Set when the turn is synthesis-only, with the reason."""
     items: int
     estimated_input_tokens: int
+    repeated_prefix_tokens: int | None = None
+    """Of `estimated_input_tokens`, those at the start that repeat the previous request byte for
+    byte (what a prompt cache can serve); 0 when there was no previous request in the process,
+    None in stores written before it was recorded."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,7 +1,9 @@
-"""How `keel show` presents a run: the JSON contract and a readable timeline."""
+"""How `keel show` presents a run: the JSON contract, a readable timeline, and under it how
+much of the run's input a prompt cache could serve."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from rich.markup import escape
@@ -29,7 +31,7 @@ from keel.records import (
 from keel.store import RunRecord
 from keel.terminal import describe_call, safe_text
 
-__all__ = ["event_json", "run_json", "timeline"]
+__all__ = ["PromptCacheShare", "event_json", "prompt_cache_share", "run_json", "timeline"]
 
 
 def run_json(record: RunRecord) -> dict[str, Any]:
@@ -47,8 +49,74 @@ def event_json(event: Event) -> dict[str, Any]:
     return shown
 
 
+@dataclass(frozen=True, slots=True)
+class PromptCacheShare:
+    """How much of a run's input repeated the request before it, by Keel's estimate and, where
+    the provider reports cached tokens, by the provider's own count."""
+
+    requests: int
+    estimated_tokens: int
+    """Input tokens of all the requests, as the context builder estimated them."""
+    repeated_tokens: int
+    """Of those, the tokens at the start of each request that repeat the previous one."""
+    provider_tokens: int
+    """Input tokens the provider reported (0: it reports none, e.g. a scripted model)."""
+    provider_cached: int
+    """Of those, the ones the provider served from its prompt cache."""
+
+    @property
+    def share(self) -> float:
+        return self.repeated_tokens / self.estimated_tokens if self.estimated_tokens else 0.0
+
+    @property
+    def provider_share(self) -> float | None:
+        return self.provider_cached / self.provider_tokens if self.provider_tokens else None
+
+    def describe(self) -> str:
+        line = (
+            f"prompt cache: {self.share:.0%} of the input tokens of {self.requests} requests "
+            "repeat the previous request's prefix (estimated)"
+        )
+        if self.provider_share is not None:
+            line += (
+                f"; the model reported {self.provider_share:.0%} of its "
+                f"{self.provider_tokens:,} input tokens served from its cache"
+            )
+        return line
+
+
+def prompt_cache_share(events: list[Event]) -> PromptCacheShare | None:
+    """The run's prompt-cache figures; None when it sent no request that recorded them (stores
+    written before they were recorded)."""
+    sent = [e for e in events if isinstance(e, ModelRequestSent)]
+    measured = [e.repeated_prefix_tokens for e in sent if e.repeated_prefix_tokens is not None]
+    if not measured:
+        return None
+    usages = [e.usage for e in events if isinstance(e, ModelResponseReceived)]
+    return PromptCacheShare(
+        requests=len(measured),
+        estimated_tokens=sum(
+            e.estimated_input_tokens for e in sent if e.repeated_prefix_tokens is not None
+        ),
+        repeated_tokens=sum(measured),
+        provider_tokens=sum(u.input_tokens for u in usages),
+        provider_cached=sum(u.cached_input_tokens for u in usages),
+    )
+
+
 def timeline(events: list[Event]) -> Table:
-    table = Table("step", "event", "detail", box=None, pad_edge=False, show_edge=False)
+    """One row per event, and the prompt-cache figures below (the table's caption)."""
+    cache = prompt_cache_share(events)
+    table = Table(
+        "step",
+        "event",
+        "detail",
+        box=None,
+        pad_edge=False,
+        show_edge=False,
+        caption=cache.describe() if cache else None,
+        caption_justify="left",
+    )
     for event in events:
         table.add_row(str(event.step), _label(event), escape(safe_text(_detail(event))))
     return table
@@ -83,7 +151,9 @@ def _detail(event: Event) -> str:
             return f"model {event.model}"
         case ModelRequestSent():
             how = f"tool_choice={event.tool_choice}" if event.tool_choice else "tools allowed"
-            return f"attempt {event.attempt} · {how} · ~{event.estimated_input_tokens} tokens in"
+            size, same = event.estimated_input_tokens, event.repeated_prefix_tokens
+            repeated = f" ({same} repeated)" if size and same is not None else ""
+            return f"attempt {event.attempt} · {how} · ~{size} tokens in{repeated}"
         case ModelResponseReceived():
             calls = ", ".join(c.name for c in event.tool_calls)
             tokens = f"{event.usage.input_tokens}+{event.usage.output_tokens} tokens"

@@ -55,6 +55,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
                 synthesis=mode.reason,
                 items=len(request.items),
                 estimated_input_tokens=request.estimated_input_tokens,
+                repeated_prefix_tokens=request.repeated_prefix_tokens,
             )
         )
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent

@@ -16,6 +16,8 @@ from keel.transports.anthropic import AnthropicTransport
 
 from .harness import CALL_A, CALL_B, CONTROL, HISTORY, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM, TOOLS
 
+BREAKPOINT = {"type": "ephemeral"}
+
 MODEL = "claude-sonnet-4-6"
 FAKE_KEY = "sk-ant-api03-contract-test-key-not-real"
 
@@ -50,7 +52,8 @@ def _message(
 
 def _expected_messages() -> list[dict[str, Any]]:
     """The history of `harness.HISTORY` on the wire: user, assistant (text, two tool_use blocks),
-    one user message holding both tool_result blocks."""
+    one user message holding both tool_result blocks; result A is the last settled item and
+    result B the last item, so each ends in a cache breakpoint."""
     first, assistant = HISTORY[0], HISTORY[1]
     assert first.kind == "user" and assistant.kind == "assistant"
     return [
@@ -71,12 +74,18 @@ def _expected_messages() -> list[dict[str, Any]]:
         {
             "role": "user",
             "content": [
-                {"type": "tool_result", "tool_use_id": CALL_A.id, "content": RESULT_A_TEXT},
+                {
+                    "type": "tool_result",
+                    "tool_use_id": CALL_A.id,
+                    "content": RESULT_A_TEXT,
+                    "cache_control": BREAKPOINT,
+                },
                 {
                     "type": "tool_result",
                     "tool_use_id": CALL_B.id,
                     "content": RESULT_B_TEXT,
                     "is_error": True,
+                    "cache_control": BREAKPOINT,
                 },
             ],
         },
@@ -140,11 +149,15 @@ class AnthropicCase:
     def _check_common(self, body: dict[str, Any]) -> None:
         assert body["model"] == MODEL
         assert body["max_tokens"] == 4096
-        assert body["system"] == SYSTEM
-        assert body["tools"] == [
+        # The frozen prefix is cached: a breakpoint on the last tool and one on the system.
+        assert body["system"] == [{"type": "text", "text": SYSTEM, "cache_control": BREAKPOINT}]
+        tools = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
             for t in TOOLS
         ]
+        tools[-1]["cache_control"] = BREAKPOINT
+        assert body["tools"] == tools
+        assert json.dumps(body).count('"cache_control"') == 4  # Anthropic allows four at most
         roles = [m["role"] for m in body["messages"]]
         assert roles[0] == "user"
         assert all(a != b for a, b in itertools.pairwise(roles)), roles
@@ -166,6 +179,11 @@ class AnthropicCase:
         assert body["messages"] == expected
         assert body["messages"][-1]["content"][-1] == {"type": "text", "text": CONTROL}
         assert json.dumps(body).count(json.dumps(CONTROL)) == 1
+        # The control comes after the last breakpoint (the prompt's order: tools, system, then
+        # the messages' blocks): never cached, never read from a cache.
+        blocks = [b for m in body["messages"] for b in m["content"]]
+        last = max(i for i, b in enumerate(blocks) if "cache_control" in b)
+        assert blocks.index({"type": "text", "text": CONTROL}) > last
 
 
 CASE = AnthropicCase()

@@ -12,7 +12,7 @@ import httpx
 
 from keel.transports.openai_chat import OpenAIChatTransport
 
-from .harness import CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
+from .harness import CACHE_KEY, CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
 from .openai_errors import openai_error_response
 
 MODEL = "gpt-4.1"
@@ -155,7 +155,8 @@ class _Case:
         return openai_error_response(status, "req_0e1d2c3b4a596877")
 
     def check_ordinary(self, body: dict[str, Any]) -> None:
-        assert set(body) == {"model", "messages", "tools"}
+        assert set(body) == {"model", "messages", "tools", "prompt_cache_key"}
+        assert body["prompt_cache_key"] == CACHE_KEY  # one cache key per run, at OpenAI
         assert "tool_choice" not in body  # None keeps the provider's default: no key at all
         assert body["model"] == MODEL
         assert body["tools"] == WIRE_TOOLS
@@ -164,7 +165,8 @@ class _Case:
         assert CONTROL not in str(body)
 
     def check_synthesis(self, body: dict[str, Any]) -> None:
-        assert set(body) == {"model", "messages", "tools", "tool_choice"}
+        assert set(body) == {"model", "messages", "tools", "tool_choice", "prompt_cache_key"}
+        assert body["prompt_cache_key"] == CACHE_KEY
         assert body["tool_choice"] == "none"
         assert body["model"] == MODEL
         assert body["tools"] == WIRE_TOOLS  # definitions stay so the history replays

@@ -12,7 +12,7 @@ import httpx
 
 from keel.transports.openai_responses import OpenAIResponsesTransport
 
-from .harness import CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
+from .harness import CACHE_KEY, CONTROL, RESULT_A_TEXT, RESULT_B_TEXT, SYSTEM
 from .openai_errors import openai_error_response
 
 MODEL = "gpt-5"
@@ -180,7 +180,8 @@ class _Case:
         return openai_error_response(status, "req_9d8c7b6a5f4e3d2c")
 
     def check_ordinary(self, body: dict[str, Any]) -> None:
-        assert set(body) == {"model", "instructions", "tools", "input", "store"}
+        assert set(body) == {"model", "instructions", "tools", "input", "store", "prompt_cache_key"}
+        assert body["prompt_cache_key"] == CACHE_KEY  # one cache key per run
         assert "tool_choice" not in body  # None keeps the provider's default: no key at all
         assert body["model"] == MODEL
         assert body["instructions"] == SYSTEM
@@ -190,7 +191,16 @@ class _Case:
         assert CONTROL not in str(body)
 
     def check_synthesis(self, body: dict[str, Any]) -> None:
-        assert set(body) == {"model", "instructions", "tools", "tool_choice", "input", "store"}
+        assert set(body) == {
+            "model",
+            "instructions",
+            "tools",
+            "tool_choice",
+            "input",
+            "store",
+            "prompt_cache_key",
+        }
+        assert body["prompt_cache_key"] == CACHE_KEY
         assert body["tool_choice"] == "none"
         assert body["model"] == MODEL
         assert body["instructions"] == SYSTEM

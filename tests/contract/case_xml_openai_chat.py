@@ -123,6 +123,7 @@ def _no_native_tools(body: dict[str, Any]) -> None:
     assert "tools" not in body
     assert "tool_choice" not in body
     assert "parallel_tool_calls" not in body
+    assert "prompt_cache_key" not in body  # OpenAI's field; a local server may refuse it
 
 
 def _check_history(messages: list[dict[str, Any]]) -> None:

@@ -72,12 +72,34 @@ HISTORY: tuple[Item, ...] = (
 )
 
 
+CACHE_KEY = "run_5e3a9c0d41b27f68"
+"""The run's id, the provider cache key of every request of the run."""
+SETTLED = 3
+"""The history's first three items are settled (as if result A had been elided)."""
+
+
 def ordinary_request() -> ModelRequest:
-    return ModelRequest(SYSTEM, TOOLS, HISTORY, tool_choice=None, volatile=())
+    return ModelRequest(
+        SYSTEM,
+        TOOLS,
+        HISTORY,
+        tool_choice=None,
+        volatile=(),
+        settled_items=SETTLED,
+        cache_key=CACHE_KEY,
+    )
 
 
 def synthesis_request() -> ModelRequest:
-    return ModelRequest(SYSTEM, TOOLS, HISTORY, tool_choice="none", volatile=(CONTROL,))
+    return ModelRequest(
+        SYSTEM,
+        TOOLS,
+        HISTORY,
+        tool_choice="none",
+        volatile=(CONTROL,),
+        settled_items=SETTLED,
+        cache_key=CACHE_KEY,
+    )
 
 
 @dataclass
@@ -124,11 +146,13 @@ class ContractCase(Protocol):
     def check_ordinary(self, body: dict[str, Any]) -> None:
         """Assert, field by field, the wire payload of `ordinary_request()`: tools present,
         no tool_choice, history replayed intact (both calls, both results, ids paired, the error
-        flag where the wire has one), system text, no control text."""
+        flag where the wire has one), system text, no control text, and the provider's prompt
+        caching asked for (Anthropic: breakpoints; OpenAI: the run's `prompt_cache_key`)."""
 
     def check_synthesis(self, body: dict[str, Any]) -> None:
         """Assert the wire payload of `synthesis_request()`: the same tools and history, the
-        provider's "none" tool choice, and the control text appended last."""
+        provider's "none" tool choice, the same caching, and the control text appended last,
+        after the last cache breakpoint."""
 
 
 CaseFactory = Callable[[], ContractCase]

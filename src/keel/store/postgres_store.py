@@ -126,9 +126,12 @@ class PostgresStore:
         *,
         lease: str | None = None,
         lease_ttl: float = 0.0,
+        events: Sequence[Event] = (),
     ) -> None:
         def write(conn: Conn) -> None:
             insert_run(conn, run_id, question, model, config, state, "running", lease, lease_ttl)
+            if events:
+                _insert_events(conn, run_id, events)
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 

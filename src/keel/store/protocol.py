@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import socket
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -77,7 +78,9 @@ class RunStore(Protocol):
         *,
         lease: str | None = None,
         lease_ttl: float = 0.0,
-    ) -> None: ...
+        events: Sequence[Event] = (),
+    ) -> None:
+        """Record a new run, with its first events (the question), in one transaction."""
 
     async def save_step(self, checkpoint: Checkpoint) -> None:
         """Save one step whole, or raise LeaseLost (taken over) or StoreError (not saved)."""

@@ -7,8 +7,9 @@ writes only what the step added, so a checkpoint costs the same at turn 300 as a
 
 One process at a time advances a run: it holds the run's lease, renewed with every checkpoint.
 A lease whose holder died (same host: its pid is gone; elsewhere: the lease expired) can be
-taken over. `synchronous=NORMAL` with WAL survives a killed process; a power cut may lose the
-last commits but never corrupts the file.
+taken over. `durability="process"` (WAL, `synchronous=NORMAL`) survives a killed process; a power
+cut may lose the last commits but never corrupts the file. `durability="power"` fsyncs each
+step's commit, so a power cut loses nothing committed either (`keel/durability.py`).
 
 Every SQLite or file-system failure leaves here as a StoreError naming the file and what was not
 saved (`failures.py`); a failed step is rolled back whole, so the run stays at its last saved
@@ -18,7 +19,6 @@ reads without ever writing (`reading.py`).
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sqlite3
 import time
@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.breaker import KeyCounter
+from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, LeaseHeld, LeaseLost
 from keel.records import (
     ApprovalDecided,
@@ -52,23 +53,32 @@ class Store:
     thread that owns the connection.
 
     `read_only`: open an existing store for reading only; nothing is ever written to it (no
-    schema upgrade either), and the write methods raise ConfigError."""
+    schema upgrade either), and the write methods raise ConfigError. `durability`: "process"
+    (the default) or "power", see `keel/durability.py`."""
 
-    def __init__(self, path: str | Path, *, read_only: bool = False) -> None:
+    def __init__(
+        self, path: str | Path, *, read_only: bool = False, durability: Durability = "process"
+    ) -> None:
         self.path = str(path)
+        self.durability = check_durability(durability)
         if self.path != ":memory:" and not read_only:
             try:
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
                 raise ConfigError(f"cannot create the folder for {self.path}: {exc}") from exc
-        self._worker = Worker(self.path, _write_checkpoints, read_only=read_only)
+        self._worker = Worker(
+            self.path, _write_checkpoints, read_only=read_only, durability=self.durability
+        )
 
     def close(self) -> None:
         self._worker.close()
 
-    async def _write(self, work: Any, doing: str, resume: str | None = None) -> Any:
+    async def _write(
+        self, work: Any, doing: str, resume: str | None = None, *, sync: bool = True
+    ) -> Any:
+        """`sync`: at power durability, this write is on the disk before it returns."""
         try:
-            return await asyncio.wrap_future(self._worker.submit(work, write=True))
+            return await self._worker.submit_async(work, write=True, sync=sync)
         except (sqlite3.Error, StoreMoved) as exc:
             raise store_error(self.path, exc, doing, resume=resume) from exc
 
@@ -96,7 +106,9 @@ class Store:
         *,
         lease: str | None = None,
         lease_ttl: float = 0.0,
+        events: Sequence[Event] = (),
     ) -> None:
+        """Create the run and log its first events, in one transaction."""
         now = time.time()
         until = now + lease_ttl if lease else None
 
@@ -117,6 +129,7 @@ class Store:
                     until,
                 ),
             )
+            _insert_events(conn, run_id, events)
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 
@@ -148,7 +161,8 @@ class Store:
                 (owner, now + ttl, run_id),
             )
 
-        await self._write(write, f"run {run_id} could not be taken over", resume=run_id)
+        # Not synced: a take-over lost to a power cut only matters to a process that is gone.
+        await self._write(write, f"run {run_id} could not be taken over", run_id, sync=False)
 
     async def renew_lease(self, run_id: str, owner: str, ttl: float) -> None:
         def write(conn: sqlite3.Connection) -> None:
@@ -159,7 +173,8 @@ class Store:
             if cursor.rowcount != 1:
                 raise LeaseLost(f"run {run_id} was taken over by another process")
 
-        await self._write(write, f"the lease on run {run_id} could not be renewed", run_id)
+        doing = f"the lease on run {run_id} could not be renewed"
+        await self._write(write, doing, run_id, sync=False)
 
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
@@ -294,21 +309,23 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
         raise LeaseLost(f"run {taken} was taken over by another process; its step was not saved")
     for cp in cps:
         _insert_events(conn, cp.run_id, cp.events)
-    conn.executemany(
-        "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
-        " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE"
-        " SET count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
-        [
-            (cp.run_id, k, c.count, c.resets, c.last_digest)
-            for cp in cps
-            for k, c in cp.counters.items()
-        ],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO elisions (run_id, call_id, step) VALUES (?, ?, ?)",
-        [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions],
-    )
-    conn.executemany(
-        "INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)",
-        [b for cp in cps for b in cp.blobs],
-    )
+    counters = [
+        (cp.run_id, k, c.count, c.resets, c.last_digest)
+        for cp in cps
+        for k, c in cp.counters.items()
+    ]
+    if counters:  # most steps change a counter; few elide or keep whole texts
+        conn.executemany(
+            "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
+            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE SET"
+            " count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
+            counters,
+        )
+    elisions = [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions]
+    if elisions:
+        conn.executemany(
+            "INSERT OR IGNORE INTO elisions (run_id, call_id, step) VALUES (?, ?, ?)", elisions
+        )
+    blobs = [b for cp in cps for b in cp.blobs]
+    if blobs:
+        conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)

@@ -1,29 +1,41 @@
 """The store's worker thread: it owns the SQLite connection, so the event loop never blocks on
 disk. Writes that queue up together share one transaction (group commit); if that transaction
-fails, each write is tried alone so a bad step fails only its own run. WAL checkpoints run on a
-thread of their own, so no commit waits for one.
+fails, each write is tried alone so a bad step fails only its own run. The write-ahead log is
+checkpointed and restarted by a thread of its own (`wal.py`), so no commit waits for that.
+
+Durability (`keel/durability.py`): the connection runs `synchronous=NORMAL`; at `power`, a
+transaction holding a write that asked for it (a step, a decision, a new run) is committed with
+`synchronous=FULL`, which is one fsync of the log. Lease renewals never ask: a lost renewal only
+matters to a process that is gone.
 
 A job, once submitted, runs whole even if its caller stops waiting: its future is marked running
 at once, so cancelling the awaiting task cannot cancel it (the recorder has already handed its
 events over; dropping them would lose them, and half of them cannot be written). Nothing a job
 does, and no way its future ends, stops the thread.
+
+The event loop's writes (`submit_async`) wait on a plain asyncio future that the thread settles
+through `call_soon_threadsafe`: a `concurrent.futures.Future` chained to an asyncio one costs a
+lock, a condition and two callbacks per step on the loop's thread.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from concurrent.futures import Future, InvalidStateError
 from dataclasses import dataclass
 from queue import SimpleQueue
 from typing import Any
 
+from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.store import reading, schema
 from keel.store.failures import StoreMoved, store_error
+from keel.store.wal import WAL_LIMIT, WalKeeper
 
 __all__ = ["Job", "Worker"]
 
@@ -36,40 +48,76 @@ class Job:
     work: Work | Any
     """A function of the connection, or a value that `group` writes with its peers at once."""
     write: bool
-    future: Future[Any]
+    future: Future[Any] | asyncio.Future[Any]
+    """Settled by the thread: a waiting thread's future, or an event loop's."""
+    sync: bool = True
+    """At `power` durability, commit it with an fsync (every write but a lease renewal)."""
 
 
 class Worker:
     """Owns the connection. `read_only` opens the file without ever writing to it (see
     `reading.connect_read_only`): no schema preparation, no pragmas that write, no checkpoint."""
 
-    def __init__(self, path: str, group: GroupWork, *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        path: str,
+        group: GroupWork,
+        *,
+        read_only: bool = False,
+        durability: Durability = "process",
+        wal_limit: int = WAL_LIMIT,
+    ) -> None:
         self.path = path
         self.read_only = read_only
+        self.durability: Durability = durability
+        self.commits = 0
+        """Transactions committed so far (the WAL keeper compares it across a checkpoint)."""
+        self.gate = threading.Lock()
+        """Held around every batch of jobs; the WAL keeper takes it to restart the log."""
+        self.wal_limit = wal_limit
         self._group = group
         self._jobs: SimpleQueue[Job | None] = SimpleQueue()
         self._ready: Future[None] = Future()
         self._identity: tuple[int, int] | None = None
+        self._full = False
+        """The connection commits with synchronous=FULL now."""
         memory = path == ":memory:"
-        self._checkpointer = None if memory or read_only else _Checkpointer(self)
+        self.wal: WalKeeper | None = None
+        if not (memory or read_only):
+            self.wal = WalKeeper(path, self.connect, self.gate, lambda: self.commits, wal_limit)
         self._thread = threading.Thread(target=self._work, name="keel-store", daemon=True)
         self._thread.start()
         self._ready.result()
+
+    @property
+    def native_id(self) -> int | None:
+        """The thread's id as the operating system knows it (for counting its fsyncs)."""
+        return self._thread.native_id
 
     def connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False)
         conn.execute("PRAGMA busy_timeout=10000")
         return conn
 
-    def submit(self, work: Work | Any, *, write: bool) -> Future[Any]:
+    def submit(self, work: Work | Any, *, write: bool, sync: bool = True) -> Future[Any]:
+        future: Future[Any] = Future()
+        future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
+        self._put(Job(work, write, future, sync))
+        return future
+
+    def submit_async(self, work: Work | Any, *, write: bool, sync: bool = True) -> Awaitable[Any]:
+        """`submit` for the running event loop. Cancelling the awaiting task cancels the wait,
+        never the job."""
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._put(Job(work, write, future, sync))
+        return future
+
+    def _put(self, job: Job) -> None:
         if not self._thread.is_alive():
             raise RuntimeError("the store is closed")
-        if write and self.read_only:
+        if job.write and self.read_only:
             raise ConfigError(f"the store {self.path} was opened read-only")
-        job = Job(work, write, Future())
-        job.future.set_running_or_notify_cancel()  # from here on, cancel() cannot drop it
         self._jobs.put(job)
-        return job.future
 
     def close(self) -> None:
         if self._thread.is_alive():
@@ -85,8 +133,9 @@ class Worker:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             schema.prepare(conn, self.path)
-            if self._checkpointer is not None:
+            if self.wal is not None:
                 conn.execute("PRAGMA wal_autocheckpoint=0")
+                conn.execute(f"PRAGMA journal_size_limit={self.wal_limit}")
             if self.path != ":memory:":
                 self._identity = _identity(self.path)
         except BaseException:
@@ -98,8 +147,8 @@ class Worker:
         try:
             conn = self._open()
         except Exception as exc:
-            if self._checkpointer is not None:
-                self._checkpointer.stop()
+            if self.wal is not None:
+                self.wal.stop()
             self._ready.set_exception(store_error(self.path, exc))
             return
         self._ready.set_result(None)
@@ -112,12 +161,15 @@ class Worker:
                     break
                 batch.append(more)
             try:
-                self._serve(conn, batch)
+                with self.gate:
+                    self._serve(conn, batch)
             except Exception as exc:  # a bug in the worker itself: fail the batch, not the thread
                 for one in batch:
                     _settle(one.future, error=exc)
-        if self._checkpointer is not None:
-            self._checkpointer.stop()
+            if self.wal is not None and any(one.write for one in batch):
+                self.wal.after_commit()
+        if self.wal is not None:
+            self.wal.stop()
             with contextlib.suppress(sqlite3.Error):  # if not now, the next open replays it
                 conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
         conn.close()
@@ -126,12 +178,14 @@ class Worker:
         writes = [j for j in batch if j.write]
         if writes:
             self._commit(conn, writes)
-            if self._checkpointer is not None:
-                self._checkpointer.nudge()
         for read in (j for j in batch if not j.write):
             self._run(conn, [read], transaction=False)
 
     def _commit(self, conn: sqlite3.Connection, jobs: list[Job]) -> None:
+        full = self.durability == "power" and any(job.sync for job in jobs)
+        if full != self._full:
+            conn.execute(f"PRAGMA synchronous={'FULL' if full else 'NORMAL'}")
+            self._full = full
         if len(jobs) > 1 and self._run(conn, jobs, transaction=True, settle_errors=False):
             return
         for job in jobs:
@@ -157,6 +211,7 @@ class Worker:
             if transaction:
                 self._check_identity()
                 conn.execute("COMMIT")
+                self.commits += 1
         except Exception as exc:
             _roll_back(conn)
             if settle_errors:
@@ -194,9 +249,19 @@ def _roll_back(conn: sqlite3.Connection) -> None:
             conn.execute("ROLLBACK")
 
 
-def _settle(future: Future[Any], *, result: Any = None, error: BaseException | None = None) -> None:
+def _settle(
+    future: Future[Any] | asyncio.Future[Any],
+    *,
+    result: Any = None,
+    error: BaseException | None = None,
+) -> None:
     """End a job's future; one that already ended (it cannot be cancelled, see `submit`) is
-    left as it is, never allowed to raise in the worker thread."""
+    left as it is, never allowed to raise in the worker thread. An event loop's future is ended
+    on its loop; a loop that has closed meanwhile has nobody waiting any more."""
+    if isinstance(future, asyncio.Future):
+        with contextlib.suppress(RuntimeError):
+            future.get_loop().call_soon_threadsafe(_resolve, future, result, error)
+        return
     with contextlib.suppress(InvalidStateError):
         if error is not None:
             future.set_exception(error)
@@ -204,41 +269,11 @@ def _settle(future: Future[Any], *, result: Any = None, error: BaseException | N
             future.set_result(result)
 
 
-class _Checkpointer:
-    """Copies the WAL back into the database from its own connection once the log has grown.
-    PASSIVE: it never blocks the writer or readers."""
-
-    WAL_LIMIT = 4 * 1024 * 1024
-
-    def __init__(self, worker: Worker) -> None:
-        self.wal = worker.path + "-wal"
-        self.worker = worker
-        self._wake = threading.Event()
-        self._stopping = False
-        self._thread = threading.Thread(target=self._work, name="keel-wal", daemon=True)
-        self._thread.start()
-
-    def nudge(self) -> None:
-        self._wake.set()
-
-    def stop(self) -> None:
-        self._stopping = True
-        self._wake.set()
-        self._thread.join()
-
-    def _work(self) -> None:
-        conn: sqlite3.Connection | None = None
-        while True:
-            self._wake.wait()
-            self._wake.clear()
-            if self._stopping:
-                break
-            try:
-                if os.path.getsize(self.wal) < self.WAL_LIMIT:
-                    continue
-                conn = conn or self.worker.connect()
-                conn.execute("PRAGMA wal_checkpoint(PASSIVE)")
-            except (OSError, sqlite3.Error):
-                continue  # the writer's TRUNCATE on close still brings the log home
-        if conn is not None:
-            conn.close()
+def _resolve(future: asyncio.Future[Any], result: Any, error: BaseException | None) -> None:
+    """On the loop: a wait that was cancelled stays cancelled (the job ran all the same)."""
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)

@@ -123,7 +123,10 @@ class ToolExecutor:
                 return
             ready = list(segment)
             segment.clear()
-            done = await asyncio.gather(*(self._run(r, deadline, on_dispatch) for r in ready))
+            if len(ready) == 1:  # the usual batch: no task and no gather for one call
+                done = [await self._run(ready[0], deadline, on_dispatch)]
+            else:
+                done = await asyncio.gather(*(self._run(r, deadline, on_dispatch) for r in ready))
             for r, outcome in zip(ready, done, strict=True):
                 executed[r.index] = self._finish(r.call, outcome)
 

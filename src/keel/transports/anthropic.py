@@ -10,6 +10,14 @@ Round-tripped vendor data: ``provider_details["anthropic_thinking"]`` holds the 
 requires them back, unchanged and before the ``tool_use`` blocks, when a thinking turn that
 called tools is replayed.
 
+Prompt caching: Anthropic caches nothing unless asked, at ``cache_control`` breakpoints (at most
+four per request), each caching the prompt up to and including its block. Keel marks the last
+tool definition and the system block (the frozen prefix, the same for every turn), the last
+settled history item (`ModelRequest.settled_items`: nothing before it changes for the rest of
+the run, so it still serves after the context builder elides the results that follow it) and the
+last history item (the next request extends this one). The volatile controls come after every
+breakpoint, so they are never cached or read from a cache. See ADR 0021.
+
 The SDK (anthropic 2.x) is built on ``httpx2`` and refuses ``httpx`` objects, while Keel and its
 tests inject ``httpx.AsyncClient``; `_HttpxBridge` carries each request across unchanged.
 """
@@ -38,11 +46,21 @@ from keel.messages import (
 )
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 
-__all__ = ["THINKING_KEY", "AnthropicTransport", "from_wire", "map_error", "map_usage", "to_wire"]
+__all__ = [
+    "CACHE_BREAKPOINT",
+    "THINKING_KEY",
+    "AnthropicTransport",
+    "from_wire",
+    "map_error",
+    "map_usage",
+    "to_wire",
+]
 
 THINKING_KEY = "anthropic_thinking"
 """The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
 _OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
+CACHE_BREAKPOINT: dict[str, str] = {"type": "ephemeral"}
+"""The ``cache_control`` value of a breakpoint (the default five-minute cache)."""
 
 _Block = dict[str, Any]
 _Turn = dict[str, Any]
@@ -52,43 +70,61 @@ _Turn = dict[str, Any]
 
 
 def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, Any]:
-    """The Messages API body for `request`: system apart, roles alternating, controls last."""
+    """The Messages API body for `request`: system apart, roles alternating, controls last,
+    cache breakpoints on the frozen prefix and the history (see the module docstring)."""
+    marked = {request.settled_items - 1, len(request.items) - 1} - {-1}
     body: dict[str, Any] = {
         "model": model,
         "max_tokens": max_tokens,
-        "messages": _messages(request.items, request.volatile),
+        "messages": _messages(request.items, request.volatile, marked),
     }
     if request.system:
-        body["system"] = request.system
+        body["system"] = [
+            {"type": "text", "text": request.system, "cache_control": CACHE_BREAKPOINT}
+        ]
     if request.tools:
         # Kept in synthesis turns too: the replayed tool_use blocks must name declared tools.
         body["tools"] = [
             {"name": t.name, "description": t.description, "input_schema": t.parameters}
             for t in request.tools
         ]
+        body["tools"][-1]["cache_control"] = CACHE_BREAKPOINT
         if request.tool_choice == "none":
             # Without tools the model cannot call one anyway, so "none" needs no key then.
             body["tool_choice"] = {"type": "none"}
     return body
 
 
-def _messages(items: Iterable[Item], volatile: Iterable[str]) -> list[_Turn]:
-    """Turns in history order. An assistant turn with nothing to send (no text, no calls) is
-    left out: the API accepts no empty message, and the merge keeps the roles alternating."""
+def _messages(items: Iterable[Item], volatile: Iterable[str], marked: set[int]) -> list[_Turn]:
+    """Turns in history order, the items at the `marked` indexes ending in a cache breakpoint.
+    An assistant turn with nothing to send (no text, no calls) is left out: the API accepts no
+    empty message, and the merge keeps the roles alternating."""
     messages: list[_Turn] = []
-    for item in items:
+    for index, item in enumerate(items):
         if isinstance(item, AssistantMessage):
-            _append(messages, "assistant", _assistant_blocks(item))
+            role, blocks = "assistant", _assistant_blocks(item)
         elif isinstance(item, ToolResult):
-            _append(messages, "user", [_tool_result_block(item)])
+            role, blocks = "user", [_tool_result_block(item)]
         else:
-            _append(messages, "user", [{"type": "text", "text": item.text}])
+            role, blocks = "user", [{"type": "text", "text": item.text}]
+        if index in marked:
+            _mark(blocks)
+        _append(messages, role, blocks)
     for message in messages:
         if message["role"] == "user":
             # The API wants a turn's tool_result blocks before any text in the same message.
             message["content"].sort(key=lambda block: block["type"] != "tool_result")
     _append(messages, "user", [{"type": "text", "text": text} for text in volatile])
     return messages
+
+
+def _mark(blocks: list[_Block]) -> None:
+    """A breakpoint on the item's last block (thinking blocks cannot carry one; they come
+    first, so an item with only those gets none)."""
+    for block in reversed(blocks):
+        if block["type"] not in _OPAQUE_BLOCKS:
+            block["cache_control"] = CACHE_BREAKPOINT
+            return
 
 
 def _append(messages: list[_Turn], role: str, blocks: list[_Block]) -> None:

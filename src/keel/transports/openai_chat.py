@@ -13,6 +13,9 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
   flag, so their text is marked (see `_openai_common.ERROR_MARKER`).
 - The output limit goes out as ``max_completion_tokens`` to OpenAI (its newer models refuse
   ``max_tokens``) and as ``max_tokens`` to any other server, which all understand that one.
+- ``prompt_cache_key`` (the run's key, `ModelRequest.cache_key`) goes to OpenAI only, so that
+  each turn of a run meets the prefix the previous one cached; other servers may refuse fields
+  they do not know, and cache by prefix anyway (llama.cpp, vLLM).
 - In answers: missing ``usage`` or ``prompt_tokens_details`` count as zero, a missing call id is
   made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
   list of text parts is joined.
@@ -61,13 +64,16 @@ class OpenAIChatTransport:
         self._client = build_client(
             client=client, http_client=http_client, base_url=base_url, api_key=api_key
         )
-        self._limit_field = (
-            "max_completion_tokens" if self._client.base_url.host == OPENAI_HOST else "max_tokens"
-        )
+        self._at_openai = self._client.base_url.host == OPENAI_HOST
+        self._limit_field = "max_completion_tokens" if self._at_openai else "max_tokens"
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(
-            request, model=self.model, max_tokens=self.max_tokens, limit_field=self._limit_field
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            limit_field=self._limit_field,
+            send_cache_key=self._at_openai,
         )
         return await attempt(
             lambda: self._send(body),
@@ -90,8 +96,10 @@ def to_wire(
     model: str,
     max_tokens: int | None = None,
     limit_field: str = "max_tokens",
+    send_cache_key: bool = False,
 ) -> dict[str, Any]:
-    """The JSON body for ``POST /v1/chat/completions``."""
+    """The JSON body for ``POST /v1/chat/completions``; `send_cache_key` adds the request's
+    ``prompt_cache_key`` (OpenAI's own servers only, see the module docstring)."""
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
@@ -114,6 +122,8 @@ def to_wire(
             body["tool_choice"] = "none"
     if max_tokens is not None:
         body[limit_field] = max_tokens
+    if send_cache_key and request.cache_key:
+        body["prompt_cache_key"] = request.cache_key
     return body
 
 

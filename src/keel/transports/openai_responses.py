@@ -18,6 +18,9 @@ around one SDK call. The choices that are not obvious from the API reference:
 - ``tool_choice`` is left out unless the request says "none" (ADR-0136: None keeps the
   provider's default); with no tools at all neither ``tools`` nor ``tool_choice`` is sent.
 - Volatile controls are appended last, one user-role message each, after the history.
+- ``prompt_cache_key`` is the run's key (`ModelRequest.cache_key`): OpenAI caches prompt
+  prefixes on its own and routes requests with the same key to the same cache, so every turn of
+  a run finds the prefix the previous turn left (ADR 0021).
 - Error tool results have no wire flag; their text is marked (see `_openai_common`).
 
 Round-trip data: `from_wire` puts the response's output layout in
@@ -111,6 +114,8 @@ def to_wire(
             body["tool_choice"] = "none"
     body["input"] = [*_input(request.items), *(_user(text) for text in request.volatile)]
     body["store"] = False
+    if request.cache_key:
+        body["prompt_cache_key"] = request.cache_key
     if max_output_tokens is not None:
         body["max_output_tokens"] = max_output_tokens
     return body

@@ -124,7 +124,23 @@ def to_text_request(request: ModelRequest) -> ModelRequest:
         tool_choice=None,
         volatile=request.volatile,
         estimated_input_tokens=request.estimated_input_tokens,
+        settled_items=_settled(request.items, request.settled_items),
+        cache_key=request.cache_key,
     )
+
+
+def _settled(items: tuple[Item, ...], settled: int) -> int:
+    """How many replayed items come wholly from the first `settled` items: a run of results
+    that crosses the boundary becomes one message, which is not settled."""
+    count = sum(1 for _ in _replay(items[:settled]))
+    crosses = 0 < settled < len(items)
+    if (
+        crosses
+        and isinstance(items[settled - 1], ToolResult)
+        and isinstance(items[settled], ToolResult)
+    ):
+        count -= 1
+    return count
 
 
 def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> ModelResponse:
