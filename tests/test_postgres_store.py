@@ -13,6 +13,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
+from keel.config import trust
 from keel.records import RunConfig, RunStarted, RunState, ToolDispatched
 from keel.store import Checkpoint
 from keel.store.locate import redact, store_target
@@ -38,11 +39,15 @@ def test_redact_hides_the_password_wherever_the_url_holds_it() -> None:
     assert redact("postgresql://db/keel") == "postgresql://db/keel"
 
 
-def test_the_store_comes_from_the_option_then_keel_store_then_keel_toml(tmp_path: Path) -> None:
+def test_the_store_comes_from_the_option_then_keel_store_then_keel_toml(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
     url = "postgresql://ana:pw@db/keel"
     assert store_target("x.sqlite", env={"KEEL_STORE": url}) == Path("x.sqlite")
     assert store_target(None, env={"KEEL_STORE": url}, cwd=tmp_path) == url
     (tmp_path / "keel.toml").write_text(f'store = "{url}"\n')
+    trust(tmp_path)  # a working-directory keel.toml counts once trusted
     assert store_target(None, env={}, cwd=tmp_path) == url
 
 

@@ -177,6 +177,7 @@ def run(
     if submit_:
         _guard(lambda: submit_run(agent, question, as_json))
         return
+    _guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
     _finish(agent, lambda: agent.start(question), extras)

@@ -35,14 +35,15 @@ def command_agent(
     settings: JsonObject,
     limits: Limits,
     store: RunStore | str | Path,
-    extras: RunExtras,
+    extras: RunExtras | None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
     durability: Durability | None = None,
 ) -> Agent:
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
-    only its public form, which is what gets stored."""
+    only its public form, which is what gets stored. `extras` None: quiet, no MCP servers."""
+    extras = extras or RunExtras(as_json=True, events=False, otel=False, otel_content=False)
     repo = Path(str(settings.get("repo", ".")))
     if not repo.is_dir():
         raise ConfigError(f"--repo {repo} is not a folder")
@@ -82,7 +83,7 @@ def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
         dict(config.settings),
         config.limits,
         store,
-        RunExtras(as_json=True, events=False, otel=False, otel_content=False),
+        None,
         config.system_prompt or DEFAULT_SYSTEM_PROMPT,
         config.approve_tools,
     )
