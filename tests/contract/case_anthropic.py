@@ -85,6 +85,7 @@ def _expected_messages() -> list[dict[str, Any]]:
 
 class AnthropicCase:
     name = "anthropic"
+    required_choice = {"type": "any"}
 
     def make(self, http: httpx.AsyncClient) -> AnthropicTransport:
         return AnthropicTransport(MODEL, http_client=http, api_key=FAKE_KEY)
