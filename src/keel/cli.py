@@ -96,6 +96,9 @@ def run(
     context_tokens: Annotated[
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
+    first_turn_tool: Annotated[
+        bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
+    ] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     settings: JsonObject = {
@@ -114,6 +117,7 @@ def run(
             max_tokens=max_tokens,
             deadline=deadline,
             context_tokens=context_tokens,
+            first_turn_tool=first_turn_tool,
         )
 
     choice = _guard(lambda: choose_model(model, base_url))
