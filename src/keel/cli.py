@@ -23,10 +23,11 @@ from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, choose_model
-from keel.progress import ProgressPrinter
+from keel.progress import ProgressPrinter, watch_local_model
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.store import Store
+from keel.summary import one_line, show_command
 from keel.timeline import event_json, run_json, timeline
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
@@ -42,6 +43,7 @@ app = typer.Typer(
     "failure, or a durable pause.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: "[default: ...]" stays text, option names are not cut
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
@@ -220,13 +222,19 @@ def show(
         events = _guard(lambda: db.events(run_id))
     finally:
         db.close()
+    sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if as_json:
         shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        if sampling is not None:
+            shown["sampling"] = sampling
         typer.echo(json.dumps(shown, ensure_ascii=False))
         return
     out = Console()
     summary = run_json(record)
     out.print(f"[bold]{record.run_id}[/bold] · {summary['status']} · model {record.model}")
+    if isinstance(sampling, dict):
+        pinned = ", ".join(f"{k} {v}" for k, v in sampling.items())
+        out.print(f"sampling: {pinned}", highlight=False, markup=False)
     out.print(f"question: {record.question}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
@@ -309,8 +317,14 @@ def _text(value: JsonValue) -> str | None:
 
 def _finish(agent: Agent, start: Callable[[], RunHandle], as_json: bool) -> NoReturn:
     with agent:
+        if not as_json:
+            watch_local_model(agent, err)
         result = _guard(lambda: asyncio.run(_with_signals(start)))
+        summary = one_line(result, agent.store.events(result.run_id))
+        show = show_command(result.run_id, agent.store.path, default_store_path())
     _print_result(result, as_json)
+    if not as_json:
+        err.print(f"{summary}\nopen it with: {show}", highlight=False, markup=False)
     raise typer.Exit(EXIT_CODES[result.status])
 
 

@@ -1,11 +1,11 @@
 """The mode of the next turn: synthesis-only (and the volatile control that says why), a turn
 that insists on a tool call, or a normal one.
 
-Two reasons for synthesis exist. Repeated-tool synthesis (ADR-0136): some call key stands at threshold-1, so
-one more identical request would trip the hard breaker; the model gets one turn, without tools,
-to write the best supported answer. Budget synthesis: the budget allows one more model call, or
-no more tool calls, or too few tokens for more than this turn. When both hold, one synthesis turn
-is sent with both controls, and it is classified as budget synthesis.
+Two reasons for synthesis exist. Repeated-tool synthesis (ADR-0136): some call key stands at
+threshold-1, so one more identical request would trip the hard breaker; the model gets one turn,
+without tools, to write the best supported answer. Budget synthesis: the budget allows one more
+model call, or no more tool calls, or too few tokens for more than this turn. When both hold,
+one synthesis turn is sent with both controls, and it is classified as budget synthesis.
 
 A run may insist on evidence first (`Limits.first_turn_tool`, ``keel run --first-turn-tool``):
 its first turn is sent with tool_choice "required", so the model calls a tool before it may

@@ -16,7 +16,8 @@ around one SDK call. The choices that are not obvious from the API reference:
 - Function tools are sent with ``strict: false``: the Responses API defaults to strict mode,
   which would reject ordinary schemas (optional properties, no ``additionalProperties``).
 - ``tool_choice`` is left out unless the request says "none" (ADR-0136: None keeps the
-  provider's default) or "required" (ADR 0027); with no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+  provider's default) or "required" (ADR 0027); with no tools at all neither ``tools`` nor
+  ``tool_choice`` is sent.
 - Volatile controls are appended last, one user-role message each, after the history.
 - Error tool results have no wire flag; their text is marked (see `_openai_common`).
 
