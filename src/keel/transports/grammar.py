@@ -60,8 +60,8 @@ ANSWER_RULE = r"[^<\x00] [^\x00]*"
 _PRIMITIVES = {
     "string": f'"\\"" char{{0,{MAX_STRING}}} "\\""',
     "char": r'[^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
-    "integer": r'"-"? ("0" | [1-9] [0-9]{0,15})',
-    "number": r'integer ("." [0-9]{1,15})? ([eE] [-+]? [0-9]{1,3})?',
+    "integer": r'"-"? ("0" | [1-9] [0-9]{0,18})',
+    "number": r'integer ("." [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?',
     "boolean": '"true" | "false"',
     "null": '"null"',
 }
