@@ -547,3 +547,24 @@ def test_an_agent_run_on_the_local_model_ends_classified(
         assert result.failure.message
     assert 1 <= result.model_calls <= 6
     assert result.usage.input_tokens > 0
+
+
+def test_the_binding_offers_what_keel_uses() -> None:
+    """ADR 0028: llama-cpp-python, pinned, with the calls Keel's transport relies on (the
+    tokenizer, the grammar sampler pieces for `GrammarMask`, the token hook, the KV cache)."""
+    import importlib.metadata
+    import inspect
+
+    llama_cpp = pytest.importorskip("llama_cpp")
+    pinned = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    version = importlib.metadata.version("llama-cpp-python")
+    assert f'"llama-cpp-python=={version}"' in pinned
+    for name in (
+        "llama_sampler_init_grammar", "llama_sampler_apply", "llama_sampler_accept",
+        "llama_sampler_free", "llama_model_get_vocab", "llama_vocab_is_eog",
+        "llama_vocab_is_control", "llama_token_data", "llama_token_data_array",
+    ):  # fmt: skip
+        assert hasattr(llama_cpp, name), name
+    generate = inspect.signature(llama_cpp.Llama.generate).parameters
+    assert {"logits_processor", "temp", "top_p", "top_k", "repeat_penalty"} <= set(generate)
+    assert all(hasattr(llama_cpp.Llama, m) for m in ("tokenize", "detokenize", "set_seed", "reset"))

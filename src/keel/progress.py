@@ -53,6 +53,8 @@ class TokenMeter:
         self._status: Any = None
         self._step = 0
         self._started = 0.0
+        self._written = (0, 0.0)
+        """The last callback's (tokens, seconds since the first token)."""
 
     def __call__(self, event: Event) -> None:
         match event:
@@ -60,38 +62,43 @@ class TokenMeter:
                 self._begin(event.step)
             case ModelResponseReceived():
                 self._end()
-                self.console.print(self._turn_line(event), highlight=False, style="dim")
+                line = self._turn_line(event)
+                self.console.print(line, highlight=False, markup=False, style="dim", soft_wrap=True)
             case ModelErrorSeen() | RunCompleted() | RunFailed() | RunCancelled():
                 self._end()
 
     def tokens(self, count: int, seconds: float) -> None:
         """After each token, from the generation's thread."""
         with self._lock:
+            self._written = (count, seconds)
             if self._status is not None:
                 rate = f", {(count - 1) / seconds:.1f} tokens/s" if seconds > 0 else ""
                 self._status.update(f"[{self._step}] model: {count} tokens{rate}")
 
     def _begin(self, step: int) -> None:
         with self._lock:
-            self._step, self._started = step, time.monotonic()
+            self._step, self._started, self._written = step, time.monotonic(), (0, 0.0)
             if self.console.is_terminal and self._status is None:
                 self._status = self.console.status(f"[{step}] model: reading the prompt")
                 self._status.start()
 
     def _end(self) -> None:
         with self._lock:
+            self._written = (count, seconds)
             if self._status is not None:
                 self._status.stop()
                 self._status = None
 
     def _turn_line(self, event: ModelResponseReceived) -> str:
-        seconds = time.monotonic() - self._started
+        """Prompt and generation apart: the prompt's time is what came before the first token."""
+        total = time.monotonic() - self._started
+        count, writing = self._written
         usage = event.usage
-        rate = usage.output_tokens / seconds if seconds > 0 else 0.0
+        rate = f" at {(count - 1) / writing:.1f} tokens/s" if count > 1 and writing > 0 else ""
         return (
-            f"[{event.step}] model: {usage.output_tokens} tokens in {seconds:.1f}s "
-            f"({rate:.1f} tokens/s); prompt {usage.input_tokens} tokens, "
-            f"{usage.cached_input_tokens} from the cache"
+            f"[{event.step}] model: prompt {usage.input_tokens} tokens "
+            f"({usage.cached_input_tokens} from the cache) in {total - writing:.1f}s; "
+            f"wrote {usage.output_tokens} tokens{rate}"
         )
 
 
