@@ -66,3 +66,24 @@ def test_show_prints_the_pinned_sampling(tmp_path: Path) -> None:
     shown_json = runner.invoke(app, ["show", run_id, "--store", str(store), "--json"])
     as_json = json.loads(shown_json.stdout)
     assert as_json["sampling"] == {"temperature": 0.0, "top_p": 0.8, "seed": 7}
+
+
+def test_the_token_meter_reports_the_prompt_apart_from_the_tokens_per_second() -> None:
+    import io
+
+    from rich.console import Console
+
+    from keel.messages import Usage
+    from keel.progress import TokenMeter
+    from keel.records import ModelRequestSent, ModelResponseReceived
+
+    out = io.StringIO()
+    meter = TokenMeter(Console(file=out, width=200))
+    meter(ModelRequestSent(step=2, attempt=1, tool_choice=None, synthesis=None, items=3,
+                           estimated_input_tokens=900))  # fmt: skip
+    for n in range(1, 11):
+        meter.tokens(n, (n - 1) * 0.1)  # 10 tokens, the last 9 in 0.9 s: 10 tokens/s
+    meter(ModelResponseReceived(step=2, text="answer", usage=Usage(951, 10, 900)))
+    line = out.getvalue().strip()
+    assert line.startswith("[2] model: prompt 951 tokens (900 from the cache) in ")
+    assert line.endswith("wrote 10 tokens at 10.0 tokens/s")

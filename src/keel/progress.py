@@ -84,7 +84,6 @@ class TokenMeter:
 
     def _end(self) -> None:
         with self._lock:
-            self._written = (count, seconds)
             if self._status is not None:
                 self._status.stop()
                 self._status = None
