@@ -77,3 +77,12 @@ async def test_an_answer_to_a_required_turn_still_ends_the_run(files: list[keel.
     assert out.result.status == "completed"
     assert out.result.answer == ANSWER["text"]
     assert out.result.synthesized is None
+
+
+def test_a_scenario_can_insist_on_a_first_tool_call() -> None:
+    """``[limits] first_turn_tool = true``: every built-in scenario sets it, so a real model
+    (``keel eval --model``) looks before it answers; scripted models ignore tool_choice."""
+    from keel.evals.loading import builtin_names, resolve
+
+    scenarios = resolve(list(builtin_names()))
+    assert scenarios and all(s.limits.first_turn_tool for s in scenarios)
