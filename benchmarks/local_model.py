@@ -17,8 +17,9 @@ What is measured
      of the per-pair ratios of tokens/s (each pair runs back to back, the least disturbed by a
      drifting machine load). Once for a plain answer, once for an answer under the synthesis
      grammar (llama-cpp-python's grammar sampler on the direct side, Keel's `GrammarMask`).
-  4. Prompt caching: turn 2 of a run (turn 1 plus a call and a ~1,500-token result), prompt
-     tokens evaluated and their rate, with llama.cpp's prefix reuse and without it.
+  4. Prompt caching: turn 3 of a run after turn 2 (whose prompt holds a ~1,500-token result):
+     prompt tokens evaluated, the seconds before the first token, with llama.cpp's prefix
+     reuse and without it.
 
 Target: keel/direct tokens/s >= 0.97 for the plain answer. PASS/FAIL is printed; the exit status
 is 1 on FAIL only with `--check`. Timings depend on the machine and its other load: compare
@@ -162,24 +163,29 @@ async def bench_generation(
 
 
 async def bench_prompt_cache(path: Path) -> list[tuple[str, Any]]:
-    """Turn 2 of a run (turn 1's prompt plus a call and a ~1,500-token result) with llama.cpp's
-    prefix reuse, and with every prompt evaluated whole."""
+    """Turn 3 of a run after turn 2: turn 2's prompt holds a call and a ~1,500-token result;
+    turn 3 adds a second call and a short result. With llama.cpp's prefix reuse turn 3
+    evaluates only what it adds; without, the whole prompt."""
     tool = ToolDefinition("read_file", "Read a file.", {"type": "object", "properties": {
         "path": {"type": "string"}}, "required": ["path"]})  # fmt: skip
-    call = ToolCall.from_arguments("local_1", "read_file", {"path": "src/keel/loop.py"})
+    first = ToolCall.from_arguments("local_1", "read_file", {"path": "src/keel/loop.py"})
+    second = ToolCall.from_arguments("local_2", "read_file", {"path": "src/keel/step.py"})
     text = (Path(__file__).resolve().parents[1] / "src/keel/loop.py").read_text()[:6000]
-    turn1 = ModelRequest(SYSTEM, (tool,), (UserMessage(PROMPT),))
-    turn2 = ModelRequest(SYSTEM, (tool,), (
-        UserMessage(PROMPT), AssistantMessage(None, (call,)),
-        ToolResult("local_1", "read_file", call.key, text)))  # fmt: skip
+    items = (
+        UserMessage(PROMPT), AssistantMessage(None, (first,)),
+        ToolResult("local_1", "read_file", first.key, text),
+    )  # fmt: skip
+    turn2 = ModelRequest(SYSTEM, (tool,), items)
+    turn3 = ModelRequest(SYSTEM, (tool,), (
+        *items, AssistantMessage(None, (second,)),
+        ToolResult("local_2", "read_file", second.key, "1: from keel import turns")))  # fmt: skip
     rows = []
     for cache in (True, False):
         local = LocalTransport(model_path=str(path), n_ctx=N_CTX, max_tokens=8, prompt_cache=cache)
-        await local.request(turn1)
         await local.request(turn2)
-        rows.append(
-            ("with prefix reuse" if cache else "without (whole prompt)", local.last_generation)
-        )
+        await local.request(turn3)
+        label = "with prefix reuse" if cache else "without (whole prompt)"
+        rows.append((label, local.last_generation))
         local.close()
     return rows
 
@@ -236,7 +242,7 @@ async def main(args: argparse.Namespace) -> int:
         console.print(f"same text on both paths: {result['same_text']}")
         if not synthesis:
             ok = paired >= TARGET_RATIO
-    cache = Table(title="Prompt evaluation on turn 2 (turn 1 plus a call and its result)")
+    cache = Table(title="Prompt evaluation on turn 3 (turn 2 plus a call and a short result)")
     for column in ("prompt", "tokens", "evaluated", "seconds", "evaluated tokens/s"):
         cache.add_column(column, justify="left" if column == "prompt" else "right")
     for label, g in await bench_prompt_cache(path):
