@@ -5,7 +5,7 @@ one per turn, from `turn_grammar`:
 
 - an ordinary turn (tool_choice None): ``root ::= call | answer``: a call to a declared tool,
   written in Qwen's own ``<tool_call>`` format with arguments that fit that tool's schema, or an
-  answer (text that does not begin with ``<`` or ``{``);
+  answer (text that does not begin with ``<``, ``{`` or a backtick);
 - a turn that insists on evidence ("required"): ``root ::= call``;
 - a synthesis turn ("none"): ``root ::= answer``. The model cannot write a call there, whatever
   its weights prefer: the rule that a synthesis turn answers is enforced at the sampler.
@@ -54,10 +54,11 @@ MAX_ITEMS = 8
 MAX_DEPTH = 4
 """Nesting of objects and arrays; deeper values (or recursive schemas) are plain scalars."""
 
-ANSWER_RULE = r"[^<{\x00] [^\x00]*"
-"""An answer: any text that does not begin with ``<`` (so never a ``<tool_call>``) or ``{``: a
-small model that wants a call sometimes writes its JSON without the tags, as if it were the
-answer; barred from that, it writes the tags, and the call is a real one."""
+ANSWER_RULE = r"[^<{`\x00] [^\x00]*"
+"""An answer: any text that does not begin with ``<`` (so never a ``<tool_call>``), ``{`` or a
+backtick. A small model that wants a call sometimes writes the call's JSON as its answer, bare
+or in a code fence (seen in ``make run`` and the first live evaluation); barred from that, it
+writes the tags, and the call is a real one. An answer starts with prose."""
 
 _PRIMITIVES = {
     "string": f'"\\"" char{{0,{MAX_STRING}}} "\\""',
