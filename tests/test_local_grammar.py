@@ -146,8 +146,10 @@ def test_the_grammar_rejects_what_does_not_fit(local_transport: LocalTransport) 
         assert not accepts(local_transport, auto, bad), bad
     assert not accepts(local_transport, none, good)  # a synthesis turn: no call at all
     bare = '{"name": "fetch", "arguments": {"url": "https://a.example"}}'
-    assert not accepts(local_transport, auto, bare)  # a call without its tags is no answer
-    assert not accepts(local_transport, auto, f"```json\n{bare}\n```")  # nor in a fence
+    assert accepts(local_transport, auto, bare)  # a call without its tags is still a call
+    assert not accepts(local_transport, auto, bare.replace("fetch", "write_file"))
+    assert not accepts(local_transport, none, bare)  # and never in a synthesis turn
+    assert not accepts(local_transport, auto, f"```json\n{bare}\n```")  # nor a fenced one
     assert accepts(local_transport, none, "The best supported answer.")
     assert not accepts(local_transport, turn_grammar([fetch], "required"), "The answer.")
 

@@ -114,6 +114,16 @@ def test_any_output_reads_without_raising(text: str) -> None:
         assert call.name == UNNAMED_CALL or isinstance(call.arguments, dict)
 
 
+def test_a_call_without_its_tags_is_read_as_a_call() -> None:
+    bare = '{"name": "observe_page", "arguments": {"url": "http://a.example/job"}}'
+    answer, calls = read_output(bare, None, reader())
+    assert answer is None
+    assert [(c.name, c.arguments) for c in calls] == [
+        ("observe_page", {"url": "http://a.example/job"})
+    ]
+    assert read_output(bare, "none", reader()) == (bare, ())
+
+
 def test_an_unreadable_block_is_a_call_to_no_tool() -> None:
     answer, calls = read_output('<tool_call>\n{"name": "read_fi', None, reader())
     assert answer is None

@@ -381,7 +381,7 @@ def _import_llama_cpp() -> Any:
 
 
 def _starts_a_call(llama: Any, token: int) -> bool:
-    return bool(llama.detokenize([token], special=True).startswith(b"<"))
+    return llama.detokenize([token], special=True).lstrip()[:1] in (b"<", b"{")
 
 
 def _stop_when(cancel: threading.Event | None, eos: int) -> Any:

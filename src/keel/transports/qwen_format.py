@@ -19,8 +19,9 @@ block: the spellings of control tokens (``<|im_start|>``...) and of the tool tag
 space after their ``<``, and lone surrogates become ``?`` (the prompt is strict UTF-8).
 
 `read_output` turns what the model wrote into text or calls: the output is a call when it starts
-with ``<tool_call>`` (the grammar writes calls only that way, and never in a synthesis turn,
-where nothing is read as a call whatever the text says). A block that does not parse (cut at the
+with ``<tool_call>``, or with ``{"name"`` (the call without its tags, which the grammar also
+lets the small model write), and never in a synthesis turn, where nothing is read as a call
+whatever the text says. A block that does not parse (cut at the
 context window) still becomes a `ToolCall` with a parse error, which the executor answers.
 """
 
@@ -177,10 +178,12 @@ def read_output(
 
     Never raises. In a synthesis turn (tool_choice "none") the output is always text.
     """
-    if tool_choice == "none" or not text.lstrip().startswith("<tool_call>"):
-        return (text if text.strip() else None), ()
-    calls = tuple(_read_call(block, new_id()) for block in _BLOCK.findall(text))
-    return None, calls
+    stripped = text.strip()
+    if tool_choice != "none" and stripped.startswith("<tool_call>"):
+        return None, tuple(_read_call(block, new_id()) for block in _BLOCK.findall(text))
+    if tool_choice != "none" and stripped.startswith('{"name"'):  # a call without its tags
+        return None, (_read_call(stripped, new_id()),)
+    return (text if stripped else None), ()
 
 
 def _read_call(block: str, call_id: str) -> ToolCall:
