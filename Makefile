@@ -23,9 +23,11 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,local,browser]'
 	touch $@ $(STAMP_RUN)
 
+# The first turn must look at the repository (--first-turn-tool); the run prints a summary and
+# the exact `keel show ... --store .venv/demo.sqlite` command that opens it.
 run: $(STAMP_RUN)
 	$(BIN)/keel run "$(QUESTION)" --model local --repo . --store $(VENV)/demo.sqlite \
-		--max-model-calls 8
+		--max-model-calls 8 --first-turn-tool
 
 demo: $(STAMP_RUN)
 	$(BIN)/keel run "Which modules does the run loop depend on, and where does it stop a repeating tool call?" \

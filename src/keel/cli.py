@@ -30,9 +30,12 @@ from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
 from keel.options import check_hosts
 from keel.pool.commands import after_decision, submit_run, worker_command
+from keel.progress import watch_local_model
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult, RunStatus
 from keel.store import RunStore, Store, open_store, store_target
+from keel.store.locate import default_store_path
+from keel.summary import one_line, show_command
 from keel.terminal import describe_call, safe_text
 from keel.timeline import event_json, run_json, timeline
 from keel.ui.command import ui_command
@@ -46,6 +49,7 @@ app = typer.Typer(
     "failure, or a durable pause.",
     no_args_is_help=True,
     add_completion=False,
+    rich_markup_mode=None,  # plain help: "[default: ...]" stays text, option names are not cut
     pretty_exceptions_enable=False,
 )
 err = Console(stderr=True)
@@ -130,6 +134,9 @@ def run(
     otel: OtelOption = False,
     otel_content: OtelContentOption = False,
     durability: DurabilityOption = None,
+    first_turn_tool: Annotated[
+        bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
+    ] = False,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
@@ -150,6 +157,7 @@ def run(
             max_tokens=max_tokens,
             deadline=deadline,
             context_tokens=context_tokens,
+            first_turn_tool=first_turn_tool,
         )
 
     _guard(lambda: check_hosts(allow_host or []))
@@ -316,8 +324,11 @@ def show(
         events = _guard(lambda: db.events(run_id))
     finally:
         db.close()
+    sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if as_json:
         shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        if sampling is not None:
+            shown["sampling"] = sampling
         typer.echo(json.dumps(shown, ensure_ascii=False))
         return
     out = Console()
@@ -330,6 +341,9 @@ def show(
         markup=False,
         soft_wrap=True,
     )
+    if isinstance(sampling, dict):
+        pinned = ", ".join(f"{k} {v}" for k, v in sampling.items())
+        out.print(f"sampling: {safe_text(pinned)}", highlight=False, markup=False)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
@@ -395,9 +409,15 @@ def _text(value: JsonValue) -> str | None:
 def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> NoReturn:
     _guard(extras.start_export)
     with extras, agent:
+        if not extras.quiet:
+            watch_local_model(agent, err)
         result = _guard(lambda: asyncio.run(_with_signals(start)))
+        summary = one_line(result, agent.store.events(result.run_id))
+        show = show_command(result.run_id, agent.store.path, default_store_path())
     if not extras.wrote(result):
         _print_result(result, extras.as_json)
+    if not extras.quiet:
+        err.print(f"{summary}\nopen it with: {show}", highlight=False, markup=False)
     raise typer.Exit(EXIT_CODES[result.status])
 
 

@@ -48,6 +48,11 @@ class RunExtras:
         self._mcp: McpToolset | None = None
         self._stop_export: Callable[[], None] | None = None
 
+    @property
+    def quiet(self) -> bool:
+        """Nothing but the JSON (or the event lines) goes to the terminal."""
+        return self.as_json or self._lines is not None
+
     def listeners(self, progress: Callable[[], Listener]) -> tuple[Listener, ...]:
         """`--events` lines, or else progress lines unless `--json`."""
         if self._lines is not None:

@@ -34,6 +34,9 @@ class Limits:
     """Retries of a retryable model error (429, 5xx, timeouts) within one turn."""
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
+    first_turn_tool: bool = False
+    """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
+    "required") instead of letting the model answer at once. Synthesis turns win over it."""
 
     def __post_init__(self) -> None:
         if self.loop_threshold < 2:

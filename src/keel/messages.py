@@ -28,7 +28,10 @@ __all__ = [
     "digest_text",
 ]
 
-ToolChoice = Literal["none"] | None
+ToolChoice = Literal["none", "required"] | None
+"""None: the provider's default (the model may call a tool or answer); "none": no tool call
+(synthesis-only turns); "required": a tool call, not an answer (a run insisting on evidence
+first, ``--first-turn-tool``)."""
 SynthesisReason = Literal["repeated_tool", "budget"]
 
 
@@ -141,7 +144,8 @@ class ModelRequest:
     items: tuple[Item, ...]
     """The history, with elided results already replaced by their pointers."""
     tool_choice: ToolChoice = None
-    """None sends no tool_choice at all; "none" forbids tools (synthesis-only turns)."""
+    """None sends no tool_choice at all; "none" forbids tools (synthesis-only turns);
+    "required" asks for a tool call (never sent without tools)."""
     volatile: tuple[str, ...] = ()
     """Controls for this request only: appended last, never stored, never in the prefix."""
     estimated_input_tokens: int = 0

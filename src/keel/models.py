@@ -1,6 +1,6 @@
 """Model specs: the text after `--model` names a transport and its argument.
 
-    local                      the embedded Qwen2.5-Coder 0.5B, in-process, behind the XML fallback
+    local                      the embedded Qwen2.5-Coder 0.5B, in-process, in its own tool format
     openai:MODEL               OpenAI Responses API
     openai-chat:MODEL          Chat Completions (any compatible server with --base-url)
     anthropic:MODEL            Anthropic Messages
@@ -94,9 +94,8 @@ def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
         return XmlFallbackTransport(resolve_model(rest, base_url=base_url))
     if scheme == "local" and not rest:
         from keel.transports.local import LocalTransport
-        from keel.transports.xml_fallback import XmlFallbackTransport
 
-        return XmlFallbackTransport(LocalTransport())
+        return LocalTransport()
     if not (sep and rest):
         raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
     if scheme == "script":

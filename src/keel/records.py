@@ -92,7 +92,7 @@ class ModelRequestSent(_EventBase):
     type: ClassVar[str] = "model_request"
     attempt: int
     """1 for the turn's first attempt; retries and empty-turn repeats count on."""
-    tool_choice: Literal["none"] | None
+    tool_choice: Literal["none", "required"] | None
     synthesis: SynthesisReason | None
     """Set when the turn is synthesis-only, with the reason."""
     items: int

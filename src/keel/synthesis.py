@@ -1,10 +1,16 @@
-"""When the next turn must be synthesis-only, and the volatile control that says why.
+"""The mode of the next turn: synthesis-only (and the volatile control that says why), a turn
+that insists on a tool call, or a normal one.
 
-Two reasons exist. Repeated-tool synthesis (ADR-0136): some call key stands at threshold-1, so
-one more identical request would trip the hard breaker; the model gets one turn, without tools,
-to write the best supported answer. Budget synthesis: the budget allows one more model call, or
-no more tool calls, or too few tokens for more than this turn. When both hold, one synthesis turn
-is sent with both controls, and it is classified as budget synthesis.
+Two reasons for synthesis exist. Repeated-tool synthesis (ADR-0136): some call key stands at
+threshold-1, so one more identical request would trip the hard breaker; the model gets one turn,
+without tools, to write the best supported answer. Budget synthesis: the budget allows one more
+model call, or no more tool calls, or too few tokens for more than this turn. When both hold,
+one synthesis turn is sent with both controls, and it is classified as budget synthesis.
+
+A run may insist on evidence first (`Limits.first_turn_tool`, ``keel run --first-turn-tool``):
+its first turn is sent with tool_choice "required", so the model calls a tool before it may
+answer. Only the first turn, only when the run has tools, and never over synthesis: a turn that
+must be synthesis-only stays synthesis-only (ADR 0027).
 
 Controls are platform text for one request only. They never quote tool arguments or retrieved
 text, and they never enter the store or the frozen prefix.
@@ -14,12 +20,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keel.messages import SynthesisReason
+from keel.messages import SynthesisReason, ToolChoice
 
 __all__ = [
     "BUDGET_CONTROL",
     "NORMAL",
     "REPEATED_TOOL_CONTROL",
+    "TOOL_REQUIRED",
     "Mode",
     "decide_mode",
 ]
@@ -49,15 +56,31 @@ class Mode:
     """The key at threshold-1, when repetition is (part of) the reason."""
     budget: str | None = None
     """Which budget is running out, when the budget is (part of) the reason."""
+    tool_required: bool = False
+    """A normal turn that must call a tool (the run's first turn, with `first_turn_tool`)."""
+
+    @property
+    def tool_choice(self) -> ToolChoice:
+        """What the request says: "none" in synthesis, "required" when insisting, else None."""
+        if self.reason is not None:
+            return "none"
+        return "required" if self.tool_required else None
 
 
 NORMAL = Mode()
+TOOL_REQUIRED = Mode(tool_required=True)
 
 
-def decide_mode(repeated_key: str | None, budget: str | None) -> Mode:
+def decide_mode(
+    repeated_key: str | None, budget: str | None, *, insist_on_tool: bool = False
+) -> Mode:
+    """Synthesis first (budget over repetition), then a required tool call, then normal.
+
+    `insist_on_tool`: the run wants evidence before an answer on this turn (its first turn,
+    with tools offered); it never turns a synthesis turn back into one that calls tools."""
     if budget is not None:
         controls = (BUDGET_CONTROL, REPEATED_TOOL_CONTROL) if repeated_key else (BUDGET_CONTROL,)
         return Mode("budget", controls, repeated_key, budget)
     if repeated_key is not None:
         return Mode("repeated_tool", (REPEATED_TOOL_CONTROL,), repeated_key, None)
-    return NORMAL
+    return TOOL_REQUIRED if insist_on_tool else NORMAL

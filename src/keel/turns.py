@@ -26,9 +26,11 @@ __all__ = ["current_mode", "next_turn"]
 
 
 def current_mode(parts: StepParts) -> Mode:
-    """Step 2, asked again before every attempt: a retry may only move toward synthesis."""
+    """Step 2, asked again before every attempt: a retry may only move toward synthesis. The
+    first turn insists on a tool call when the run asks for it and offers tools."""
     budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
-    return decide_mode(parts.breaker.synthesis_key(), budget)
+    insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
+    return decide_mode(parts.breaker.synthesis_key(), budget, insist_on_tool=insist)
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
@@ -44,7 +46,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         if stop is not None:
             raise stop
         mode = current_mode(parts)
-        request, newly_elided = parts.context.build("none" if mode.reason else None, mode.controls)
+        request, newly_elided = parts.context.build(mode.tool_choice, mode.controls)
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
         parts.recorder.emit(

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import itertools
 import json
-from typing import Any
+from typing import Any, ClassVar
 
 import httpx
 
@@ -94,6 +94,7 @@ def _expected_messages() -> list[dict[str, Any]]:
 
 class AnthropicCase:
     name = "anthropic"
+    required_choice: ClassVar[dict[str, str]] = {"type": "any"}
 
     def make(self, http: httpx.AsyncClient) -> AnthropicTransport:
         return AnthropicTransport(MODEL, http_client=http, api_key=FAKE_KEY)

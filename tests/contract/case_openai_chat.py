@@ -118,6 +118,7 @@ def _usage(prompt: int, cached: int, completion: int) -> dict[str, Any]:
 
 class _Case:
     name = "openai_chat"
+    required_choice = "required"
 
     def make(self, http: httpx.AsyncClient) -> OpenAIChatTransport:
         return OpenAIChatTransport(MODEL, http_client=http, api_key=FAKE_KEY)

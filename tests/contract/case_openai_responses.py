@@ -110,6 +110,7 @@ def _response(output: list[dict[str, Any]], usage: dict[str, Any]) -> httpx.Resp
 
 class _Case:
     name = "openai_responses"
+    required_choice = "required"
 
     def make(self, http: httpx.AsyncClient) -> OpenAIResponsesTransport:
         return OpenAIResponsesTransport(MODEL, http_client=http, api_key=FAKE_KEY)

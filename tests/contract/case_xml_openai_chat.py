@@ -54,6 +54,8 @@ def _completion(content: str, usage: dict[str, Any]) -> httpx.Response:
 
 class XmlOpenAIChatCase:
     name = "xml:openai-chat"
+    required_choice = None
+    """A text model cannot be made to call: the tools are described, nothing more is sent."""
 
     def make(self, http: httpx.AsyncClient) -> Transport:
         inner = OpenAIChatTransport(MODEL, http_client=http, base_url=BASE_URL)

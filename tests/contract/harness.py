@@ -102,6 +102,11 @@ def synthesis_request() -> ModelRequest:
     )
 
 
+def required_request() -> ModelRequest:
+    """A turn that insists on a tool call (``keel run --first-turn-tool``): the question only."""
+    return ModelRequest(SYSTEM, TOOLS, HISTORY[:1], tool_choice="required")
+
+
 @dataclass
 class Captured:
     """Requests the SDK really sent, answered by a queue of canned responses."""
@@ -127,6 +132,9 @@ class ContractCase(Protocol):
     """What one transport supplies to the contract suite."""
 
     name: str
+    required_choice: Any
+    """The wire's ``tool_choice`` for a "required" request (OpenAI "required", Anthropic
+    {"type": "any"}), or None where nothing is sent (the XML fallback)."""
 
     def make(self, http: httpx.AsyncClient) -> Transport:
         """The transport under test, its SDK client built on `http` (no retries of its own)."""

@@ -4,6 +4,7 @@ synthesis requests, payloads sent, responses parsed, usage normalised, errors cl
 from __future__ import annotations
 
 import importlib
+import json
 import pkgutil
 from pathlib import Path
 
@@ -13,7 +14,14 @@ import pytest
 from keel.errors import ProviderError
 from keel.messages import ModelResponse
 
-from .harness import Captured, ContractCase, ordinary_request, synthesis_request
+from .harness import (
+    TOOLS,
+    Captured,
+    ContractCase,
+    ordinary_request,
+    required_request,
+    synthesis_request,
+)
 
 
 def _cases() -> list[ContractCase]:
@@ -54,6 +62,17 @@ async def test_synthesis_request_sends_none_tool_choice_and_control_last(
     _, captured = await send(case, [case.text_response()], synthesis=True)
     assert len(captured.requests) == 1
     case.check_synthesis(captured.body)
+
+
+@pytest.mark.parametrize("case", CASES, ids=ids)
+async def test_a_required_tool_choice_is_sent_as_the_providers_any(case: ContractCase) -> None:
+    captured = Captured([case.text_response()])
+    await case.make(captured.client()).request(required_request())
+    body = captured.body
+    assert body.get("tool_choice") == case.required_choice
+    names = {t.name for t in TOOLS}
+    wire = json.dumps(body)
+    assert all(name in wire for name in names)  # the tools go with it, natively or in words
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)

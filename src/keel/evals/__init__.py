@@ -1,6 +1,6 @@
 """Scenario evaluations: the real runtime, real tools, pages served on loopback, a scripted
 model (or a real one), and an expected outcome per scenario. `keel eval` runs them; the
-built-in scenarios guard the rules of SYSTEM.md ("Evaluations") and ADR-0136.
+built-in scenarios guard the rules of docs/design.md (and the ADRs it points to).
 """
 
 from keel.evals.loading import builtin_names, load_file, resolve

@@ -8,6 +8,7 @@ scenario file (the message names the file and the field).
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 from pathlib import Path
 from typing import Annotated, NoReturn
@@ -59,6 +60,15 @@ def eval_command(
         ),
     ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            min=1,
+            help="Seconds one run may take before it is cancelled as stuck "
+            "[default: each scenario's own, 120]; a local model on a busy CPU needs more.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run evaluation scenarios against the real runtime and report how each run ended.
 
@@ -69,6 +79,11 @@ def eval_command(
     err = Console(stderr=True)
     try:
         found = resolve(scenarios or [])
+        if timeout is not None:
+            found = [
+                dataclasses.replace(s, spec=s.spec.model_copy(update={"timeout": timeout}))
+                for s in found
+            ]
         if list_only:
             _list(found, as_json)
             return

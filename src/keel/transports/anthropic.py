@@ -1,4 +1,5 @@
-"""Anthropic Messages API: ``tool_use`` / ``tool_result`` blocks, ``tool_choice {"type": "none"}``.
+"""Anthropic Messages API: ``tool_use`` / ``tool_result`` blocks, ``tool_choice {"type": "none"}``
+(and ``{"type": "any"}`` for Keel's "required").
 
 The mapping is pure and tested offline (STYLE.md point 5): `to_wire` turns a ModelRequest into
 the request body, `from_wire` and `map_usage` read the response body, `map_error` turns an SDK
@@ -89,9 +90,11 @@ def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, 
             for t in request.tools
         ]
         body["tools"][-1]["cache_control"] = CACHE_BREAKPOINT
+        # Without tools the model cannot call one anyway, so neither needs a key then.
         if request.tool_choice == "none":
-            # Without tools the model cannot call one anyway, so "none" needs no key then.
             body["tool_choice"] = {"type": "none"}
+        elif request.tool_choice == "required":
+            body["tool_choice"] = {"type": "any"}
     return body
 
 

@@ -7,7 +7,9 @@ with ``isinstance``, never by probing attribute names:
 - `Resumable`: its position (a script's next turn) is saved with each step and restored when a
   paused or crashed run resumes in a new process;
 - `LocalModel`: it runs a model in this process and can lend the run that model's tokenizer and
-  input window, so the context budget matches the real prompt.
+  input window, so the context budget matches the real prompt;
+- `PinnedSampling`: its sampling settings are fixed and known (the local model's temperature,
+  top_p, seed...); the run records them, so `keel show` says how to reproduce it.
 
 A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
 """
@@ -19,7 +21,7 @@ from typing import Any, Protocol, runtime_checkable
 from keel.messages import ModelRequest, ModelResponse
 from keel.tokens import TokenCounter
 
-__all__ = ["LocalModel", "Resumable", "Transport"]
+__all__ = ["LocalModel", "PinnedSampling", "Resumable", "Transport"]
 
 
 @runtime_checkable
@@ -65,4 +67,14 @@ class LocalModel(Protocol):
 
     def token_counter(self) -> TokenCounter:
         """A counter using the model's own tokenizer; may load the model."""
+        ...
+
+
+@runtime_checkable
+class PinnedSampling(Protocol):
+    """A transport whose sampling is fixed and known, recorded with every run it serves."""
+
+    @property
+    def sampling(self) -> dict[str, float | int]:
+        """The settings, as JSON-ready numbers (e.g. temperature, top_p, top_k, seed)."""
         ...

@@ -1,140 +1,119 @@
 """The embedded local model, in-process through llama.cpp (``llama-cpp-python``), as a transport.
 
-`LocalTransport` is a **text** transport: it is always used behind
-`keel.transports.xml_fallback.XmlFallbackTransport` (the model spec ``local`` means
-``xml:`` over it), so the requests it receives carry no tools and no tool-shaped history, and a
-request that does is refused as misuse. What it does:
+`LocalTransport` speaks the model's own tool format (ADR 0027): the prompt is Qwen2.5's chat
+template with its ``# Tools`` section, calls come back as ``<tool_call>`` blocks and results go
+in as ``<tool_response>`` blocks (`keel.transports.qwen_format`, pure). Every turn with tools is
+sampled under a grammar built from the tool schemas (`keel.transports.grammar`, pure), applied
+by `keel.transports.constrained.GrammarMask`:
 
-- **Messages.** The system text, then the history (user and assistant turns), then each volatile
-  control as a final user message, formatted by llama.cpp's ``chatml`` chat format (Qwen's own
-  template). Two repairs on the way: text that spells a control token (``<|im_start|>``,
-  ``<|im_end|>``...) gets a zero-width space after its ``<``, because the chat handler tokenises
-  the whole prompt with special tokens enabled and a file the agent reads must not be able to
-  open a new role; and an empty turn is sent as one space, because chatml would otherwise drop
-  its end marker.
-- **Stop sequences** (`DEFAULT_STOP`): the chat markers ``<|im_end|>``, ``<|endoftext|>`` and
-  ``<|im_start|>``, and ``</call>``. Stopping at the end of the first call block (the stop text
-  itself is cut off, and the XML parser accepts a final block without its closing tag) is the
-  choice for a 0.5B model: after writing a call, such a model tends to invent the ``<result>``
-  it is waiting for and then an answer built on it, which costs seconds per turn on a CPU and
-  puts invented evidence in the history. The price is one call per turn, which a model this
-  size rarely beats anyway. In a synthesis turn it changes nothing: any call there ends the run.
-- **Threads.** Generation is blocking C code: it runs in a worker thread
-  (`asyncio.to_thread`) so the event loop stays free, one generation at a time per model (a
-  thread lock, valid across event loops). Cancelling the awaiting task (the run's deadline or
-  cancellation) sets an event that a per-token logits processor turns into an end-of-turn token
-  (about 25 microseconds per token when idle), so the thread, the lock and the process exit are
+- an ordinary turn can only be one well-formed call to a declared tool, with arguments that fit
+  its schema, or an answer; a turn with tool_choice "required" only a call; a synthesis turn
+  (tool_choice "none") only an answer, so the ADR-0136 rule holds at the sampler: the model
+  cannot ask for a tool there, whatever it prefers;
+- the grammar ends after one call, so the model cannot go on to invent the result it waits for;
+- strings and arrays in a call are bounded, and a call under way may run past `max_tokens`
+  (up to the context window): a grammar-constrained call always ends, and always parses.
+
+What else it does:
+
+- **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
+  seed is set again before every generation, so the same prompt gives the same output on the
+  same machine. The run records `sampling` with its settings and ``keel show`` prints it.
+- **Prompt caching**: one ``llama_cpp.Llama`` serves every request, and llama.cpp keeps the KV
+  cache of the longest prefix the new prompt shares with the previous one; the frozen prefix
+  (system text and tools, the same in synthesis turns) and the replayed history make turn N
+  evaluate only what turn N-1 added. ``usage.cached_input_tokens`` says how many were reused,
+  and `last_timings` how fast the rest went. ``prompt_cache=False`` evaluates every prompt
+  whole (for measuring the difference).
+- **Threads**: generation is blocking C code in a worker thread (`asyncio.to_thread`), one at a
+  time per model (a lock valid across event loops). Cancelling the awaiting task sets an event
+  that ends the generation at the next token, so the thread, the lock and the process exit are
   not held for the rest of a long generation.
-- **Loading** is lazy, on the first request (or `prepare()`), timed in `load_seconds`; without
-  a `model_path` the shipped model is joined and verified by `keel.local_model.ensure_model`.
-- **Answers.** Text, ``finish_reason`` as the stop reason, ``prompt_tokens`` and
-  ``completion_tokens`` as usage, and as cached input the prompt prefix llama.cpp kept from the
-  previous turn (its KV cache reuses the longest common prefix, which the frozen prefix makes
-  long).
-- **Failures** become ProviderError in `request`, through `keel.transports.policy.attempt` like
-  every transport's, none retryable (nothing here gets better by waiting): a prompt longer
-  than the context window says so with both numbers; a model that cannot be found or loaded
-  says what to install or fix.
+- **Progress**: `on_tokens`, when set, is called from the worker thread after every token with
+  the count so far and the seconds since the prompt was evaluated (``keel run`` shows tokens/s).
+- **Loading** is lazy, on the first request (or `prepare()`), timed in `load_seconds`; without a
+  `model_path` the shipped model is joined and verified by `keel.local_model.ensure_model`.
+- **Failures** become ProviderError through `keel.transports.policy.attempt`, none retryable: a
+  prompt longer than the context window says so with both numbers; a model that cannot be found
+  or loaded says what to install or fix.
 
-`to_messages`, `from_completion` and `map_error` are pure; `LocalTransport` is the shell.
+`render_prompt`, `turn_grammar`, `read_output` and `map_error` are pure; this class is the shell.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import itertools
 import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from keel.errors import ConfigError, ProviderError
 from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
-from keel.transports.base import LocalModel
+from keel.transports.base import LocalModel, PinnedSampling
+from keel.transports.grammar import turn_grammar
 from keel.transports.policy import attempt
+from keel.transports.qwen_format import highest_call_number, read_output, render_prompt
 
 __all__ = [
     "DEFAULT_NAME",
-    "DEFAULT_STOP",
-    "REPEAT_PENALTY",
+    "SAMPLING",
+    "Generation",
     "LlamaTokenCounter",
     "LocalTransport",
-    "from_completion",
+    "ProgressCallback",
     "map_error",
-    "to_messages",
 ]
 
 DEFAULT_NAME = "local:qwen2.5-coder-0.5b"
-REPEAT_PENALTY = 1.1
-"""Greedy decoding on a 0.5B model falls into loops (the same line listed hundreds of times);
-a mild penalty keeps answers readable without changing what it chooses to call."""
-DEFAULT_STOP = ("<|im_end|>", "<|endoftext|>", "<|im_start|>", "</call>")
-"""Chat markers, and the end of the first call block (see the module docstring)."""
+SAMPLING: dict[str, float | int] = {
+    "temperature": 0.0,
+    "top_p": 0.8,
+    "top_k": 20,
+    "repeat_penalty": 1.05,
+    "seed": 0,
+}
+"""The pinned defaults: greedy decoding (temperature 0), so a prompt has one output on a given
+machine; top_p, top_k and the seed take effect with a temperature above 0. A mild repeat
+penalty keeps a 0.5B model from listing the same line hundreds of times."""
 
-_CONTROL_TOKEN = re.compile(r"<(?=\|\w{1,40}\|>)")
-_DEFUSED = "<\u200b"
+ProgressCallback = Callable[[int, float], None]
+"""(tokens written so far, seconds since the first of them); see `LocalTransport.on_tokens`."""
 _CONTEXT_OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
 
 
-# --- to llama.cpp -----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Generation:
+    """What one generation produced and cost, before it is read as text or calls."""
 
+    text: str
+    output_tokens: int
+    prompt_tokens: int
+    cached_tokens: int
+    """Prompt tokens llama.cpp kept from the previous generation instead of evaluating them."""
+    stop_reason: str
+    """"stop" (end of turn) or "length" (the output limit)."""
+    prompt_seconds: float
+    """Evaluating the prompt (what was not cached) and sampling the first token."""
+    generate_seconds: float
+    """Every token after the first."""
 
-def to_messages(request: ModelRequest) -> list[dict[str, str]]:
-    """The chat messages for ``create_chat_completion`` (pure).
+    @property
+    def prompt_tokens_per_second(self) -> float:
+        evaluated = self.prompt_tokens - self.cached_tokens
+        return evaluated / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
 
-    Raises ConfigError for tools or tool-shaped history: those belong to the XML fallback.
-    """
-    if request.tools or request.tool_choice is not None:
-        raise ConfigError(
-            "LocalTransport is a text transport: wrap it in XmlFallbackTransport to use tools"
-        )
-    messages = [{"role": "system", "content": _clean(request.system)}]
-    for item in request.items:
-        if item.kind == "user":
-            messages.append({"role": "user", "content": _clean(item.text)})
-        elif item.kind == "assistant" and not item.tool_calls:
-            messages.append({"role": "assistant", "content": _clean(item.text or "")})
-        else:
-            raise ConfigError(
-                "LocalTransport received a tool call or result; wrap it in XmlFallbackTransport"
-            )
-    messages.extend({"role": "user", "content": _clean(text)} for text in request.volatile)
-    return messages
-
-
-def _clean(text: str) -> str:
-    """Text as the prompt may carry it: no control-token spellings, no lone surrogates (the
-    prompt is encoded as strict UTF-8), and never empty (chatml drops an empty turn's end)."""
-    if "<|" in text:
-        text = _CONTROL_TOKEN.sub(_DEFUSED, text)
-    if not text.isascii():
-        text = text.encode("utf-8", "replace").decode("utf-8")
-    return text or " "
-
-
-# --- from llama.cpp ---------------------------------------------------------------------------
-
-
-def from_completion(data: Mapping[str, Any], *, cached_tokens: int = 0) -> ModelResponse:
-    """A ``chat.completion`` dict from llama-cpp-python as a ModelResponse (pure)."""
-    choices = data.get("choices") or ()
-    choice: Mapping[str, Any] = choices[0] if choices else {}
-    message: Mapping[str, Any] = choice.get("message") or {}
-    content = message.get("content")
-    usage: Mapping[str, Any] = data.get("usage") or {}
-    return ModelResponse(
-        text=content if isinstance(content, str) and content else None,
-        usage=Usage(
-            input_tokens=usage.get("prompt_tokens") or 0,
-            output_tokens=usage.get("completion_tokens") or 0,
-            cached_input_tokens=cached_tokens,
-        ),
-        stop_reason=choice.get("finish_reason"),
-    )
+    @property
+    def tokens_per_second(self) -> float:
+        later = self.output_tokens - 1
+        return later / self.generate_seconds if later > 0 and self.generate_seconds > 0 else 0.0
 
 
 def map_error(exc: Exception, *, n_ctx: int) -> ProviderError:
@@ -152,9 +131,6 @@ def map_error(exc: Exception, *, n_ctx: int) -> ProviderError:
     return ProviderError(f"local model failed: {type(exc).__name__}: {exc}")
 
 
-# --- the token counter ------------------------------------------------------------------------
-
-
 class LlamaTokenCounter:
     """Counts with the model's own tokenizer, so the context budget matches the real prompt."""
 
@@ -169,10 +145,7 @@ class LlamaTokenCounter:
         return len(self._llama.tokenize(data, add_bos=False, special=False))
 
 
-# --- the transport ----------------------------------------------------------------------------
-
-
-class LocalTransport(LocalModel):
+class LocalTransport(LocalModel, PinnedSampling):
     """The local model in this process; see the module docstring. A `LocalModel`: the run
     counts tokens with its tokenizer and keeps its context inside `input_token_limit`."""
 
@@ -182,36 +155,65 @@ class LocalTransport(LocalModel):
         model_path: str | None = None,
         n_ctx: int = 8192,
         n_threads: int | None = None,
-        max_tokens: int = 1024,
-        temperature: float = 0.0,
-        seed: int = 0,
-        stop: Iterable[str] = DEFAULT_STOP,
+        max_tokens: int = 512,
+        temperature: float = float(SAMPLING["temperature"]),
+        top_p: float = float(SAMPLING["top_p"]),
+        top_k: int = int(SAMPLING["top_k"]),
+        repeat_penalty: float = float(SAMPLING["repeat_penalty"]),
+        seed: int = int(SAMPLING["seed"]),
+        prompt_cache: bool = True,
+        logits_processor: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         """`model_path` loads that GGUF file as it is (no digest check); without it the shipped
-        model is used. `n_threads` defaults to the machine's CPU count. Nothing is loaded here."""
+        model is used. `n_threads` defaults to the machine's CPU count. `logits_processor`
+        (``(input_ids, scores) -> scores``) runs before the grammar, which has the last word:
+        it can steer what the model prefers, never what the grammar forbids (the tests use it
+        to make the model want a call). Nothing is loaded here."""
         if n_ctx < 256 or max_tokens < 1 or max_tokens >= n_ctx:
             raise ConfigError(
                 f"local model: need 256 <= n_ctx and 1 <= max_tokens < n_ctx "
                 f"(got n_ctx={n_ctx}, max_tokens={max_tokens})"
+            )
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < 1 or not 0 <= seed < 2**32 - 1:
+            raise ConfigError(
+                "local model: need temperature >= 0, 0 < top_p <= 1, top_k >= 1 and "
+                "0 <= seed < 4294967295"
             )
         self.name = f"local:{Path(model_path).stem}" if model_path else DEFAULT_NAME
         self.model_path = model_path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
         self.max_tokens = max_tokens
-        self.temperature = temperature
-        self.seed = seed
-        self.stop = list(stop)
+        self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
+        self.repeat_penalty, self.seed = repeat_penalty, seed
+        self.prompt_cache = prompt_cache
+        self.logits_processor = logits_processor
+        self.on_tokens: ProgressCallback | None = None
+        """Called from the worker thread after each token: (tokens so far, seconds since the
+        first); for progress displays. It must be quick and must not raise."""
         self.load_seconds: float | None = None
         """How long loading the model took, once it has been loaded."""
+        self.last_generation: Generation | None = None
+        """The latest generation's counts and timings."""
         self._llama: Any = None
         self._load_lock = threading.Lock()
         self._generate_lock = threading.Lock()
 
     @property
+    def sampling(self) -> dict[str, float | int]:
+        """The pinned sampling settings, recorded with each run."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "repeat_penalty": self.repeat_penalty,
+            "seed": self.seed,
+        }
+
+    @property
     def input_token_limit(self) -> int:
         """The most prompt tokens a request may carry: the window minus the output limit. A run's
-        context budget should stay below it (less a margin for the chat markers)."""
+        context budget should stay below it (less a margin for the template's own text)."""
         return self.n_ctx - self.max_tokens
 
     def prepare(self) -> None:
@@ -226,11 +228,14 @@ class LocalTransport(LocalModel):
         return LlamaTokenCounter(self._load())
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        messages = to_messages(request)
+        tools = request.tools
+        choice = request.tool_choice if tools else "none"
+        grammar = turn_grammar(tools, choice) if tools else None  # ConfigError: misuse
+        prompt = render_prompt(request)
         cancel = threading.Event()
         try:
-            return await attempt(
-                lambda: asyncio.to_thread(self._generate, messages, cancel),
+            generation = await attempt(
+                lambda: asyncio.to_thread(self.generate, prompt, grammar, cancel),
                 foreign=Exception,  # llama.cpp raises whatever it likes
                 to_error=lambda exc: map_error(exc, n_ctx=self.n_ctx),
                 secret=None,
@@ -238,6 +243,16 @@ class LocalTransport(LocalModel):
         except asyncio.CancelledError:
             cancel.set()  # the thread ends its generation at the next token
             raise
+        numbers = itertools.count(highest_call_number(request.items) + 1)
+        text, calls = read_output(generation.text, choice, lambda: f"local_{next(numbers)}")
+        return ModelResponse(
+            text=text,
+            tool_calls=calls,
+            usage=Usage(
+                generation.prompt_tokens, generation.output_tokens, generation.cached_tokens
+            ),
+            stop_reason=generation.stop_reason,
+        )
 
     def close(self) -> None:
         """Let the model go; a later request loads it again. Its memory is freed at once unless
@@ -247,26 +262,86 @@ class LocalTransport(LocalModel):
 
     # -- in the worker thread ----------------------------------------------------------------
 
-    def _generate(self, messages: list[dict[str, str]], cancel: threading.Event) -> ModelResponse:
+    def generate(
+        self, prompt: str, grammar: str | None, cancel: threading.Event | None = None
+    ) -> Generation:
+        """One generation for a rendered prompt, under `grammar` (GBNF) when given. Blocking:
+        `request` runs it in a worker thread; benchmarks call it directly."""
         with self._generate_lock:  # lock order everywhere: generate, then load
-            if cancel.is_set():
+            if cancel is not None and cancel.is_set():
                 raise ProviderError("local model: the request was cancelled before it started")
             llama = self._load()  # a ConfigError becomes a ProviderError in `request`
-            before = llama.input_ids[: llama.n_tokens].copy()
-            data = llama.create_chat_completion(
-                messages,
-                max_tokens=self.max_tokens,
-                temperature=self.temperature,
-                seed=self.seed,
-                repeat_penalty=REPEAT_PENALTY,
-                stop=self.stop,
-                logits_processor=[_stop_when(cancel, llama.token_eos())],
-            )
-            prompt_tokens = (data.get("usage") or {}).get("prompt_tokens") or 0
-            # llama.cpp re-evaluates at least the prompt's last token, so that one never counts.
-            kept = llama.input_ids[: min(llama.n_tokens, max(prompt_tokens - 1, 0))]
-            cached = _common_prefix(before, kept)
-        return from_completion(data, cached_tokens=cached)
+            tokens = llama.tokenize(prompt.encode("utf-8"), add_bos=False, special=True)
+            if len(tokens) >= self.n_ctx:
+                raise ValueError(
+                    f"Requested tokens ({len(tokens)}) exceed context window of {self.n_ctx}"
+                )
+            if not self.prompt_cache:
+                llama.reset()
+            cached = min(_common_prefix(llama.input_ids[: llama.n_tokens], tokens), len(tokens) - 1)
+            self.last_generation = self._sample(llama, tokens, grammar, cancel, max(cached, 0))
+            return self.last_generation
+
+    def _sample(
+        self,
+        llama: Any,
+        tokens: list[int],
+        grammar: str | None,
+        cancel: threading.Event | None,
+        cached: int,
+    ) -> Generation:
+        from keel.transports.constrained import GrammarMask  # numpy comes with llama.cpp
+
+        llama_cpp = _import_llama_cpp()
+        vocab = llama_cpp.llama_model_get_vocab(llama.model)
+        mask = GrammarMask(llama_cpp, llama, grammar, len(tokens)) if grammar else None
+        steps = (self.logits_processor, mask, _stop_when(cancel, llama.token_eos()))
+        processors = [p for p in steps if p is not None]
+        llama.set_seed(self.seed)
+        out: list[int] = []
+        started = time.perf_counter()
+        first = started
+        limit, stop_reason = self.max_tokens, "length"
+        try:
+            for token in llama.generate(
+                tokens,
+                temp=self.temperature,
+                top_p=self.top_p,
+                top_k=self.top_k,
+                min_p=0.0,
+                repeat_penalty=self.repeat_penalty,
+                logits_processor=processors,
+            ):
+                if llama_cpp.llama_vocab_is_eog(vocab, token) or llama_cpp.llama_vocab_is_control(
+                    vocab, token
+                ):
+                    stop_reason = "stop"
+                    break
+                out.append(token)
+                now = time.perf_counter()
+                if len(out) == 1:
+                    first = now
+                    if mask is not None and _starts_a_call(llama, token):
+                        # The grammar bounds a call; let it finish inside the window.
+                        limit = max(limit, self.n_ctx - len(tokens) - 1)
+                if self.on_tokens is not None:
+                    self.on_tokens(len(out), now - first)
+                if len(out) >= limit or (cancel is not None and cancel.is_set()):
+                    break
+        finally:
+            if mask is not None:
+                mask.close()
+        ended = time.perf_counter()
+        text = llama.detokenize(out, special=False).decode("utf-8", "replace")
+        return Generation(
+            text=text,
+            output_tokens=len(out),
+            prompt_tokens=len(tokens),
+            cached_tokens=cached,
+            stop_reason=stop_reason,
+            prompt_seconds=(first if out else ended) - started,
+            generate_seconds=ended - first if out else 0.0,
+        )
 
     def _load(self) -> Any:
         with self._load_lock:
@@ -277,7 +352,6 @@ class LocalTransport(LocalModel):
                 try:
                     self._llama = llama_cpp.Llama(
                         model_path=str(path),
-                        chat_format="chatml",
                         n_ctx=self.n_ctx,
                         n_threads=self.n_threads,
                         logits_all=False,
@@ -306,8 +380,14 @@ def _import_llama_cpp() -> Any:
         ) from exc
 
 
-def _stop_when(cancel: threading.Event, eos: int) -> Any:
+def _starts_a_call(llama: Any, token: int) -> bool:
+    return llama.detokenize([token], special=True).lstrip()[:1] in (b"<", b"{")
+
+
+def _stop_when(cancel: threading.Event | None, eos: int) -> Any:
     """A logits processor that leaves only the end-of-turn token once `cancel` is set."""
+    if cancel is None:
+        return None
 
     def process(input_ids: Any, scores: Any) -> Any:
         if cancel.is_set():
@@ -318,8 +398,12 @@ def _stop_when(cancel: threading.Event, eos: int) -> Any:
     return process
 
 
-def _common_prefix(before: Any, after: Any) -> int:
-    """Leading tokens two token arrays share (numpy arrays, compared without a Python loop)."""
+def _common_prefix(before: Any, after: list[int]) -> int:
+    """Leading tokens the cached tokens and the new prompt share."""
     n = min(len(before), len(after))
-    differ = (before[:n] != after[:n]).nonzero()[0]
+    if n == 0:
+        return 0
+    import numpy as np
+
+    differ = (np.asarray(before[:n]) != np.asarray(after[:n])).nonzero()[0]
     return int(differ[0]) if len(differ) else n

@@ -5,7 +5,8 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
 
 - A request without tools sends neither ``tools`` nor ``tool_choice``: the XML fallback sends
   tool-less requests through this transport, and servers reject ``tool_choice`` without tools.
-- ``tool_choice`` is otherwise left out unless the request says "none" (ADR-0136).
+- ``tool_choice`` is otherwise left out unless the request says "none" (ADR-0136) or
+  "required" (a run insisting on evidence first, ADR 0027).
 - The system prompt is the first message; volatile controls are appended last, one user message
   each, after the history.
 - Assistant turns replay with ``content`` (null when the turn had no text) and ``tool_calls``;
@@ -118,8 +119,8 @@ def to_wire(
             }
             for tool in request.tools
         ]
-        if request.tool_choice == "none":
-            body["tool_choice"] = "none"
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice  # "none" or "required"
     if max_tokens is not None:
         body[limit_field] = max_tokens
     if send_cache_key and request.cache_key:

@@ -16,7 +16,8 @@ around one SDK call. The choices that are not obvious from the API reference:
 - Function tools are sent with ``strict: false``: the Responses API defaults to strict mode,
   which would reject ordinary schemas (optional properties, no ``additionalProperties``).
 - ``tool_choice`` is left out unless the request says "none" (ADR-0136: None keeps the
-  provider's default); with no tools at all neither ``tools`` nor ``tool_choice`` is sent.
+  provider's default) or "required" (ADR 0027); with no tools at all neither ``tools`` nor
+  ``tool_choice`` is sent.
 - Volatile controls are appended last, one user-role message each, after the history.
 - ``prompt_cache_key`` is the run's key (`ModelRequest.cache_key`): OpenAI caches prompt
   prefixes on its own and routes requests with the same key to the same cache, so every turn of
@@ -110,8 +111,8 @@ def to_wire(
         body["instructions"] = request.system
     if request.tools:
         body["tools"] = [_tool(tool) for tool in request.tools]
-        if request.tool_choice == "none":
-            body["tool_choice"] = "none"
+        if request.tool_choice is not None:
+            body["tool_choice"] = request.tool_choice  # "none" or "required"
     body["input"] = [*_input(request.items), *(_user(text) for text in request.volatile)]
     body["store"] = False
     if request.cache_key:
