@@ -16,6 +16,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
 from keel.terminal import describe_call, safe_text
 
 KEY = "sk-test-SECRET-0123456789abcdef"
