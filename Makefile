@@ -34,7 +34,7 @@ demo: $(STAMP_RUN)
 		--model script:examples/repeated_research.json --repo . --store $(VENV)/demo.sqlite
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check src tests benchmarks
+	$(BIN)/ruff check --no-cache src tests benchmarks
 	$(BIN)/mypy
 
 test: lint

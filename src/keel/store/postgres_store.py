@@ -402,17 +402,7 @@ def _elided(conn: Conn, run_id: str) -> set[str]:
 
 
 def _record(row: Sequence[Any]) -> RunRecord:
-    run_id, created, updated, question, model, status, config, state = row
-    return RunRecord(
-        run_id,
-        created,
-        updated,
-        question,
-        model,
-        status,
-        RunConfig.decode(json.loads(config)),
-        RunState.decode(json.loads(state)),
-    )
+    return RunRecord.from_row(row)
 
 
 def _escape(text: str | None) -> str | None:

@@ -13,12 +13,13 @@ The promises every implementation keeps (the store behaviour tests run against e
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from keel.breaker import KeyCounter
 from keel.records import ApprovalDecided, Event, RunConfig, RunState
@@ -41,6 +42,22 @@ class RunRecord:
     status: RunStatus
     config: RunConfig
     state: RunState
+
+    @classmethod
+    def from_row(cls, row: Sequence[Any]) -> RunRecord:
+        """The row every store selects: id, times, question, model, status, config and state
+        as JSON text."""
+        run_id, created, updated, question, model, status, config, state = row
+        return cls(
+            run_id,
+            created,
+            updated,
+            question,
+            model,
+            status,
+            RunConfig.decode(json.loads(config)),
+            RunState.decode(json.loads(state)),
+        )
 
 
 @dataclass(slots=True)

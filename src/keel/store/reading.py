@@ -27,7 +27,7 @@ from typing import Any
 from urllib.parse import quote
 
 from keel.errors import StoreError
-from keel.records import Event, RunConfig, RunState, ToolResultRecorded, decode_event
+from keel.records import Event, ToolResultRecorded, decode_event
 from keel.store import schema
 from keel.store.protocol import RunRecord
 
@@ -148,14 +148,4 @@ def blob(conn: sqlite3.Connection, digest: str) -> str | None:
 
 
 def _record(row: Sequence[Any]) -> RunRecord:
-    run_id, created, updated, question, model, status, config, state = row
-    return RunRecord(
-        run_id,
-        created,
-        updated,
-        question,
-        model,
-        status,
-        RunConfig.decode(json.loads(config)),
-        RunState.decode(json.loads(state)),
-    )
+    return RunRecord.from_row(row)
