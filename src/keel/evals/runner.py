@@ -331,12 +331,14 @@ async def run_once(
                             reason=decision.reason or "denied by the evaluation",
                             by=decision.by,
                         )
+                _release(transport)
                 transport = make_transport(scenario, model, base)  # a new process, anew
                 agent = agent_on(transport)
                 result, stuck = await _run_with_timeout(
                     agent, functools.partial(agent.start_resume, result.run_id), spec
                 )
         finally:
+            _release(transport)
             for close in closers:
                 await close()
         hits = {page.path: server.hits(page.path) for page in spec.pages}
@@ -368,6 +370,15 @@ async def run_once(
         row.problems += check(expect, row, result)
     row.passed = not row.problems
     return row
+
+
+def _release(transport: Transport) -> None:
+    """A local model keeps its weights and KV cache until closed; each run builds its own, so
+    thirty-five live runs would otherwise hold thirty-five models (4.6 GB seen at run 18)."""
+    from keel.transports.local import LocalTransport  # loads nothing
+
+    if isinstance(transport, LocalTransport):
+        transport.close()
 
 
 async def _run_with_timeout(
