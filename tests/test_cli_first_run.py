@@ -22,7 +22,7 @@ def test_help_keeps_its_defaults_and_whole_option_names() -> None:
     assert result.exit_code == 0
     text = " ".join(result.stdout.split())  # the help wraps at 80 columns
     assert "[default: see `keel models`]" in text  # was swallowed as Rich markup
-    assert "[default: under the user data directory]" in text
+    assert "[default: KEEL_STORE, keel.toml, else a file under the user data directory]" in text
     for option in ("--evidence-reset-cap", "--first-turn-tool", "--context-tokens"):
         assert option in text  # was cut to "--evidence-reset-c…" at 80 columns
     assert "…" not in text
