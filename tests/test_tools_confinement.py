@@ -338,3 +338,31 @@ def test_a_walk_stops_at_the_depth_limit_and_says_so(repo: Path) -> None:
         "no matches for 'needle' under deep",
         f"[1 folder(s) nested more than {MAX_WALK_DEPTH} deep not searched]",
     ]
+
+
+# -- "/" as the repository root ----------------------------------------------------------------
+
+
+def test_a_read_of_a_path_with_a_leading_slash_reads_below_the_root(repo: Path) -> None:
+    """Small models write "/src/main.py" for the repository's src/main.py (the local model's
+    first call for the README question was list_files "/keel/loop.py"): reads take "/" as the
+    root, so an absolute path outside the root names a path below it, never the outside file."""
+    fns = tools(repo)
+    assert "print('inside')" in fns["read_file"](path="/src/main.py")
+    assert fns["list_files"](path="/") == fns["list_files"](path=".")
+    outside_secret = str(repo.parent / "outside" / "secret.txt")
+    for fn, args in (
+        (fns["read_file"], {"path": outside_secret}),
+        (fns["list_files"], {"path": str(repo.parent / "outside")}),
+        (fns["search_files"], {"pattern": "SECRET", "path": outside_secret}),
+    ):
+        ok, text = attempt(fn, **args)
+        assert not ok and "no such" in text and SECRET not in text
+    assert SECRET not in fns["search_files"](pattern="SECRET", path="/")
+
+
+def test_a_write_to_an_absolute_path_outside_the_root_is_still_refused(repo: Path) -> None:
+    """The approver sees the path that is written: "/notes.md" is not quietly repo/notes.md."""
+    ok, text = attempt(tools(repo)["write_file"], path="/notes.md", content="x")
+    assert not ok and "is outside the repository" in text
+    assert not (repo / "notes.md").exists()

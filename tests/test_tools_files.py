@@ -68,8 +68,7 @@ async def test_listing_is_sorted_marks_directories_and_skips_git(repo: Path) -> 
     assert await ok(repo, "list_files", path="src") == "src/notes.txt\nsrc/pkg/"
 
 
-async def test_listing_a_file_or_a_missing_directory_is_an_error(repo: Path) -> None:
-    assert "use read_file" in await refused(repo, "list_files", path="README.md")
+async def test_listing_a_missing_directory_is_an_error(repo: Path) -> None:
     assert "no such directory" in await refused(repo, "list_files", path="nope")
 
 
@@ -172,10 +171,10 @@ async def test_dot_dot_traversal_is_refused(repo: Path, name: str) -> None:
     assert "outside the repository" in text and "leaked" not in text
 
 
-async def test_absolute_paths_outside_are_refused(repo: Path) -> None:
+async def test_absolute_paths_outside_name_paths_below_the_root(repo: Path) -> None:
     secret = repo.parent / "outside" / "secret.txt"
-    assert "outside the repository" in await refused(repo, "read_file", path=str(secret))
-    assert "outside the repository" in await refused(repo, "list_files", path="/")
+    assert "no such file" in await refused(repo, "read_file", path=str(secret))
+    assert await ok(repo, "list_files", path="/") == await ok(repo, "list_files", path=".")
 
 
 async def test_absolute_paths_inside_are_accepted(repo: Path) -> None:
@@ -211,3 +210,18 @@ async def test_symlinks_within_the_root_are_fine(repo: Path) -> None:
     text = await ok(repo, "read_file", path="src/readme-link.md")
     assert "This is the demo repo." in text
     assert "src/readme-link.md" in await ok(repo, "list_files", path="src")
+
+
+def test_list_files_of_a_file_names_the_file_as_ls_does(repo: Path) -> None:
+    """The local model lists a file it means to read; the answer says what it is and how to read
+    it, instead of an error the model repeats."""
+    listing = {t.name: t.fn for t in file_tools(repo)}["list_files"]
+    size = os.stat(repo / "README.md").st_size
+    assert listing(path="README.md") == f"README.md ({size} bytes) is a file: read_file reads it"
+
+
+def test_file_tool_paths_are_described_to_the_model(repo: Path) -> None:
+    """`Annotated[str, Field(description=...)]` reaches the JSON Schema the model reads."""
+    for tool in file_tools(repo):
+        described = tool.parameters["properties"]["path"].get("description", "")
+        assert "path in the repository" in described, tool.name

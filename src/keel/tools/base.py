@@ -146,7 +146,7 @@ def render_result(value: Any) -> str:
 
 
 def _args_model_from_signature(fn: Callable[..., Any], name: str) -> type[pydantic.BaseModel]:
-    hints = typing.get_type_hints(fn)
+    hints = typing.get_type_hints(fn, include_extras=True)  # keeps Annotated[..., Field(...)]
     fields: dict[str, Any] = {}
     for param in inspect.signature(fn).parameters.values():
         if param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):

@@ -156,8 +156,11 @@ class Root:
         """What `requested` is, links followed inside the root, without opening it."""
         return _Resolution(self, requested, os.O_RDONLY, False, frozenset()).run(False).st
 
-    def components(self, requested: str) -> list[str]:
-        """`requested` as names below the root; an absolute path must lie (as written) inside."""
+    def components(self, requested: str, *, slash_is_root: bool = False) -> list[str]:
+        """`requested` as names below the root; an absolute path must lie (as written) inside,
+        unless `slash_is_root`: then one that does not names a path below the root ("/src" is
+        "src"), as models that see the repository as "/" write it. Never for writes (the
+        approver must see the path that is written) nor for link targets."""
         if len(requested) > MAX_PATH_CHARS:
             raise FileToolError(f"a path of {len(requested)} characters; at most {MAX_PATH_CHARS}")
         path = PurePath(requested)
@@ -166,6 +169,8 @@ class Root:
         for base in (self.path, self._given):
             if path.parts[: len(base.parts)] == base.parts:
                 return list(path.parts[len(base.parts) :])
+        if slash_is_root:
+            return list(path.parts[1:])
         raise Outside(requested)
 
     def entries(self, directory: Opened) -> list[tuple[str, os.stat_result]]:
@@ -265,7 +270,7 @@ class _Resolution:
         self.make_dirs, self.refuse = make_dirs, refuse
         self.writing = bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT))
         self.pending: list[str] = []
-        self._extend(root.components(requested))
+        self._extend(root.components(requested, slash_is_root=not self.writing))
         self.fd = root.fd  # the current directory
         self.parts: list[str] = []  # its names from the root: the real path, links resolved
         self.ids: list[tuple[int, int]] = []  # the identity of each directory entered

@@ -14,7 +14,9 @@ import contextlib
 import os
 import stat
 from collections.abc import Generator
-from typing import BinaryIO
+from typing import Annotated, BinaryIO
+
+from pydantic import Field
 
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.confine import MAX_WALK_DEPTH, Opened, Outside, Root, Walk
@@ -45,6 +47,13 @@ MAX_SEARCH_FILE_BYTES = 2_000_000
 MAX_SEARCH_TOTAL_BYTES = 50_000_000
 MAX_SEARCH_FILES = 20_000
 MAX_MATCH_LINE_CHARS = 400
+RepoPath = Annotated[
+    str,
+    Field(
+        description='A path in the repository, as the question or a listing writes it, such as '
+        '"src/app/main.py"; "." is the root.'
+    ),
+]
 _SKIP_DIRS = frozenset({".git"})
 _COUNT_CHUNK = 1 << 20
 
@@ -53,15 +62,17 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
     """`list_files`, `read_file` and `search_files`, all read_only, confined to `root`."""
     base = Root(root)
 
-    def list_files(path: str = ".") -> str:
+    def list_files(path: RepoPath = ".") -> str:
         """List one directory of the repository (not recursive), sorted by name.
         Directories end with "/"; files with several hard links are marked, and cannot be read.
-        Paths are relative to the repository root and can be passed to read_file or to
-        list_files again. Use search_files to find text across many files.
+        Paths are relative to the repository root ("/" is the root too) and can be passed to
+        read_file or to list_files again. Use search_files to find text across many files.
         """
         return _list(base, path)
 
-    def read_file(path: str, start_line: int | None = None, end_line: int | None = None) -> str:
+    def read_file(
+        path: RepoPath, start_line: int | None = None, end_line: int | None = None
+    ) -> str:
         """Read a text file of the repository, each line prefixed with its line number.
         start_line and end_line (1-based, inclusive) select a range; without them the file is
         read from the top, at most 2000 lines (and 200 KB) per call, and the header says how to
@@ -70,7 +81,7 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
         """
         return _read(base, path, start_line, end_line)
 
-    def search_files(pattern: str, path: str = ".") -> str:
+    def search_files(pattern: str, path: RepoPath = ".") -> str:
         """Search the text files under a directory (or one file) for a regular expression.
         The syntax is Python's re without backreferences or lookaround (RE2), matched one line
         at a time. Each match is printed as "path:line: text", path relative to the repository
@@ -91,8 +102,8 @@ def _list(base: Root, path: str) -> str:
     except FileNotFoundError:
         raise FileToolError(f"no such directory: {path!r}") from None
     with directory:
-        if not directory.is_dir:
-            raise FileToolError(f"{path!r} is a file, not a directory; use read_file to read it")
+        if not directory.is_dir:  # as `ls FILE` does: the file itself, and how to read it
+            return f"{directory.rel} ({directory.st.st_size} bytes) is a file: read_file reads it"
         entries = base.entries(directory)
     lines: list[str] = []
     outside = 0
