@@ -188,6 +188,32 @@ async def test_runs_are_listed_newest_first_and_by_status(opened: Opener) -> Non
     assert [r.run_id for r in store.list_runs(1, "running")] == ["run_2"]
 
 
+async def test_the_web_view_pages_counts_and_follows_runs_through_a_read_only_store(
+    opened: Opener,
+) -> None:
+    """What `keel ui` reads (ADR 0025): pages of runs by status with `offset`, their count, and
+    a run's events after a seq, written by another process while a read-only store looks on."""
+    store = opened()
+    for n in range(5):
+        await started(store, f"run_{n}")
+        await asyncio.sleep(0.01)
+    for run_id in ("run_1", "run_3"):
+        await store.save_step(Checkpoint(run_id=run_id, state=RunState(status="completed")))
+    reader = opened(read_only=True)
+    assert reader.count_runs() == 5 and reader.count_runs("completed") == 2
+    assert reader.count_runs("awaiting_approval") == 0
+    assert [r.run_id for r in reader.list_runs(2, offset=2)] == ["run_2", "run_1"]
+    assert [r.run_id for r in reader.list_runs(1, "completed", offset=1)] == ["run_1"]
+    state = await started(store, "run_live")
+    await store.save_step(step(state, "run_live"))
+    seen = reader.events("run_live")
+    for _ in range(2):
+        await store.save_step(step(state, "run_live"))
+    new = reader.events("run_live", seen[-1].seq)
+    assert [e.seq for e in new] == [seen[-1].seq + 1, seen[-1].seq + 2]
+    assert reader.events("run_live", new[-1].seq) == []
+
+
 async def test_texts_holding_nul_characters_are_kept_exactly(opened: Opener) -> None:
     store = opened()
     state = await started(store)

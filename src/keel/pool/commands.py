@@ -68,17 +68,18 @@ def after_decision(given: str | None, run_id: str) -> str:
     store = PostgresStore(str(target))
     dispatch = Dispatch(store)
     try:
-        record = store.get_run(run_id)
-        if record is None:
-            raise ConfigError(f"no run {run_id} in {store.path}")
-        waiting = [p for p in record.state.pending if p.call_id not in record.state.decisions]
-        if waiting:
-            return f"{len(waiting)} calls still wait for a decision; then a worker continues"
-        dispatch.hand_on(run_id)
-        return f"queued: a keel worker continues run {run_id} (or: keel resume {run_id})"
+        decided = dispatch.hand_on_decided(run_id)
     finally:
         dispatch.close()
         store.close()
+    if decided.waiting:
+        return f"{decided.waiting} calls still wait for a decision; then a worker continues"
+    if not decided.queued:
+        return (
+            "no keel worker has set the queue up on this store yet: "
+            f"continue with: keel resume {run_id}"
+        )
+    return f"queued: a keel worker continues run {run_id} (or: keel resume {run_id})"
 
 
 def worker_command(

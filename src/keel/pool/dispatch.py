@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import psycopg
@@ -35,6 +36,7 @@ __all__ = [
     "APP_VERSION",
     "QUEUE",
     "WORKFLOW",
+    "Decided",
     "Dispatch",
     "workflow_id",
 ]
@@ -48,6 +50,17 @@ were queued before it (DBOS dequeues only its own version's workflows). Change i
 workflow's arguments change meaning."""
 
 Conn = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Decided:
+    """What a decision on a paused run led to on a Postgres store."""
+
+    waiting: int
+    """Calls still waiting for a decision: the run stays paused, nothing is queued."""
+    queued: bool
+    """Handed to the workers' queue. False with nothing waiting: the queue is not set up yet
+    (no `keel worker` has started on this database), so no worker will take the run."""
 
 
 def workflow_id(run_id: str, attempt: int) -> str:
@@ -122,7 +135,25 @@ class Dispatch:
     def hand_on(self, run_id: str, attempt: int | None = None) -> int | None:
         """Queue the run again; `attempt`: only if that is still its current one (so one of
         several processes noticing the same run does it). Returns the new attempt, or None."""
+        new = self._next_attempt(run_id, attempt)
+        if new is not None:
+            self.enqueue(run_id, new)
+        return new
 
+    def hand_on_decided(self, run_id: str) -> Decided:
+        """After a decision on a paused run (`keel approve`/`deny`, the web view): once no call
+        waits for one, queue the run for the workers. Says what happened, so that what a person
+        is told is true."""
+        record = self.store.get_run(run_id)
+        if record is None:
+            raise ConfigError(f"no run {run_id} in {self.store.path}")
+        waiting = [p for p in record.state.pending if p.call_id not in record.state.decisions]
+        if waiting:
+            return Decided(waiting=len(waiting), queued=False)
+        new = self._next_attempt(run_id, None)
+        return Decided(waiting=0, queued=new is not None and self.enqueue(run_id, new))
+
+    def _next_attempt(self, run_id: str, attempt: int | None) -> int | None:
         def write(conn: Conn) -> int | None:
             if attempt is None:
                 row = conn.execute(
@@ -139,10 +170,7 @@ class Dispatch:
                 ).fetchone()
             return int(row[0]) if row else None
 
-        new = self.store.run_sql(write, f"run {run_id} could not be handed on")
-        if new is not None:
-            self.enqueue(run_id, new)
-        return new
+        return self.store.run_sql(write, f"run {run_id} could not be handed on")
 
     def stranded(self, grace: float, settle: float) -> list[tuple[str, int, bool]]:
         """(run, attempt, handed on more than `grace` ago) of every run the workers own that

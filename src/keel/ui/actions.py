@@ -1,12 +1,17 @@
 """Acting on a paused run from the web view: record a decision, then resume the run.
 
-The decision is recorded through `approvals` on a writable `Store` opened for that one request
+The decision is recorded through `approvals` on a writable store opened for that one request
 (the pages read through a read-only one), exactly as `keel approve`/`keel deny` record it. Once
-no pending call is left undecided, the run is resumed in the background by `keel resume RUN
---store PATH`, a process of its own: it outlives a closed browser tab or a stopped `keel ui`,
-takes the run's lease like any other resume (a second resume is refused, never run twice), and
-rebuilds the run's tools from its stored settings. What that process says when it cannot
-resume the run (exit code 2) is kept and shown on the run's page.
+no pending call is left undecided, the run goes on in the background:
+
+- on a SQLite file, `keel resume RUN --store PATH` (`Resumer`), a process of its own: it
+  outlives a closed browser tab or a stopped `keel ui`, takes the run's lease like any other
+  resume (a second resume is refused, never run twice), and rebuilds the run's tools from its
+  stored settings. What it says when it cannot resume the run (exit code 2) is shown on the
+  run's page;
+- on Postgres, the run is queued for the workers (`Enqueuer`), as `keel approve` queues it
+  (`Dispatch.hand_on_decided`): a `keel worker` continues it, on whichever machine. Nothing
+  runs in `keel ui`'s process, and the URL (with its password) is never put on a command line.
 """
 
 from __future__ import annotations
@@ -15,24 +20,33 @@ import subprocess
 import sys
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from keel import approvals
-from keel.store import Store
+from keel.errors import KeelError
+from keel.store import open_store
+from keel.store.locate import is_url
 from keel.ui.text import clean
 
-__all__ = ["Resumer", "decide"]
+__all__ = ["Enqueuer", "Resumer", "decide", "going_on"]
 
 MAX_BY = 100
 MAX_REASON = 2_000
 
 
 def decide(
-    store_path: str, run_id: str, call_id: str, *, approve: bool, by: str, reason: str | None
+    target: str | Path,
+    run_id: str,
+    call_id: str,
+    *,
+    approve: bool,
+    by: str,
+    reason: str | None,
 ) -> bool:
     """Record one decision; True when the run has no undecided call left (resume it now).
 
     Raises ConfigError (from the store) when the call is not pending."""
-    store = Store(store_path)
+    store = open_store(target)
     try:
         who = clean(by).strip()[:MAX_BY] or approvals.who()
         if approve:
@@ -44,18 +58,80 @@ def decide(
         store.close()
 
 
-class Resumer:
-    """Starts `keel resume` processes and remembers what a failed one said, per run."""
+def going_on(target: str | Path) -> Resumer | Enqueuer:
+    """What continues a run once it is decided: a `keel resume` here, or the workers."""
+    return Enqueuer(str(target)) if is_url(target) else Resumer(str(target))
 
-    def __init__(self, store_path: str, command: Callable[[str, str], list[str]] | None = None):
-        self.store_path = store_path
-        self.command = command or _keel_resume
+
+class _Notes:
+    """What went wrong when a run was to go on, per run, for its page."""
+
+    then = ""
+    """What a decided call's line says happens next (true once the call returns)."""
+
+    def __init__(self) -> None:
         self.notes: dict[str, str] = {}
         self._lock = threading.Lock()
 
-    def __call__(self, run_id: str) -> None:
+    def note(self, run_id: str) -> str | None:
         with self._lock:
-            self.notes.pop(run_id, None)
+            return self.notes.get(run_id)
+
+    def _set(self, run_id: str, note: str | None) -> None:
+        with self._lock:
+            if note is None:
+                self.notes.pop(run_id, None)
+            else:
+                self.notes[run_id] = note
+
+
+class Enqueuer(_Notes):
+    """Queues decided runs of a Postgres store for the workers (blocking: call it off the
+    event loop), and notes when that could not be done."""
+
+    then = "queued for a keel worker"
+
+    def __init__(self, url: str) -> None:
+        super().__init__()
+        self.url = url
+
+    def __call__(self, run_id: str) -> None:
+        from keel.pool.dispatch import Dispatch
+        from keel.store.postgres_store import PostgresStore
+
+        try:
+            store = PostgresStore(self.url)
+            dispatch = Dispatch(store)
+            try:
+                decided = dispatch.hand_on_decided(run_id)
+            finally:
+                dispatch.close()
+                store.close()
+        except KeelError as exc:  # one line, the password left out (pg_connection)
+            self._set(run_id, f"queuing this run for the workers failed: {exc}")
+            return
+        if decided.waiting or decided.queued:
+            self._set(run_id, None)
+        else:
+            self._set(
+                run_id,
+                "the decision is recorded, but no keel worker has set the queue up on this "
+                f"store yet: continue with `keel resume {run_id}`",
+            )
+
+
+class Resumer(_Notes):
+    """Starts `keel resume` processes and remembers what a failed one said, per run."""
+
+    then = "resuming…"
+
+    def __init__(self, store_path: str, command: Callable[[str, str], list[str]] | None = None):
+        super().__init__()
+        self.store_path = store_path
+        self.command = command or _keel_resume
+
+    def __call__(self, run_id: str) -> None:
+        self._set(run_id, None)
         process = subprocess.Popen(
             self.command(run_id, self.store_path),
             stdin=subprocess.DEVNULL,
@@ -71,12 +147,7 @@ class Resumer:
         _, err = process.communicate()
         if process.returncode == 2:  # usage or configuration: the run did not move
             said = err.decode("utf-8", "replace").strip()[-2_000:]
-            with self._lock:
-                self.notes[run_id] = f"resuming this run failed: {said}"
-
-    def note(self, run_id: str) -> str | None:
-        with self._lock:
-            return self.notes.get(run_id)
+            self._set(run_id, f"resuming this run failed: {said}")
 
 
 def _keel_resume(run_id: str, store_path: str) -> list[str]:

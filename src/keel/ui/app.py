@@ -1,8 +1,9 @@
 """The web view's routes: runs, one run, approvals, the live stream, and the two decisions.
 
-Pages read the store through one read-only `Store` (nothing a page does can write to the file);
-a decision opens a writable one for that request only (`actions.py`). Every request first
-passes the Host guard, every decision the CSRF check (`security.py`).
+Pages read the store, a SQLite file or Postgres, through one read-only `RunStore` (nothing a
+page does can write to it); a decision opens a writable one for that request only, then the run
+goes on: a `keel resume` here, or the workers' queue on Postgres (`actions.py`). Every request
+first passes the Host guard, every decision the CSRF check (`security.py`).
 """
 
 from __future__ import annotations
@@ -22,9 +23,10 @@ from starlette.staticfiles import StaticFiles
 
 from keel import approvals
 from keel.errors import ConfigError, StoreError
-from keel.store import Store
+from keel.store import open_store
+from keel.store.locate import is_url
 from keel.ui import live
-from keel.ui.actions import Resumer, decide
+from keel.ui.actions import decide, going_on
 from keel.ui.pages import PAGE_SIZE, STATUSES, Pages, RunsPage, RunView
 from keel.ui.security import FormError, Guard, new_token, parse_form, token_matches
 
@@ -38,15 +40,15 @@ class _Ui:
     """What the handlers share: the store, the pages, the token, the resumer."""
 
     def __init__(
-        self, store_path: str, hosts: Collection[str], resume: Callable[[str], None] | None
+        self, target: str | Path, hosts: Collection[str], resume: Callable[[str], None] | None
     ) -> None:
-        self.store_path = store_path
-        self.store = Store(store_path, read_only=True)
-        self.csrf = new_token()
-        self.pages = Pages(self.csrf, approvals.who())
-        self.origins = frozenset(f"http://{h}" for h in hosts)
-        self.resumer = Resumer(store_path)
+        self.target = target
+        self.store = open_store(target, read_only=True)
+        self.resumer = going_on(target)
         self.resume = resume or self.resumer
+        self.csrf = new_token()
+        self.pages = Pages(self.csrf, approvals.who(), then=self.resumer.then)
+        self.origins = frozenset(f"http://{h}" for h in hosts)
         self.poll = live.POLL_SECONDS
         self.stopping = False
         """Set when the server is asked to stop: live streams close at their next poll."""
@@ -129,7 +131,7 @@ class _Ui:
         try:
             ready = await asyncio.to_thread(
                 decide,
-                self.store_path,
+                self.target,
                 run_id,
                 call_id,
                 approve=approve,
@@ -138,8 +140,8 @@ class _Ui:
             )
         except ConfigError as exc:  # not pending (any more), or no such run
             return self.error(409, "Not recorded", str(exc))
-        if ready:
-            self.resume(run_id)
+        if ready:  # queued (Postgres) before the page that says so is shown
+            await asyncio.to_thread(self.resume, run_id)
         return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
 
     @contextlib.asynccontextmanager
@@ -151,15 +153,16 @@ class _Ui:
 
 
 def create_app(
-    store_path: str | Path,
+    store: str | Path,
     hosts: Collection[str],
     *,
     resume: Callable[[str], None] | None = None,
 ) -> Starlette:
-    """The web view over the store at `store_path`, answering only to `hosts` (Host header
-    values, with the port). `resume` starts a paused run again once every call is decided
-    (default: a `keel resume` process)."""
-    ui = _Ui(str(store_path), hosts, resume)
+    """The web view over the store at `store` (a SQLite file or a `postgresql://` URL),
+    answering only to `hosts` (Host header values, with the port). `resume` starts a paused
+    run again once every call is decided (default: a `keel resume` process on SQLite, the
+    workers' queue on Postgres). Raises StoreError when the store cannot be opened."""
+    ui = _Ui(store if is_url(store) else Path(store), hosts, resume)
     routes = [
         Route("/", ui.runs),
         Route("/approvals", ui.approvals),

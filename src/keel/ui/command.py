@@ -1,7 +1,10 @@
 """`keel ui`: serve the web view of a store on this machine and print its URL.
 
-Registered by the command line in one line, ``app.command("ui")(ui_command)``. The web
-libraries (the `ui` extra) are imported only when the command runs. It listens on 127.0.0.1
+Registered by the command line in one line, ``app.command("ui")(ui_command)``. The store is
+found as `keel show` finds it (`--store`, `KEEL_STORE`, the trusted `keel.toml`, the default
+file), a SQLite path or a `postgresql://` URL; a store that cannot be opened is one line and exit
+code 2, naming a URL without its password. The web libraries (the `ui` extra) are imported only
+when the command runs. It listens on 127.0.0.1
 unless `--host` says otherwise, and then warns: whoever can reach that address can read every
 run and approve calls.
 """
@@ -13,7 +16,8 @@ from typing import Annotated, NoReturn
 
 import typer
 
-from keel.agent import default_store_path
+from keel.errors import KeelError
+from keel.store import store_target
 
 __all__ = ["DEFAULT_PORT", "ui_command"]
 
@@ -22,9 +26,11 @@ DEFAULT_PORT = 8350
 
 def ui_command(
     store: Annotated[
-        Path | None,
+        str | None,
         typer.Option(
-            "--store", help="SQLite file of runs [default: under the user data directory]"
+            "--store",
+            help="SQLite file or postgresql:// URL of the runs [default: KEEL_STORE, keel.toml, "
+            "or a file under the user data directory]",
         ),
     ] = None,
     port: Annotated[
@@ -36,9 +42,12 @@ def ui_command(
     ] = "127.0.0.1",
 ) -> None:
     """Open a local web view of the runs: timelines, counters, approvals, live runs."""
-    path = store or default_store_path()
-    if not path.exists():
-        _fail(f"no store at {path} (run `keel run` first)")
+    try:
+        target = store_target(store)
+    except KeelError as exc:
+        _fail(str(exc))
+    if isinstance(target, Path) and not target.exists():
+        _fail(f"no store at {target} (run `keel run` first)")
     try:
         from keel.ui.server import serve
     except ImportError as exc:
@@ -52,7 +61,9 @@ def ui_command(
             err=True,
         )
     try:
-        serve(path, host, port, announce=lambda url: typer.echo(url))
+        serve(target, host, port, announce=lambda url: typer.echo(url))
+    except KeelError as exc:  # the store: messages name it by its redacted URL
+        _fail(str(exc))
     except OSError as exc:
         _fail(f"cannot listen on {host}:{port}: {exc.strerror or exc}")
 

@@ -1,12 +1,13 @@
 """A run's page, live: server-sent events that follow the store while the run may change.
 
-The stream polls the read-only store for events past the last sequence number the page has
-(`after`, or the browser's `Last-Event-ID` when it reconnects), and sends one `update` per
-change: the new timeline rows, and the summary and charts when they changed, all rendered and
-escaped on the server. When the run has ended (completed, failed, cancelled) it sends `end` and
-closes. A paused run stays followed, so a decision made elsewhere, and the resume after it,
-show up too. Ctrl-C on `keel ui` closes every stream at its next poll, so the server stops at
-once instead of waiting out its graceful-shutdown timeout.
+The stream polls the read-only store, SQLite or Postgres alike (the RunStore's `get_run` and
+`events(run_id, after)`), for events past the last sequence number the page has (`after`, or
+the browser's `Last-Event-ID` when it reconnects), and sends one `update` per change: the new
+timeline rows, and the summary and charts when they changed, all rendered and escaped on the
+server. When the run has ended (completed, failed, cancelled) it sends `end` and closes. A
+queued or paused run stays followed, so a decision made elsewhere, and the resume after it
+(here or on a worker), show up too. Ctrl-C on `keel ui` closes every stream at its next poll,
+so the server stops at once instead of waiting out its graceful-shutdown timeout.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import json
 from collections.abc import AsyncIterator, Callable
 
 from keel.records import Event
-from keel.store import RunRecord, Store
+from keel.store import RunRecord, RunStore
 from keel.ui.pages import LIVE_STATUSES, Pages, RunView
 
 __all__ = ["POLL_SECONDS", "follow"]
@@ -26,7 +27,7 @@ KEEPALIVE_SECONDS = 15.0
 
 
 async def follow(
-    store: Store,
+    store: RunStore,
     pages: Pages,
     run_id: str,
     after: int,

@@ -22,9 +22,10 @@ from keel.ui.chart import ChartSet, charts
 
 __all__ = ["PAGE_SIZE", "STATUSES", "Pages", "RunView", "RunsPage"]
 
-STATUSES = ("running", "awaiting_approval", "completed", "failed", "cancelled")
+STATUSES = ("queued", "running", "awaiting_approval", "completed", "failed", "cancelled")
+"""`queued`: submitted to the workers of a Postgres store (`keel submit`), not started yet."""
 PAGE_SIZE = 50
-LIVE_STATUSES = ("running", "awaiting_approval")
+LIVE_STATUSES = ("queued", "running", "awaiting_approval")
 """A run in these may still change; its page follows it."""
 
 
@@ -80,9 +81,10 @@ class RunView:
 
 
 class Pages:
-    """Renders every page and fragment; `csrf` goes into each form."""
+    """Renders every page and fragment; `csrf` goes into each form; `then` says what happens
+    once every call of a paused run is decided (resumed here, or queued for a worker)."""
 
-    def __init__(self, csrf: str, by: str) -> None:
+    def __init__(self, csrf: str, by: str, then: str = "resuming…") -> None:
         self.csrf = csrf
         self.by = by
         env = Environment(
@@ -103,7 +105,7 @@ class Pages:
             utc=text.utc,
             path=lambda value: quote(str(value), safe=""),
         )
-        env.globals.update(csrf=csrf, by=by, statuses=STATUSES, now=time.time)
+        env.globals.update(csrf=csrf, by=by, then=then, statuses=STATUSES, now=time.time)
         self.env = env
 
     def runs(self, page: RunsPage) -> str:

@@ -45,11 +45,16 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(store: Path, host: str, port: int, announce: Callable[[str], None]) -> None:
-    """Serve until interrupted; `announce` gets the URL once the socket listens."""
+def serve(store: str | Path, host: str, port: int, announce: Callable[[str], None]) -> None:
+    """Serve until interrupted; `announce` gets the URL once the socket listens and the store
+    is open (StoreError when it cannot be)."""
     sock = bind(host, port)
     bound = sock.getsockname()[1]
-    app = create_app(store, served_hosts(host, bound))
+    try:
+        app = create_app(store, served_hosts(host, bound))
+    except BaseException:
+        sock.close()
+        raise
     name = f"[{host.strip('[]')}]" if ":" in host else host
     config = uvicorn.Config(
         app,
