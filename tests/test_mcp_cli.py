@@ -172,3 +172,25 @@ def test_keel_run_with_an_mcp_url(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     assert outcome(proc)["tool_calls"] == 1
     assert [c["tool"] for c in calls(keel.log)] == ["lookup"]
+
+
+def test_a_run_with_mcp_servers_is_not_submitted_to_workers_that_cannot_start_them(
+    tmp_path: Path,
+) -> None:
+    """Workers rebuild a run's tools from its stored settings but start no MCP servers: a
+    submitted `--mcp` run would run there without its tools. It is refused, before any server
+    starts or any store is opened, and the store's password is never printed."""
+    from typer.testing import CliRunner
+
+    from keel.cli import app
+
+    marker = tmp_path / "started"
+    server = f"{sys.executable} -c \"open({str(marker)!r}, 'w')\""
+    for flag in ("--mcp", "--mcp-url"):
+        value = server if flag == "--mcp" else "http://127.0.0.1:9/mcp"
+        args = ["submit", "q", flag, value, "--store", "postgresql://u:pw-SECRET@127.0.0.1:9/k"]
+        result = CliRunner().invoke(app, args)
+        assert result.exit_code == 2, result.output
+        assert "MCP" in result.stderr and "keel run" in result.stderr
+        assert "pw-SECRET" not in result.output + result.stderr
+    assert not marker.exists()

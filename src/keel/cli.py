@@ -160,6 +160,11 @@ def run(
             first_turn_tool=first_turn_tool,
         )
 
+    if submit_ and settings["mcp"]:  # workers start no MCP servers (ADR 0026)
+        _usage_error(
+            "keel submit: MCP servers are not started on workers, so this run would have no "
+            "MCP tools there; run it here with keel run"
+        )
     _guard(lambda: check_hosts(allow_host or []))
     choice = _guard(lambda: choose_model(model, base_url))
     for warning in choice.warnings:
