@@ -35,14 +35,12 @@ from keel.records import (
     RunConfig,
     RunState,
     ToolDispatched,
-    ToolResultRecorded,
-    decode_event,
     encode_event,
 )
 from keel.store import pg_schema
 from keel.store.locate import redact
 from keel.store.pg_connection import Connections, store_error
-from keel.store.protocol import Checkpoint, RunRecord, holder_alive
+from keel.store.protocol import Checkpoint, RunRecord, decide_pending, decode_events, holder_alive
 
 __all__ = ["PostgresStore"]
 
@@ -185,33 +183,17 @@ class PostgresStore:
             ).fetchone()
             if found is None:
                 raise ConfigError(f"no run {run_id} in {self.path}")
-            status, state_json = found
-            state = RunState.decode(json.loads(state_json))
-            pending = {p.call_id: p for p in state.pending}
-            if status != "awaiting_approval" or call_id not in pending:
-                waiting = ", ".join(pending) or "none"
-                raise ConfigError(
-                    f"run {run_id} has no call {call_id} awaiting a decision "
-                    f"(status {status}; calls waiting: {waiting})"
-                )
-            row = conn.execute(
-                "SELECT coalesce(max(seq), -1) + 1 FROM keel.events WHERE run_id = %s", (run_id,)
-            ).fetchone()
-            seq = int(row[0]) if row else 0
-            event = ApprovalDecided(
-                step=state.step,
-                seq=seq,
-                at=time.time(),
-                call_id=call_id,
-                name=pending[call_id].name,
-                call_key=pending[call_id].call_key,
-                approved=approved,
-                by=by,
-                reason=reason,
-            )
+
+            def next_seq() -> int:
+                row = conn.execute(
+                    "SELECT coalesce(max(seq), -1) + 1 FROM keel.events WHERE run_id = %s",
+                    (run_id,),
+                ).fetchone()
+                return int(row[0]) if row else 0
+
+            decision = Decision(approved, by, reason)
+            event, state = decide_pending(run_id, call_id, found, next_seq, decision)
             _insert_events(conn, run_id, [event])
-            state.decisions[call_id] = Decision(approved, by, reason)
-            state.next_seq = seq + 1
             conn.execute(
                 "UPDATE keel.runs SET state = %s, updated_at = %s WHERE run_id = %s",
                 (_dumps(state.encode()), time.time(), run_id),
@@ -225,7 +207,7 @@ class PostgresStore:
     def get_run(self, run_id: str) -> RunRecord | None:
         def read(conn: Conn) -> RunRecord | None:
             row = conn.execute(_RUN_SELECT + " WHERE run_id = %s", (run_id,)).fetchone()
-            return _record(row) if row else None
+            return RunRecord.from_row(row) if row else None
 
         return self._now(read, f"run {run_id} could not be read")
 
@@ -238,7 +220,7 @@ class PostgresStore:
                 _RUN_SELECT + where + " ORDER BY created_at DESC LIMIT %s OFFSET %s",
                 (*args, limit, offset),
             ).fetchall()
-            return [_record(row) for row in rows]
+            return [RunRecord.from_row(row) for row in rows]
 
         return self._now(read, "the runs could not be listed")
 
@@ -257,14 +239,7 @@ class PostgresStore:
                 " WHERE run_id = %s AND seq > %s ORDER BY seq",
                 (run_id, after),
             ).fetchall()
-            hidden = _elided(conn, run_id)
-            decoded = []
-            for seq, type_, at, data, body in rows:
-                event = decode_event(type_, seq, at, json.loads(data), _unescape(body))
-                if isinstance(event, ToolResultRecorded):
-                    event.elided = event.call_id in hidden
-                decoded.append(event)
-            return decoded
+            return decode_events(rows, _elided(conn, run_id), _unescape)
 
         return self._now(read, f"the events of run {run_id} could not be read")
 
@@ -399,10 +374,6 @@ def _insert_events(
 def _elided(conn: Conn, run_id: str) -> set[str]:
     rows = conn.execute("SELECT call_id FROM keel.elisions WHERE run_id = %s", (run_id,))
     return {r[0] for r in rows.fetchall()}
-
-
-def _record(row: Sequence[Any]) -> RunRecord:
-    return RunRecord.from_row(row)
 
 
 def _escape(text: str | None) -> str | None:

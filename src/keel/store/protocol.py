@@ -9,6 +9,9 @@ The promises every implementation keeps (the store behaviour tests run against e
 - every failure of the database leaves as a StoreError (or ConfigError for misuse) with one
   line that says what happened and what to do, never naming a password;
 - runs, events, counters and state cross the boundary as the typed records of `records.py`.
+
+What both stores do alike lives here once: decoding run and event rows, and deciding a pending
+call (`decide_pending`); each store keeps only its SQL.
 """
 
 from __future__ import annotations
@@ -16,16 +19,35 @@ from __future__ import annotations
 import json
 import os
 import socket
+import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from keel.breaker import KeyCounter
-from keel.records import ApprovalDecided, Event, RunConfig, RunState
+from keel.errors import ConfigError
+from keel.records import (
+    ApprovalDecided,
+    Decision,
+    Event,
+    RunConfig,
+    RunState,
+    ToolResultRecorded,
+    decode_event,
+)
 from keel.result import RunStatus
 
-__all__ = ["HOST", "Checkpoint", "RunRecord", "RunStore", "holder_alive", "new_lease_owner"]
+__all__ = [
+    "HOST",
+    "Checkpoint",
+    "RunRecord",
+    "RunStore",
+    "decide_pending",
+    "decode_events",
+    "holder_alive",
+    "new_lease_owner",
+]
 
 HOST = socket.gethostname()
 
@@ -133,6 +155,55 @@ class RunStore(Protocol):
     def blob(self, digest: str) -> str | None: ...
 
     def close(self) -> None: ...
+
+
+def decode_events(
+    rows: Iterable[Sequence[Any]],
+    elided: set[str],
+    body: Callable[[str | None], str | None] = lambda text: text,
+) -> list[Event]:
+    """The event rows every store selects (seq, type, at, data as JSON text, body), decoded like
+    `RunRecord.from_row` decodes run rows; `body` undoes a store's own encoding of the body
+    column. A tool result's `elided` says whether its call is among the run's elisions."""
+    decoded = []
+    for seq, type_, at, data, text in rows:
+        event = decode_event(type_, seq, at, json.loads(data), body(text))
+        if isinstance(event, ToolResultRecorded):
+            event.elided = event.call_id in elided
+        decoded.append(event)
+    return decoded
+
+
+def decide_pending(
+    run_id: str, call_id: str, row: Sequence[Any], next_seq: Callable[[], int], decision: Decision
+) -> tuple[ApprovalDecided, RunState]:
+    """`RunStore.decide` on the run's stored (status, state) `row`, inside the store's
+    transaction: refuse a call that is not awaiting a decision, else the event to log (its seq
+    from `next_seq`) and the state that records the decision, for the store to write both."""
+    status, state_json = row
+    state = RunState.decode(json.loads(state_json))
+    pending = {p.call_id: p for p in state.pending}
+    if status != "awaiting_approval" or call_id not in pending:
+        waiting = ", ".join(pending) or "none"
+        raise ConfigError(
+            f"run {run_id} has no call {call_id} awaiting a decision "
+            f"(status {status}; calls waiting: {waiting})"
+        )
+    seq = next_seq()
+    event = ApprovalDecided(
+        step=state.step,
+        seq=seq,
+        at=time.time(),
+        call_id=call_id,
+        name=pending[call_id].name,
+        call_key=pending[call_id].call_key,
+        approved=decision.approved,
+        by=decision.by,
+        reason=decision.reason,
+    )
+    state.decisions[call_id] = decision
+    state.next_seq = seq + 1
+    return event, state
 
 
 def new_lease_owner() -> str:

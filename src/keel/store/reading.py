@@ -19,17 +19,14 @@ Read-only opening, and why it is correct:
 
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
-from collections.abc import Sequence
-from typing import Any
 from urllib.parse import quote
 
 from keel.errors import StoreError
-from keel.records import Event, ToolResultRecorded, decode_event
+from keel.records import Event
 from keel.store import schema
-from keel.store.protocol import RunRecord
+from keel.store.protocol import RunRecord, decode_events
 
 __all__ = [
     "RunRecord",
@@ -92,7 +89,7 @@ _RUN_SELECT = (
 
 def run(conn: sqlite3.Connection, run_id: str) -> RunRecord | None:
     rows = conn.execute(_RUN_SELECT + " WHERE run_id = ?", (run_id,)).fetchall()
-    return _record(rows[0]) if rows else None
+    return RunRecord.from_row(rows[0]) if rows else None
 
 
 def list_runs(
@@ -103,7 +100,7 @@ def list_runs(
     rows = conn.execute(
         _RUN_SELECT + where + " ORDER BY created_at DESC LIMIT ? OFFSET ?", (*args, limit, offset)
     ).fetchall()
-    return [_record(row) for row in rows]
+    return [RunRecord.from_row(row) for row in rows]
 
 
 def count_runs(conn: sqlite3.Connection, status: str | None = None) -> int:
@@ -122,14 +119,7 @@ def events(conn: sqlite3.Connection, run_id: str, after: int = -1) -> list[Event
         "SELECT seq, type, at, data, body FROM events WHERE run_id = ? AND seq > ? ORDER BY seq",
         (run_id, after),
     ).fetchall()
-    hidden = elided(conn, run_id)
-    decoded = []
-    for seq, type_, at, data, body in rows:
-        event = decode_event(type_, seq, at, json.loads(data), body)
-        if isinstance(event, ToolResultRecorded):
-            event.elided = event.call_id in hidden
-        decoded.append(event)
-    return decoded
+    return decode_events(rows, elided(conn, run_id))
 
 
 def counter_rows(conn: sqlite3.Connection, run_id: str) -> list[tuple[str, int, int, str | None]]:
@@ -145,7 +135,3 @@ def elided(conn: sqlite3.Connection, run_id: str) -> set[str]:
 def blob(conn: sqlite3.Connection, digest: str) -> str | None:
     rows = conn.execute("SELECT data FROM blobs WHERE digest = ?", (digest,)).fetchall()
     return str(rows[0][0]) if rows else None
-
-
-def _record(row: Sequence[Any]) -> RunRecord:
-    return RunRecord.from_row(row)

@@ -29,17 +29,17 @@ from typing import Any
 from keel.breaker import KeyCounter
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, LeaseHeld, LeaseLost
-from keel.records import (
-    ApprovalDecided,
-    Decision,
-    Event,
-    RunConfig,
-    RunState,
-    encode_event,
-)
+from keel.records import ApprovalDecided, Decision, Event, RunConfig, RunState, encode_event
 from keel.store import reading
 from keel.store.failures import StoreMoved, store_error
-from keel.store.protocol import HOST, Checkpoint, RunRecord, holder_alive, new_lease_owner
+from keel.store.protocol import (
+    HOST,
+    Checkpoint,
+    RunRecord,
+    decide_pending,
+    holder_alive,
+    new_lease_owner,
+)
 from keel.store.worker import Worker
 
 __all__ = ["HOST", "Checkpoint", "RunRecord", "Store", "new_lease_owner"]
@@ -186,32 +186,14 @@ class Store:
             found = row.fetchone()
             if found is None:
                 raise ConfigError(f"no run {run_id} in {self.path}")
-            status, state_json = found
-            state = RunState.decode(json.loads(state_json))
-            pending = {p.call_id: p for p in state.pending}
-            if status != "awaiting_approval" or call_id not in pending:
-                waiting = ", ".join(pending) or "none"
-                raise ConfigError(
-                    f"run {run_id} has no call {call_id} awaiting a decision "
-                    f"(status {status}; calls waiting: {waiting})"
-                )
-            seq = conn.execute(
-                "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE run_id = ?", (run_id,)
-            ).fetchone()[0]
-            event = ApprovalDecided(
-                step=state.step,
-                seq=seq,
-                at=time.time(),
-                call_id=call_id,
-                name=pending[call_id].name,
-                call_key=pending[call_id].call_key,
-                approved=approved,
-                by=by,
-                reason=reason,
-            )
+
+            def next_seq() -> int:
+                sql = "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE run_id = ?"
+                return int(conn.execute(sql, (run_id,)).fetchone()[0])
+
+            decision = Decision(approved, by, reason)
+            event, state = decide_pending(run_id, call_id, found, next_seq, decision)
             _insert_events(conn, run_id, [event])
-            state.decisions[call_id] = Decision(approved, by, reason)
-            state.next_seq = seq + 1
             conn.execute(
                 "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",
                 (_dumps(state.encode()), time.time(), run_id),

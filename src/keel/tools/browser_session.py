@@ -25,11 +25,11 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Coroutine
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal
 
 from keel.errors import ToolError
 from keel.tools.browser_proxy import REFUSED_HEADER, GuardProxy
+from keel.tools.loop_thread import LoopThread
 from keel.tools.netguard import Resolver, vet_url
 
 __all__ = [
@@ -44,7 +44,6 @@ __all__ = [
 if TYPE_CHECKING:
     from playwright.async_api import BrowserContext, Page, Playwright, Request, Response
 
-T = TypeVar("T")
 Action = Literal["click", "type", "navigate"]
 LAUNCH_ARGS = (
     "--headless",
@@ -68,45 +67,6 @@ class BrowserError(ToolError):
     """A page could not be reached or acted on; the message is for the model."""
 
 
-class _LoopThread:
-    """An event loop on a daemon thread, started on first use."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    @property
-    def running(self) -> bool:
-        return self._loop is not None
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Any:
-        """Schedule `coro` on the thread's loop; returns a concurrent.futures.Future."""
-        with self._guard:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="keel-browser", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await `coro` run on the thread; cancelling the caller cancels it there too."""
-        result: T = await asyncio.wrap_future(self.submit(coro))
-        return result
-
-    def stop(self) -> None:
-        with self._guard:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(CLOSE_TIMEOUT)
-        if not thread.is_alive():
-            loop.close()
-
-
 _OPEN: weakref.WeakSet[Session] = weakref.WeakSet()
 
 
@@ -124,7 +84,7 @@ class Session:
         self.allow_hosts = allow_hosts
         self.resolver = resolver
         self.timeout_ms = timeout * 1000
-        self._thread = _LoopThread()
+        self._thread = LoopThread("keel-browser", CLOSE_TIMEOUT)
         self._lock: asyncio.Lock | None = None
         """Serializes calls; made on the session's own loop, anew for each loop."""
         self._playwright: Playwright | None = None

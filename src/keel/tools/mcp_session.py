@@ -22,9 +22,7 @@ import functools
 import io
 import os
 import sys
-import threading
-from collections.abc import Coroutine
-from typing import Any, TextIO, TypeVar
+from typing import Any, TextIO
 
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
@@ -33,9 +31,8 @@ from mcp.types import Tool as RemoteTool
 
 from keel.tools.mcp_servers import McpServer
 
-__all__ = ["CLOSE_TIMEOUT", "Connection", "ConnectionLost", "McpLoop", "Unavailable", "describe"]
+__all__ = ["CLOSE_TIMEOUT", "Connection", "ConnectionLost", "Unavailable", "describe"]
 
-T = TypeVar("T")
 CLOSE_TIMEOUT = 10.0
 MAX_TOOL_PAGES = 100
 """A server whose tool listing never ends is cut off here rather than listed forever."""
@@ -47,46 +44,6 @@ class Unavailable(Exception):
 
 class ConnectionLost(Exception):
     """The connection ended while a call was running: its effect is unknown."""
-
-
-class McpLoop:
-    """An event loop on a daemon thread, started on first use, stopped by `stop`."""
-
-    def __init__(self) -> None:
-        self._guard = threading.Lock()
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> Any:
-        """Schedule `coro` on the loop (with the caller's context variables, so a trace
-        continues); returns a concurrent.futures.Future."""
-        with self._guard:
-            if self._loop is None:
-                loop = asyncio.new_event_loop()
-                thread = threading.Thread(target=loop.run_forever, name="keel-mcp", daemon=True)
-                thread.start()
-                self._loop, self._thread = loop, thread
-            return asyncio.run_coroutine_threadsafe(coro, self._loop)
-
-    async def run(self, coro: Coroutine[Any, Any, T]) -> T:
-        """Await `coro` on the loop; cancelling the caller cancels it there too."""
-        result: T = await asyncio.wrap_future(self.submit(coro))
-        return result
-
-    def run_blocking(self, coro: Coroutine[Any, Any, T], timeout: float) -> T:
-        result: T = self.submit(coro).result(timeout)
-        return result
-
-    def stop(self) -> None:
-        with self._guard:
-            loop, thread = self._loop, self._thread
-            self._loop = self._thread = None
-        if loop is None or thread is None:
-            return
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(CLOSE_TIMEOUT)
-        if not thread.is_alive():
-            loop.close()
 
 
 class Connection:

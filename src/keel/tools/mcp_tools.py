@@ -34,12 +34,12 @@ from mcp.types import Tool as RemoteTool
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.failpoints import failpoint
 from keel.tools.base import Effect, Tool
+from keel.tools.loop_thread import LoopThread
 from keel.tools.mcp_servers import McpServer
 from keel.tools.mcp_session import (
     CLOSE_TIMEOUT,
     Connection,
     ConnectionLost,
-    McpLoop,
     Unavailable,
     describe,
 )
@@ -60,7 +60,7 @@ class McpToolset:
         if twice:
             raise ConfigError(f"two MCP servers are named {twice[0]!r}; give each its own name")
         self.servers = tuple(servers)
-        self._loop = McpLoop()
+        self._loop = LoopThread("keel-mcp", CLOSE_TIMEOUT)
         self._connections = [Connection(s) for s in servers]
         self._tools: list[Tool] | None = None
 

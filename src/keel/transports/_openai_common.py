@@ -15,15 +15,15 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, cast
 
 import httpx
 import openai
 
 from keel.errors import ConfigError, ProviderError
-from keel.messages import ToolResult
-from keel.transports.policy import is_retryable, parse_retry_after, scrub
+from keel.messages import ModelResponse, ToolResult
+from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 
 __all__ = [
     "ERROR_MARKER",
@@ -31,6 +31,7 @@ __all__ = [
     "build_client",
     "decode_body",
     "map_error",
+    "post",
     "resolve_api_key",
     "tool_output_text",
 ]
@@ -88,6 +89,25 @@ def build_client(
         # The SDK types this as its httpx2 client; at run time it accepts httpx's too.
         http_client=cast(Any, http_client),
         max_retries=0,
+    )
+
+
+async def post(
+    client: openai.AsyncOpenAI,
+    create: Callable[..., Awaitable[Any]],
+    body: dict[str, Any],
+    from_wire: Callable[[dict[str, Any]], ModelResponse],
+) -> ModelResponse:
+    """One attempt at an endpoint of `client`: `create` (the endpoint's
+    ``with_raw_response.create``) sends `body`, and `from_wire` maps the decoded answer. An SDK
+    exception leaves as the ProviderError `map_error` makes of it, the key scrubbed."""
+
+    async def send() -> ModelResponse:
+        raw = await create(**body)
+        return from_wire(decode_body(raw.text))
+
+    return await attempt(
+        send, foreign=openai.OpenAIError, to_error=map_error, secret=client.api_key
     )
 
 

@@ -35,8 +35,7 @@ import httpx
 import openai
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
-from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
-from keel.transports.policy import attempt
+from keel.transports._openai_common import build_client, post, tool_output_text
 
 __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
 
@@ -76,16 +75,8 @@ class OpenAIChatTransport:
             limit_field=self._limit_field,
             send_cache_key=self._at_openai,
         )
-        return await attempt(
-            lambda: self._send(body),
-            foreign=openai.OpenAIError,
-            to_error=map_error,
-            secret=self._client.api_key,
-        )
-
-    async def _send(self, body: dict[str, Any]) -> ModelResponse:
-        raw = await self._client.chat.completions.with_raw_response.create(**body)
-        return from_wire(decode_body(raw.text))
+        create = self._client.chat.completions.with_raw_response.create
+        return await post(self._client, create, body, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------

@@ -50,8 +50,7 @@ from keel.messages import (
     ToolDefinition,
     Usage,
 )
-from keel.transports._openai_common import build_client, decode_body, map_error, tool_output_text
-from keel.transports.policy import attempt
+from keel.transports._openai_common import build_client, post, tool_output_text
 
 __all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
 
@@ -86,16 +85,8 @@ class OpenAIResponsesTransport:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)
-        return await attempt(
-            lambda: self._send(body),
-            foreign=openai.OpenAIError,
-            to_error=map_error,
-            secret=self._client.api_key,
-        )
-
-    async def _send(self, body: dict[str, Any]) -> ModelResponse:
-        raw = await self._client.responses.with_raw_response.create(**body)
-        return from_wire(decode_body(raw.text))
+        create = self._client.responses.with_raw_response.create
+        return await post(self._client, create, body, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------
