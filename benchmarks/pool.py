@@ -85,7 +85,7 @@ def submit(url: str, folder: Path, runs: int) -> None:
     dispatch = Dispatch(store)
     settings: JsonObject = {"repo": str(repo), "allow_hosts": []}
     try:
-        agent = command_agent(f"script:{script}", settings, Limits(), store, True)
+        agent = command_agent(f"script:{script}", settings, Limits(), store, None)
         for n in range(runs):
             dispatch.submit(new_run_id(), f"Run {n}?", agent.transport.name, agent.config())
     finally:
