@@ -75,7 +75,9 @@ class PayloadMeter:
         sqlite_store._write_checkpoints = self._original
 
 
-def agent(store: keel.Store, turns: int, size_kb: int) -> keel.Agent:
+def agent(store: keel.RunStore, turns: int, size_kb: int) -> keel.Agent:
+    """A zero-latency scripted run of `turns` model calls, each but the last asking a free
+    tool for `size_kb` KB (also `pool.py`'s per-step run, on either store)."""
     payload = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[: size_kb * 1024]
 
     @keel.tool

@@ -29,16 +29,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import gc
-import json
-import os
-import re
-import shutil
 import sqlite3
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -54,12 +48,13 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 import overhead  # the concurrency measurement, beside this file
 from checkpoint import PayloadMeter
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from fsyncs import STRACE, trace_runs
 from keel.agent import new_run_id
 from keel.loop import RunLoop
 
 QUESTION = "Read the chunks."
 TEXT = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[: 20 * 1024]
-MARK = "/keel-bench-mark-{}"
 FSYNC_CASES = ((1, 10), (1, 100), (1, 300), (1, 1000), (20, 100))
 TARGET_RAM_MS = 0.25
 TARGET_CONCURRENT_MS = 0.1
@@ -84,90 +79,35 @@ def make_agent(store: keel.Store | None, turns: int) -> keel.Agent:
     return keel.Agent(transport, tools=[read_chunk], limits=limits, store=store)
 
 
-def mark(name: str) -> None:
-    """A syscall strace shows, naming a path that does not exist."""
-    with contextlib.suppress(OSError):
-        os.stat(MARK.format(name))
-
-
 # -- 1. fsyncs per step ------------------------------------------------------------------------
 
 
-async def child(path: str, durability: str, runs: int, turns: int) -> None:
-    """Runs under strace: the runs between two markers, then the threads' ids as JSON."""
-    store = keel.Store(path, durability=durability)  # type: ignore[arg-type]
-    worker = store._worker
-    agents = [make_agent(store, turns) for _ in range(runs)]
-    before = worker.commits
-    mark("begin")
-    results = await asyncio.gather(*(a.arun(QUESTION) for a in agents))
-    mark("end")
-    commits = worker.commits - before
-    assert all(r.status == "completed" for r in results), results
-    keeper = worker.wal.native_id if worker.wal else None
-    print(json.dumps({"worker": worker.native_id, "keeper": keeper, "commits": commits}))
-    store.close()
-
-
-def fsyncs(strace: str, folder: Path, durability: str, runs: int, turns: int) -> dict[str, Any]:
-    log = folder / f"strace-{durability}-{runs}-{turns}.log"
-    store = folder / f"fsync-{durability}-{runs}-{turns}.sqlite"
-    me = [sys.executable, __file__, "--child", str(store), durability, str(runs), str(turns)]
-    calls = "trace=fsync,fdatasync,stat,newfstatat,statx"
-    done = subprocess.run(
-        [strace, "-f", "--seccomp-bpf", "-o", str(log), "-e", calls, *me],
-        capture_output=True,
-        text=True,
-    )
-    if done.returncode != 0:
-        raise SystemExit(f"the traced run failed: {done.stderr[-2000:]}")
-    ids = json.loads(done.stdout.strip().splitlines()[-1])
-    per_commit: list[int] = []
-    keeper = other = 0
-    inside = False
-    for line in log.read_text().splitlines():
-        found = re.match(r"^(\d+)\s+(\w+)\((.*)$", line)
-        if found is None:
-            continue
-        tid, name, rest = int(found[1]), found[2], found[3]
-        if MARK.format("begin") in rest:
-            inside = True
-        elif MARK.format("end") in rest:
-            inside = False
-        elif not inside:
-            continue
-        elif "stat" in name and tid == ids["worker"] and f'"{store}"' in rest:
-            per_commit.append(0)
-        elif name in ("fsync", "fdatasync"):
-            if tid == ids["worker"] and per_commit:
-                per_commit[-1] += 1
-            elif tid == ids["keeper"]:
-                keeper += 1
-            else:
-                other += 1
-    log.unlink()
+def fsyncs(folder: Path, durability: str, runs: int, turns: int) -> dict[str, Any]:
+    """One traced case (`tests/fsyncs.py`: the runs under strace, split into commits)."""
+    case = folder / f"fsync-{durability}-{runs}-{turns}"
+    case.mkdir()
+    trace = trace_runs(case, durability, runs, turns)
     steps = runs * turns
-    path = sum(per_commit)
+    path = sum(trace.worker)
     return {
         "durability": durability,
         "case": f"{runs} x {turns}",
         "steps": steps,
-        "commits": ids["commits"],
+        "commits": trace.commits,
         "path": path,
-        "max": max(per_commit, default=0),
-        "keeper": keeper + other,
-        "per_step": (path + keeper + other) / steps,
+        "max": max(trace.worker, default=0),
+        "keeper": trace.keeper + trace.other,
+        "per_step": trace.total / steps,
         "path_per_step": path / steps,
     }
 
 
 def report_fsyncs(folder: Path) -> bool:
-    strace = shutil.which("strace")
-    if strace is None:
+    if STRACE is None:
         print("1. fsyncs per step: skipped, strace is not installed (apt-get install strace)")
         return True
     rows = [
-        fsyncs(strace, folder, durability, runs, turns)
+        fsyncs(folder, durability, runs, turns)
         for durability in ("process", "power")
         for runs, turns in FSYNC_CASES
     ]
@@ -354,10 +294,6 @@ async def report_concurrency(repeats: int) -> bool:
 
 
 async def main(args: argparse.Namespace) -> int:
-    if args.child:
-        path, durability, runs, turns = args.child
-        await child(path, durability, int(runs), int(turns))
-        return 0
     repeats = 2 if args.quick else args.repeats
     with tempfile.TemporaryDirectory(prefix="keel-fsyncs-", dir=args.disk) as folder:
         ok = report_fsyncs(Path(folder))
@@ -373,7 +309,6 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument("--disk", help="a folder on the real disk [default: the temp folder]")
-    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     return parser.parse_args()
 
 

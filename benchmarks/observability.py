@@ -38,7 +38,7 @@ import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 try:
     import keel
@@ -48,53 +48,22 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 
 from opentelemetry import trace
 from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, SimpleSpanProcessor
-from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from rich.console import Console
 from rich.table import Table
 
-ROOT = Path(__file__).resolve().parents[1]
-TESTS = ROOT / "tests"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from in_memory_spans import EXPORTER, SWITCH, install
+
 TARGET_OVERHEAD = 0.10
 console = Console(width=None if sys.stdout.isatty() else 120)
-
-
-class Switch(Sampler):
-    on = False
-
-    def should_sample(
-        self,
-        parent: Any,
-        trace_id: int,
-        name: str,
-        kind: Any = None,
-        attributes: Any = None,
-        *rest: Any,
-    ) -> SamplingResult:
-        if not self.on:
-            return SamplingResult(Decision.DROP)
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
-
-    def get_description(self) -> str:
-        return "Switch"
-
-
-SWITCH = Switch()
-EXPORTER = InMemorySpanExporter()
 
 
 PROVIDER: TracerProvider | None = None
 
 
-def install_sdk(processor: str) -> None:
+def install_sdk(processor: Literal["simple", "batch"]) -> None:
     global PROVIDER
-    PROVIDER = TracerProvider(sampler=SWITCH, shutdown_on_exit=False)
-    if processor == "batch":
-        PROVIDER.add_span_processor(BatchSpanProcessor(EXPORTER))
-    else:
-        PROVIDER.add_span_processor(SimpleSpanProcessor(EXPORTER))
-    trace.set_tracer_provider(PROVIDER)
+    PROVIDER = install(processor)
 
 
 # -- 1. tracing on vs off ------------------------------------------------------------------------
@@ -206,7 +175,6 @@ async def alternating(fns: list[Callable[[], Awaitable[Any]]], calls: int) -> li
 async def mcp_calls(calls: int) -> list[tuple[str, list[float]]]:
     from mcp import Client, StdioServerParameters
 
-    sys.path.insert(0, str(TESTS))
     from mcp_support import http_server, stdio_command, stdio_server
 
     async def direct() -> str:

@@ -36,6 +36,8 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import keel
 
+from checkpoint import agent as chunk_agent  # the per-step run, beside this file
+
 from keel.agent import new_run_id
 from keel.cli_agent import command_agent
 from keel.limits import Limits
@@ -47,33 +49,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from postgres import Cluster, start_cluster, stop_cluster
 
 
-def step_agent(store: keel.RunStore, turns: int) -> keel.Agent:
-    payload = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[: 20 * 1024]
-
-    @keel.tool
-    async def read_chunk(n: int) -> str:
-        """Return chunk n."""
-        return payload
-
-    script = {
-        "turns": [
-            {"tool_calls": [{"name": "read_chunk", "arguments": {"n": i}}]}
-            for i in range(turns - 1)
-        ]
-        + [{"text": "done"}],
-    }
-    return keel.Agent(
-        keel.ScriptedTransport.from_dict(script),
-        tools=[read_chunk],
-        limits=keel.Limits(max_model_calls=turns + 5, max_tool_calls=turns + 5),
-        store=store,
-    )
-
-
 async def per_step(target: str | Path, turns: int) -> float:
     store = keel.open_store(target)
     try:
-        runner = step_agent(store, turns)
+        runner = chunk_agent(store, turns, 20)
         started = time.perf_counter()
         result = await runner.arun("Read the chunks.")
         assert result.status == "completed", result
@@ -106,7 +85,7 @@ def submit(url: str, folder: Path, runs: int) -> None:
     dispatch = Dispatch(store)
     settings: JsonObject = {"repo": str(repo), "allow_hosts": []}
     try:
-        agent = command_agent(f"script:{script}", settings, Limits(), store, True)
+        agent = command_agent(f"script:{script}", settings, Limits(), store, None)
         for n in range(runs):
             dispatch.submit(new_run_id(), f"Run {n}?", agent.transport.name, agent.config())
     finally:

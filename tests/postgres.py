@@ -3,6 +3,8 @@
 `postgres_cluster` (once per session): `initdb` in a fresh temporary folder, `pg_ctl start` on a
 free loopback port, password logins (scram-sha-256) for TCP; stopped and removed at the end.
 `pg_url`: a new, empty database in it for one test, as a `postgresql://` URL with a password.
+`store_target`: a test once on a SQLite file and once on a `pg_url` database; `sql` changes
+either behind the store's back.
 
 Debian's `postgresql` package provides the binaries (`.ci/run` installs it); they live under
 /usr/lib/postgresql/<version>/bin. initdb and the server refuse to run as root, so when the
@@ -17,6 +19,7 @@ import glob
 import os
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import uuid
@@ -124,3 +127,24 @@ def pg_url(postgres_cluster: Cluster) -> Iterator[str]:
         yield postgres_cluster.url(name)
     finally:
         postgres_cluster.drop_database(name)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def store_target(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
+    """Where a store lives, for a test that must hold on both: a file, or a new database in the
+    test cluster."""
+    if request.param == "sqlite":
+        return tmp_path / "runs.sqlite"
+    url: str = request.getfixturevalue("pg_url")
+    return url
+
+
+def sql(target: str | Path, statement: str) -> list[tuple[object, ...]]:
+    """Run `statement` on the store's database as another program would (its `runs` table is
+    `keel.runs` in Postgres); the rows it returns."""
+    if isinstance(target, Path):
+        with sqlite3.connect(target) as conn:
+            return conn.execute(statement).fetchall()
+    with psycopg.connect(target, autocommit=True) as pg:
+        cursor = pg.execute(statement.replace("runs", "keel.runs", 1))  # type: ignore[arg-type]
+        return cursor.fetchall() if cursor.description else []

@@ -21,6 +21,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from contract.harness import Recorder
 from keel.errors import ConfigError, ProviderError
 from keel.messages import (
     AssistantMessage,
@@ -105,20 +106,11 @@ def error_body(kind: str, message: str) -> dict[str, Any]:
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-class Server:
-    """Answers each SDK request with the next canned response and keeps what was sent."""
-
-    def __init__(self, *responses: httpx.Response) -> None:
-        self.responses = list(responses)
-        self.requests: list[httpx.Request] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
-        return self.responses.pop(0)
+class Server(Recorder):
+    """The fake provider, with the Anthropic transport built on it."""
 
     def transport(self, **options: Any) -> AnthropicTransport:
-        http = httpx.AsyncClient(transport=httpx.MockTransport(self))
-        return AnthropicTransport(MODEL, http_client=http, api_key=KEY, **options)
+        return AnthropicTransport(MODEL, http_client=self.http(), api_key=KEY, **options)
 
 
 async def failure(*responses: httpx.Response) -> tuple[ProviderError, Server]:
@@ -413,7 +405,7 @@ async def test_statuses_are_classified_after_exactly_one_attempt(
     error, server = await failure(httpx.Response(status, json=error_body(kind, "Overloaded")))
     assert (error.status, error.retryable) == (status, retryable)
     assert error.message.startswith(f"anthropic: HTTP {status} {kind}: Overloaded")
-    assert len(server.requests) == 1  # the SDK does not retry; the gateway does
+    assert len(server.sent) == 1  # the SDK does not retry; the gateway does
 
 
 async def test_prompt_too_long_is_not_retryable() -> None:
@@ -449,7 +441,7 @@ async def test_a_given_client_is_made_to_stop_retrying() -> None:
 async def test_the_api_key_is_sent_but_never_appears_in_messages_or_repr() -> None:
     echoed = error_body("authentication_error", f"invalid x-api-key: {KEY}")
     error, server = await failure(httpx.Response(401, json=echoed))
-    assert server.requests[0].headers["authorization"] == f"Bearer {KEY}"
+    assert server.sent[0].headers["authorization"] == f"Bearer {KEY}"
     assert KEY not in error.message and "[redacted]" in error.message
     assert error.__cause__ is None and error.__suppress_context__
     transport = server.transport()
@@ -466,7 +458,7 @@ async def test_the_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     transport = AnthropicTransport(MODEL, http_client=http)
     assert isinstance(transport, Transport) and transport.name == f"anthropic:{MODEL}"
     await transport.request(ModelRequest("sys", (), (UserMessage("q"),)))
-    assert server.requests[0].headers["authorization"] == "Bearer sk-ant-from-env"
+    assert server.sent[0].headers["authorization"] == "Bearer sk-ant-from-env"
 
 
 def test_no_key_is_a_config_error(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -498,4 +490,4 @@ async def test_the_sdk_timeout_travels_through_the_bridge() -> None:
     # httpx's own 5 s default would cut a long answer short; the SDK's 10 minutes apply.
     server = Server(httpx.Response(200, json=message_body([{"type": "text", "text": "ok"}])))
     await server.transport().request(ModelRequest("sys", (), (UserMessage("q"),)))
-    assert server.requests[0].extensions["timeout"]["read"] == 600
+    assert server.sent[0].extensions["timeout"]["read"] == 600

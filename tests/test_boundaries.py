@@ -10,14 +10,14 @@ import os
 import sqlite3
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
 
 from keel.terminal import describe_call, safe_text
+from loopback_http import QuietHandler, serving
 
 KEY = "sk-test-SECRET-0123456789abcdef"
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,7 +30,7 @@ class Recorder(ThreadingHTTPServer):
         pass
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     server: Recorder
 
     def do_POST(self) -> None:
@@ -48,23 +48,15 @@ class Handler(BaseHTTPRequestHandler):
                 ],
             }
         ).encode()  # fmt: skip
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(body)
 
 
 @pytest.fixture
 def attacker() -> Iterator[Recorder]:
     server = Recorder(("127.0.0.1", 0), Handler)
     server.seen = []
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield server
-    server.shutdown()
+    with serving(server):
+        yield server
 
 
 def keel(

@@ -14,23 +14,12 @@ from typing import Any
 import pytest
 
 import keel
+from chromium import HAS_PLAYWRIGHT, needs_chromium
 from keel.records import EvidenceReset, ToolResultRecorded
-from keel.tools.browser import BrowserToolset, browser_tools, find_chromium
+from keel.tools.browser import BrowserToolset, browser_tools
 from pageserver import PageServer
 from support import call, run_script
 
-try:
-    import playwright.async_api  # noqa: F401
-
-    _PLAYWRIGHT = True
-except ImportError:
-    _PLAYWRIGHT = False
-
-needs_chromium = pytest.mark.skipif(
-    find_chromium() is None or not _PLAYWRIGHT,
-    reason="the browser tools need Chromium (apt-get install chromium) and playwright "
-    "(pip install 'keel[browser]'); CI installs both",
-)
 ANSWER = {"text": "The counter kept moving."}
 
 
@@ -198,7 +187,7 @@ def test_missing_chromium_is_a_clear_configuration_error(tmp_path: Path) -> None
     assert "apt-get install chromium" in message and "observe_page" in message
 
 
-@pytest.mark.skipif(not _PLAYWRIGHT, reason="needs playwright (pip install 'keel[browser]')")
+@pytest.mark.skipif(not HAS_PLAYWRIGHT, reason="needs playwright (pip install 'keel[browser]')")
 async def test_a_browser_that_does_not_start_is_an_error_the_model_reads(tmp_path: Path) -> None:
     fake = tmp_path / "chromium"
     fake.write_text("#!/bin/sh\nexit 1\n")

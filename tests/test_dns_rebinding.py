@@ -15,25 +15,14 @@ from typing import Any
 
 import pytest
 
+from chromium import needs_chromium
 from keel.messages import ToolCall
-from keel.tools.browser import browser_tools, find_chromium
+from keel.tools.browser import browser_tools
 from keel.tools.browser_proxy import GuardProxy
 from keel.tools.executor import ExecutedCall, ToolExecutor
 from keel.tools.web import web_tools
 from netattack import LOOPBACK, PUBLIC, CountingServer, RebindingDNS, fence, proxy_exchange
 from pageserver import PageServer
-
-try:
-    import playwright.async_api  # noqa: F401
-
-    _PLAYWRIGHT = True
-except ImportError:
-    _PLAYWRIGHT = False
-
-needs_chromium = pytest.mark.skipif(
-    find_chromium() is None or not _PLAYWRIGHT,
-    reason="needs Chromium (apt-get install chromium) and playwright; CI installs both",
-)
 
 ATTACKS: dict[str, list[list[str]]] = {
     "public-then-loopback": [[PUBLIC], [LOOPBACK]],

@@ -25,6 +25,8 @@ from typing import Any
 
 import pytest
 
+from tmpfs import small_tmpfs
+
 TRIALS = 100
 WRITES = 8
 
@@ -137,17 +139,8 @@ def ends_well(trial: dict[str, Any]) -> bool:
 
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=512k", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path, "512k") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 def test_a_full_disk_ends_the_run_failed_classified_and_it_resumes_once_space_is_freed(

@@ -4,38 +4,19 @@ over stops at once with LeaseLost, even in the middle of a long call; on both st
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
 
 import keel
 from keel.errors import LeaseLost
 from keel.transports.scripted import ScriptedTransport
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
-    if request.param == "sqlite":
-        return tmp_path / "runs.sqlite"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
-def execute(target: str | Path, statement: str) -> list[tuple[object, ...]]:
-    """Another process's statement on the store's `runs` table."""
-    if isinstance(target, Path):
-        with sqlite3.connect(target) as conn:
-            return conn.execute(statement).fetchall()
-    with psycopg.connect(target, autocommit=True) as pg:
-        cursor = pg.execute(statement.replace("runs", "keel.runs"))  # type: ignore[arg-type]
-        return cursor.fetchall() if cursor.description else []
+from postgres import sql
 
 
 async def test_heartbeat_that_finds_the_lease_taken_stops_the_run_at_once(
-    target: str | Path,
+    store_target: str | Path,
 ) -> None:
     started = asyncio.Event()
 
@@ -48,16 +29,16 @@ async def test_heartbeat_that_finds_the_lease_taken_stops_the_run_at_once(
 
     script = {"turns": [{"tool_calls": [{"name": "slow", "arguments": {"topic": "a"}}]}]}
     agent = keel.Agent(
-        ScriptedTransport.from_dict(script), tools=[slow], store=target, lease_ttl=0.3
+        ScriptedTransport.from_dict(script), tools=[slow], store=store_target, lease_ttl=0.3
     )
     handle = agent.start("Take long.")
     await started.wait()
     # another process took the run over
-    execute(target, "UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
+    sql(store_target, "UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
     begun = time.monotonic()
     with pytest.raises(LeaseLost):
         await handle
     assert time.monotonic() - begun < 2.0, "the run went on after its lease was lost"
-    ((owner,),) = execute(target, "SELECT lease_owner FROM runs")
+    ((owner,),) = sql(store_target, "SELECT lease_owner FROM runs")
     assert owner == "elsewhere:1:x"  # nothing was written over the new holder
     agent.close()

@@ -9,12 +9,13 @@ import json
 import os
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from loopback_http import QuietHandler, serving
 
 TOOL_CALL_COMPLETION = {
     "id": "chatcmpl-1",
@@ -49,30 +50,19 @@ class CountingServer(ThreadingHTTPServer):
         pass  # a client that killed itself mid-connection is the point of the test
 
 
-class Handler(BaseHTTPRequestHandler):
+class Handler(QuietHandler):
     server: CountingServer
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers.get("content-length", 0)))
         self.server.hits += 1
-        body = json.dumps(TOOL_CALL_COMPLETION).encode()
-        self.send_response(200)
-        self.send_header("content-type", "application/json")
-        self.send_header("content-length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def log_message(self, *args: object) -> None:
-        pass
+        self.reply(json.dumps(TOOL_CALL_COMPLETION).encode())
 
 
 @pytest.fixture
 def server() -> Iterator[CountingServer]:
-    httpd = CountingServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
+    with serving(CountingServer(("127.0.0.1", 0), Handler)) as httpd:
+        yield httpd
 
 
 def keel(tmp_path: Path, *args: str, crash: bool = True) -> subprocess.CompletedProcess[str]:

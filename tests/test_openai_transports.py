@@ -17,6 +17,7 @@ import openai
 import pytest
 
 from contract import case_openai_chat, case_openai_responses
+from contract.harness import Recorder
 from keel.errors import ConfigError, ProviderError
 from keel.messages import (
     AssistantMessage,
@@ -47,25 +48,6 @@ def request(
     volatile: tuple[str, ...] = (),
 ) -> ModelRequest:
     return ModelRequest("Be careful.", tools, items or (UserMessage("q"),), tool_choice, volatile)
-
-
-class Recorder:
-    """A fake server: answers from a queue and keeps what the SDK really sent."""
-
-    def __init__(self, *responses: httpx.Response) -> None:
-        self.responses = list(responses)
-        self.sent: list[httpx.Request] = []
-
-    def __call__(self, req: httpx.Request) -> httpx.Response:
-        self.sent.append(req)
-        return self.responses.pop(0)
-
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self))
-
-    def body(self, index: int = -1) -> dict[str, Any]:
-        data: dict[str, Any] = json.loads(self.sent[index].content)
-        return data
 
 
 def error(status: int, message: str, code: str | None = None, **headers: str) -> httpx.Response:

@@ -16,6 +16,7 @@ import pytest
 
 import keel
 from contract import case_anthropic, case_openai_responses
+from contract.harness import Recorder
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
 from keel.transports.xml_fallback import XmlFallbackTransport
@@ -33,21 +34,6 @@ def fetch(url: str) -> str:
 def read_file(path: str) -> str:
     """Read a file of the repository."""
     return f"{path}: from keel.breaker import IdenticalCallBreaker"
-
-
-class Server:
-    """A fake provider: answers from a queue and keeps the bytes the real SDK sent."""
-
-    def __init__(self, *responses: httpx.Response) -> None:
-        self.responses = list(responses)
-        self.sent: list[bytes] = []
-
-    def __call__(self, request: httpx.Request) -> httpx.Response:
-        self.sent.append(request.read())
-        return self.responses.pop(0)
-
-    def http(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self))
 
 
 def anthropic_thinking_turn() -> httpx.Response:
@@ -93,15 +79,15 @@ async def test_resumed_run_sends_byte_identical_requests(name: str, tmp_path: Pa
     make, responses = CASES[name]
     store = keel.Store(tmp_path / "runs.sqlite")
 
-    straight = Server(*responses())
+    straight = Recorder(*responses())
     done = await agent(make(straight.http()), store, approve_tools=["fetch"]).arun("Which?")
     assert done.status == "completed"
 
-    first = Server(*responses()[:1])
+    first = Recorder(*responses()[:1])
     paused = await agent(make(first.http()), store).arun("Which?")
     assert paused.status == "awaiting_approval"
     store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
-    second = Server(*responses()[1:])  # a fresh agent and transport, as in a new process
+    second = Recorder(*responses()[1:])  # a fresh agent and transport, as in a new process
     resumed = await agent(make(second.http()), store).aresume(paused.run_id)
 
     assert resumed.status == "completed"
@@ -112,8 +98,8 @@ async def test_resumed_run_sends_byte_identical_requests(name: str, tmp_path: Pa
     )
 
 
-def same_but_the_run(sent: list[bytes], run_id: str) -> list[bytes]:
-    return [body.replace(run_id.encode(), b"<the run's id>") for body in sent]
+def same_but_the_run(sent: list[httpx.Request], run_id: str) -> list[bytes]:
+    return [r.content.replace(run_id.encode(), b"<the run's id>") for r in sent]
 
 
 async def test_resumed_xml_script_run_sends_the_same_text_requests(tmp_path: Path) -> None:

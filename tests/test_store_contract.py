@@ -4,7 +4,6 @@ real Postgres database (a throwaway cluster the tests start: `tests/postgres.py`
 from __future__ import annotations
 
 import asyncio
-import sqlite3
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -16,43 +15,25 @@ from keel.breaker import KeyCounter
 from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
 from keel.records import RunConfig, RunStarted, RunState, ToolResultRecorded
 from keel.store import Checkpoint, RunStore, new_lease_owner, open_store
+from postgres import sql
 from support import call, run_script
 
 Opener = Callable[..., RunStore]
 
 
-@pytest.fixture(params=["sqlite", "postgres"])
-def target(request: pytest.FixtureRequest, tmp_path: Path) -> str | Path:
-    """Where a store lives: a file, or a new database in the test cluster."""
-    if request.param == "sqlite":
-        return tmp_path / "runs.sqlite"
-    url: str = request.getfixturevalue("pg_url")
-    return url
-
-
 @pytest.fixture
-def opened(target: str | Path) -> Iterator[Opener]:
+def opened(store_target: str | Path) -> Iterator[Opener]:
     """Opens stores on the target (as many as a test wants: one per 'process'); closes them."""
     stores: list[RunStore] = []
 
     def open_one(*, read_only: bool = False) -> RunStore:
-        store = open_store(target, read_only=read_only)
+        store = open_store(store_target, read_only=read_only)
         stores.append(store)
         return store
 
     yield open_one
     for store in stores:
         store.close()
-
-
-def sql(target: str | Path, statement: str) -> None:
-    """Change the database behind the store's back, as another program would."""
-    if isinstance(target, Path):
-        with sqlite3.connect(target) as conn:
-            conn.execute(statement)
-    else:
-        with psycopg.connect(target, autocommit=True) as conn:
-            conn.execute(statement.replace("runs", "keel.runs", 1))  # type: ignore[arg-type]
 
 
 CONFIG = RunConfig(model="script", system_prompt="be brief")
@@ -108,12 +89,12 @@ async def test_a_failed_step_is_rolled_back_whole(opened: Opener) -> None:
 
 
 async def test_a_taken_over_holder_gets_lease_lost_and_writes_nothing(
-    opened: Opener, target: str | Path
+    opened: Opener, store_target: str | Path
 ) -> None:
     store, owner = opened(), new_lease_owner()
     state = await started(store, lease=owner)
     await store.save_step(step(state, lease=owner))
-    sql(target, "UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
+    sql(store_target, "UPDATE runs SET lease_owner = 'elsewhere:1:x', lease_until = 1e12")
     with pytest.raises(LeaseLost):
         await store.save_step(step(state, lease=owner))
     with pytest.raises(LeaseLost):
@@ -122,13 +103,13 @@ async def test_a_taken_over_holder_gets_lease_lost_and_writes_nothing(
 
 
 async def test_a_live_lease_is_held_and_an_expired_one_is_taken_over(
-    opened: Opener, target: str | Path
+    opened: Opener, store_target: str | Path
 ) -> None:
     first, second = opened(), opened()
     await started(first, lease="elsewhere:1:a")
     with pytest.raises(LeaseHeld, match="being advanced by another process"):
         await second.acquire_lease("run_1", "elsewhere:2:b", 30)
-    sql(target, "UPDATE runs SET lease_until = 1")  # the holder died; its lease ran out
+    sql(store_target, "UPDATE runs SET lease_until = 1")  # the holder died; its lease ran out
     await second.acquire_lease("run_1", "elsewhere:2:b", 30)
     with pytest.raises(LeaseLost):
         await first.renew_lease("run_1", "elsewhere:1:a", 30)
@@ -227,12 +208,12 @@ async def test_texts_holding_nul_characters_are_kept_exactly(opened: Opener) -> 
     assert store.events("run_1")[-1].content == text  # type: ignore[union-attr]
 
 
-async def test_a_newer_schema_is_refused_by_name(opened: Opener, target: str | Path) -> None:
+async def test_a_newer_schema_is_refused_by_name(opened: Opener, store_target: str | Path) -> None:
     opened().close()
-    if isinstance(target, Path):
-        sql(target, "PRAGMA user_version = 99")
+    if isinstance(store_target, Path):
+        sql(store_target, "PRAGMA user_version = 99")
     else:
-        with psycopg.connect(target, autocommit=True) as conn:
+        with psycopg.connect(store_target, autocommit=True) as conn:
             conn.execute("UPDATE keel.schema_version SET version = 99")
     for read_only in (False, True):
         with pytest.raises(StoreError, match=r"written by a newer Keel \(schema 99"):

@@ -23,6 +23,7 @@ from keel.cli import app
 from keel.errors import LeaseLost, StoreError
 from keel.records import RunConfig, RunStarted, RunState
 from keel.store import Checkpoint, Store
+from tmpfs import small_tmpfs
 
 OWNER = "host:1:me"
 
@@ -171,17 +172,8 @@ async def test_a_store_with_overwritten_pages_is_refused_naming_the_file(tmp_pat
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A 1 MiB tmpfs; skipped where mounting is not allowed."""
-    mount = tmp_path / "small"
-    mount.mkdir()
-    done = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
-    )
-    if done.returncode != 0:
-        pytest.skip(f"cannot mount a small tmpfs here: {done.stderr.decode().strip()}")
-    try:
+    with small_tmpfs(tmp_path, "1m") as mount:
         yield mount
-    finally:
-        subprocess.run(["umount", "-l", str(mount)], check=False)
 
 
 async def test_a_full_disk_fails_the_save_with_store_error_and_keeps_the_last_step(

@@ -13,15 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from opentelemetry import trace
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 import keel
+from in_memory_spans import EXPORTER, SWITCH, install
 from keel.transports.openai_chat import from_wire
 from otlp_collector import Collector
 from support import call
@@ -30,47 +28,18 @@ OP = gen_ai.GenAiOperationNameValues
 SYNTHESIS = {"text": "Best supported answer; research stopped because it was repeating."}
 
 
-class Switch(Sampler):
-    """Records only while a test asks for it, so the rest of the suite runs untraced."""
-
-    on = False
-
-    def should_sample(
-        self,
-        parent: Any,
-        trace_id: int,
-        name: str,
-        kind: Any = None,
-        attributes: Any = None,
-        *rest: Any,
-    ) -> SamplingResult:
-        if not self.on:
-            return SamplingResult(Decision.DROP)
-        return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
-
-    def get_description(self) -> str:
-        return "Switch"
-
-
-_SWITCH = Switch()
-_EXPORTER = InMemorySpanExporter()
-
-
 @pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
-    """The SDK installed globally once (OpenTelemetry allows one provider per process),
-    recording during this test only."""
-    if not isinstance(trace.get_tracer_provider(), TracerProvider):
-        provider = TracerProvider(sampler=_SWITCH, shutdown_on_exit=False)
-        provider.add_span_processor(SimpleSpanProcessor(_EXPORTER))
-        trace.set_tracer_provider(provider)
-    _EXPORTER.clear()
-    _SWITCH.on = True
+    """The SDK installed globally once (`in_memory_spans.install`), recording during this
+    test only."""
+    install()
+    EXPORTER.clear()
+    SWITCH.on = True
     try:
-        yield _EXPORTER
+        yield EXPORTER
     finally:
-        _SWITCH.on = False
-        _EXPORTER.clear()
+        SWITCH.on = False
+        EXPORTER.clear()
 
 
 @keel.tool

@@ -13,12 +13,13 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from chromium import needs_chromium
 from echo_model import EchoModel
 from keel.errors import StoreError
 from keel.store import Store
@@ -26,18 +27,10 @@ from keel.tools.browser import find_chromium
 from keel.tools.browser_session import LAUNCH_ARGS
 from ui_runs import make_repo, paused_run, read, run_model, synthesized_run
 
-try:
+with suppress(ImportError):  # without playwright, needs_chromium skips them all
     from playwright.sync_api import Page, expect, sync_playwright
 
-    _PLAYWRIGHT = True
-except ImportError:
-    _PLAYWRIGHT = False
-
-pytestmark = pytest.mark.skipif(
-    find_chromium() is None or not _PLAYWRIGHT,
-    reason="needs Chromium (apt-get install chromium) and playwright (pip install "
-    "'keel[browser]'); CI installs both",
-)
+pytestmark = needs_chromium
 WAIT_MS = 60_000
 """A resume or a run is a process of its own; on a loaded two-core machine it takes seconds."""
 

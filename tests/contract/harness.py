@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import httpx
@@ -107,25 +106,25 @@ def required_request() -> ModelRequest:
     return ModelRequest(SYSTEM, TOOLS, HISTORY[:1], tool_choice="required")
 
 
-@dataclass
-class Captured:
-    """Requests the SDK really sent, answered by a queue of canned responses."""
+class Recorder:
+    """A fake provider under a transport's real SDK: answers each request with the next canned
+    response and keeps the requests the SDK really sent (also used by the transport tests)."""
 
-    responses: list[httpx.Response]
-    requests: list[httpx.Request] = field(default_factory=list)
+    def __init__(self, *responses: httpx.Response) -> None:
+        self.responses = list(responses)
+        self.sent: list[httpx.Request] = []
 
-    def handler(self, request: httpx.Request) -> httpx.Response:
-        self.requests.append(request)
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.sent.append(request)
         return self.responses.pop(0)
 
-    @property
-    def body(self) -> dict[str, Any]:
-        """The JSON body of the last request."""
-        data: dict[str, Any] = json.loads(self.requests[-1].content)
-        return data
+    def http(self) -> httpx.AsyncClient:
+        return httpx.AsyncClient(transport=httpx.MockTransport(self))
 
-    def client(self) -> httpx.AsyncClient:
-        return httpx.AsyncClient(transport=httpx.MockTransport(self.handler))
+    def body(self, index: int = -1) -> dict[str, Any]:
+        """The JSON body of a request sent (the last one by default)."""
+        data: dict[str, Any] = json.loads(self.sent[index].content)
+        return data
 
 
 class ContractCase(Protocol):

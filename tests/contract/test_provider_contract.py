@@ -16,8 +16,8 @@ from keel.messages import ModelResponse
 
 from .harness import (
     TOOLS,
-    Captured,
     ContractCase,
+    Recorder,
     ordinary_request,
     required_request,
     synthesis_request,
@@ -41,9 +41,9 @@ def ids(case: ContractCase) -> str:
 
 async def send(
     case: ContractCase, responses: list[httpx.Response], synthesis: bool = False
-) -> tuple[ModelResponse, Captured]:
-    captured = Captured(responses)
-    transport = case.make(captured.client())
+) -> tuple[ModelResponse, Recorder]:
+    captured = Recorder(*responses)
+    transport = case.make(captured.http())
     request = synthesis_request() if synthesis else ordinary_request()
     return await transport.request(request), captured
 
@@ -51,8 +51,8 @@ async def send(
 @pytest.mark.parametrize("case", CASES, ids=ids)
 async def test_ordinary_request_sends_tools_and_no_tool_choice(case: ContractCase) -> None:
     _, captured = await send(case, [case.text_response()])
-    assert len(captured.requests) == 1
-    case.check_ordinary(captured.body)
+    assert len(captured.sent) == 1
+    case.check_ordinary(captured.body())
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
@@ -60,15 +60,15 @@ async def test_synthesis_request_sends_none_tool_choice_and_control_last(
     case: ContractCase,
 ) -> None:
     _, captured = await send(case, [case.text_response()], synthesis=True)
-    assert len(captured.requests) == 1
-    case.check_synthesis(captured.body)
+    assert len(captured.sent) == 1
+    case.check_synthesis(captured.body())
 
 
 @pytest.mark.parametrize("case", CASES, ids=ids)
 async def test_a_required_tool_choice_is_sent_as_the_providers_any(case: ContractCase) -> None:
-    captured = Captured([case.text_response()])
-    await case.make(captured.client()).request(required_request())
-    body = captured.body
+    captured = Recorder(case.text_response())
+    await case.make(captured.http()).request(required_request())
+    body = captured.body()
     assert body.get("tool_choice") == case.required_choice
     names = {t.name for t in TOOLS}
     wire = json.dumps(body)
