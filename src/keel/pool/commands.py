@@ -62,16 +62,9 @@ def after_decision(given: str | None, run_id: str) -> str:
     target = store_target(given)
     if not is_url(target):
         return f"continue with: keel resume {run_id}"
-    from keel.pool.dispatch import Dispatch
-    from keel.store.postgres_store import PostgresStore
+    from keel.pool.dispatch import hand_on_decided
 
-    store = PostgresStore(str(target))
-    dispatch = Dispatch(store)
-    try:
-        decided = dispatch.hand_on_decided(run_id)
-    finally:
-        dispatch.close()
-        store.close()
+    decided = hand_on_decided(str(target), run_id)
     if decided.waiting:
         return f"{decided.waiting} calls still wait for a decision; then a worker continues"
     if not decided.queued:

@@ -38,6 +38,7 @@ __all__ = [
     "WORKFLOW",
     "Decided",
     "Dispatch",
+    "hand_on_decided",
     "workflow_id",
 ]
 
@@ -61,6 +62,18 @@ class Decided:
     queued: bool
     """Handed to the workers' queue. False with nothing waiting: the queue is not set up yet
     (no `keel worker` has started on this database), so no worker will take the run."""
+
+
+def hand_on_decided(url: str, run_id: str) -> Decided:
+    """`Dispatch.hand_on_decided` on the store at `url`, opened and closed around it: what
+    `keel approve`/`deny` and the web view do after a decision on Postgres."""
+    store = PostgresStore(url)
+    dispatch = Dispatch(store)
+    try:
+        return dispatch.hand_on_decided(run_id)
+    finally:
+        dispatch.close()
+        store.close()
 
 
 def workflow_id(run_id: str, attempt: int) -> str:

@@ -96,17 +96,10 @@ class Enqueuer(_Notes):
         self.url = url
 
     def __call__(self, run_id: str) -> None:
-        from keel.pool.dispatch import Dispatch
-        from keel.store.postgres_store import PostgresStore
+        from keel.pool.dispatch import hand_on_decided
 
         try:
-            store = PostgresStore(self.url)
-            dispatch = Dispatch(store)
-            try:
-                decided = dispatch.hand_on_decided(run_id)
-            finally:
-                dispatch.close()
-                store.close()
+            decided = hand_on_decided(self.url, run_id)
         except KeelError as exc:  # one line, the password left out (pg_connection)
             self._set(run_id, f"queuing this run for the workers failed: {exc}")
             return
