@@ -390,3 +390,34 @@ def test_the_command_line_does_not_import_the_web_libraries() -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "[]"
+
+
+def test_the_live_stream_leaves_a_page_that_is_up_to_date_alone(store: Path, repo: Path) -> None:
+    """A paused run's page holds the Approve/Deny forms inside its summary. The stream used to
+    send the summary at once on connecting (nothing had been "sent" yet), and the page replaced
+    it, wiping what the person had typed: in Chromium the denial went out "by root", not by the
+    name typed a moment before. Nothing has changed since the page was rendered, so nothing is
+    sent; a real change still is."""
+    import asyncio
+
+    from keel.ui.live import follow
+    from keel.ui.pages import Pages
+
+    run_id = paused_run(store, repo)
+    reader = Store(store, read_only=True)
+
+    async def first_message(after: int, timeout: float) -> str:
+        stream = follow(reader, Pages("token", "root"), run_id, after, lambda _: None, poll=0.02)
+        try:
+            return await asyncio.wait_for(anext(stream), timeout)
+        finally:
+            await stream.aclose()
+
+    try:
+        last = reader.events(run_id, -1)[-1].seq
+        with pytest.raises(TimeoutError):  # only keep-alives would come: nothing to update
+            asyncio.run(first_message(last, 1.0))
+        first = asyncio.run(first_message(last - 1, 5.0))
+        assert "event: update" in first and '"summary"' in first
+    finally:
+        reader.close()

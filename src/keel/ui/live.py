@@ -42,7 +42,9 @@ async def follow(
     run is never sent before its last rows. When the server is `stopping`, the stream just
     closes (no `end`): the browser retries, and a restarted `keel ui` picks up from there."""
     events: list[Event] = []
-    sent = {"summary": "", "charts": ""}
+    sent: dict[str, str] | None = None
+    """The summary and charts the page shows; they hold the Approve/Deny forms, so sending them
+    again unchanged would wipe what a person is typing."""
     quiet = 0.0
     while True:
         record: RunRecord | None = await asyncio.to_thread(store.get_run, run_id)
@@ -54,7 +56,9 @@ async def follow(
         fresh = [e for e in new if e.seq > after]
         view = RunView(record, events, note(run_id))
         parts = pages.fragments(view, fresh)
-        changed = {k: v for k, v in parts.items() if k != "rows" and v != sent[k]}
+        if sent is None:  # the page was rendered at `after`: what it shows is not news
+            sent = {} if fresh else {k: v for k, v in parts.items() if k != "rows"}
+        changed = {k: v for k, v in parts.items() if k != "rows" and v != sent.get(k)}
         if fresh or changed:
             sent.update(changed)
             payload = {"seq": view.last_seq, **changed, "rows": parts["rows"] if fresh else ""}
