@@ -122,19 +122,34 @@ def test_a_decided_run_on_postgres_says_it_is_queued_for_a_keel_worker(pool: Poo
 
 
 def test_a_decision_where_no_worker_set_the_queue_up_says_how_to_continue(pool: Pool) -> None:
-    """No `keel worker` ever ran on this database, so no worker would take the run: the page
-    says so and how to continue, instead of claiming it is queued (and so does `keel approve`)."""
+    """No `keel worker` ever ran on this database, so the run is not queued yet: the page says
+    so and how it continues, instead of claiming it is queued (and so does `keel approve`)."""
     first, second = local_run(pool)["run_id"], local_run(pool)["run_id"]
     with client(pool.url) as ui:
         page = ui.get(f"/runs/{first}").text
         ui.post(f"/runs/{first}/calls/call_2/approve", data={"csrf": csrf(page), "by": "ana"})
         after = ui.get(f"/runs/{first}").text
     assert "no keel worker has set the queue up on this store yet" in after
-    assert f"continue with `keel resume {first}`" in after
+    assert f"the first keel worker to start takes it (or `keel resume {first}`)" in after
     approved = pool.keel("approve", second, "--all")
     assert approved.returncode == 0, approved.stderr
     said = " ".join(approved.stderr.split())  # the console wraps long lines
-    assert f"continue with: keel resume {second}" in said and "queued:" not in said
+    assert f"takes it (or: keel resume {second})" in said and "queued:" not in said
+
+
+def test_a_run_decided_before_any_worker_started_is_taken_by_the_first_worker(
+    pool: Pool,
+) -> None:
+    """The enqueue after a decision fails while no worker has set DBOS's queue up; the first
+    worker to start must still take the run (its start-up rescue), as it takes a submitted one.
+    A paused run with a call still undecided stays paused."""
+    decided, undecided = local_run(pool)["run_id"], local_run(pool)["run_id"]
+    approved = pool.keel("approve", decided, "--all")
+    assert approved.returncode == 0, approved.stderr
+    assert "the first keel worker to start takes it" in " ".join(approved.stderr.split())
+    pool.worker("first", concurrency=1)
+    pool.wait_for([decided], {"completed"}, timeout=90)
+    assert pool.status(undecided) == "awaiting_approval"
 
 
 def serve(pool: Pool, store: str | None, env: dict[str, str]) -> tuple[str, subprocess.Popen[str]]:

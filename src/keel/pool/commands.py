@@ -69,8 +69,8 @@ def after_decision(given: str | None, run_id: str) -> str:
         return f"{decided.waiting} calls still wait for a decision; then a worker continues"
     if not decided.queued:
         return (
-            "no keel worker has set the queue up on this store yet: "
-            f"continue with: keel resume {run_id}"
+            "no keel worker has set the queue up on this store yet: the first keel worker to "
+            f"start takes it (or: keel resume {run_id})"
         )
     return f"queued: a keel worker continues run {run_id} (or: keel resume {run_id})"
 

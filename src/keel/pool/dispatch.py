@@ -11,12 +11,14 @@ What DBOS does not do here, Keel does (`rescue`): open-source DBOS recovers only
 of the executor that restarts with the same id, so a worker that dies for good would keep its
 runs forever. A run is stranded when it has not ended, no live lease covers it, it was handed on
 more than `grace` seconds ago, and its workflow is not waiting in the queue: then it is handed
-on again, and the next worker resumes it from its journal.
+on again, and the next worker resumes it from its journal. A paused run that a decision handed
+on, with every call decided, is stranded the same way when its enqueue never happened.
 """
 
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -74,6 +76,14 @@ def hand_on_decided(url: str, run_id: str) -> Decided:
     finally:
         dispatch.close()
         store.close()
+
+
+def _all_decided(state_json: str) -> bool:
+    """A paused run was handed on by a decision (it has a `dispatch` row) and every call has
+    one: the enqueue after that decision did not happen (no worker had set the queue up yet, or
+    the process died between the two), so it is stranded like a queued run."""
+    state = RunState.decode(json.loads(state_json))
+    return all(p.call_id in state.decisions for p in state.pending)
 
 
 def workflow_id(run_id: str, attempt: int) -> str:
@@ -194,15 +204,17 @@ class Dispatch:
         def read(conn: Conn) -> list[tuple[str, int, bool]]:
             rows = conn.execute(
                 f"SELECT r.run_id, d.attempt, d.handed_at < {NOW} - %s, r.lease_owner,"
-                f" r.lease_until > {NOW}"
+                f" r.lease_until > {NOW}, r.status, r.state"
                 " FROM keel.runs r JOIN keel.dispatch d ON d.run_id = r.run_id"
-                f" WHERE r.status IN ('queued', 'running') AND d.handed_at < {NOW} - %s",
+                " WHERE r.status IN ('queued', 'running', 'awaiting_approval')"
+                f" AND d.handed_at < {NOW} - %s",
                 (grace, settle),
             ).fetchall()
             return [
                 (str(run_id), int(attempt), bool(old))
-                for run_id, attempt, old, owner, live in rows
+                for run_id, attempt, old, owner, live, status, state in rows
                 if not (owner and live and holder_alive(owner))
+                and (status != "awaiting_approval" or _all_decided(state))
             ]
 
         return self.store.run_sql(read, "the queued runs could not be read")

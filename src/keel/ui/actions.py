@@ -109,7 +109,7 @@ class Enqueuer(_Notes):
             self._set(
                 run_id,
                 "the decision is recorded, but no keel worker has set the queue up on this "
-                f"store yet: continue with `keel resume {run_id}`",
+                f"store yet: the first keel worker to start takes it (or `keel resume {run_id}`)",
             )
 
 
