@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Annotated, Any
 
 import pydantic
 import pytest
@@ -80,6 +80,23 @@ async def test_pydantic_model_parameter_tool_gets_the_model() -> None:
     assert tool.parameters["properties"]["q"]["type"] == "string"
     executed = await run_one([tool], call("search", {"q": "keel", "limit": 2}))
     assert json.loads(executed.result.content) == ["keel-0", "keel-1"]
+
+
+async def test_annotated_field_descriptions_and_constraints_reach_the_model_and_the_check() -> None:
+    """`Annotated[T, pydantic.Field(...)]` on a plain function's parameter: the description goes
+    into the JSON Schema the model reads, and the constraint is checked before the tool runs."""
+
+    def pick(
+        term: Annotated[str, pydantic.Field(description="A glossary term", max_length=8)],
+    ) -> str:
+        """Pick a term."""
+        return term.upper()
+
+    tool = make_tool(pick)
+    assert tool.parameters["properties"]["term"]["description"] == "A glossary term"
+    assert (await run_one([tool], call("pick", {"term": "lease"}))).result.content == "LEASE"
+    refused = await run_one([tool], call("pick", {"term": "a-much-too-long-term"}))
+    assert refused.result.is_error and not refused.dispatched
 
 
 async def test_result_carries_call_identity_size_and_digest() -> None:
