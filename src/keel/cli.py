@@ -216,7 +216,7 @@ def trust_command(
 @functools.wraps(run, assigned=("__module__", "__annotations__"))
 def submit(**options: Any) -> None:
     """Queue QUESTION for `keel worker`s (a postgresql:// --store) and print its run id at once.
-    Takes every `keel run` option."""
+    Takes every `keel run` option but --mcp/--mcp-url: workers start no MCP servers."""
     run(**{**options, "submit_": True})
 
 
