@@ -22,11 +22,20 @@ from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+import httpx
 import platformdirs
 
 from keel.errors import ConfigError
 
-__all__ = ["CONFIG_NAME", "ConfigFile", "config_files", "public_url", "trust", "trust_state"]
+__all__ = [
+    "CONFIG_NAME",
+    "ConfigFile",
+    "config_files",
+    "http_url",
+    "public_url",
+    "trust",
+    "trust_state",
+]
 
 CONFIG_NAME = "keel.toml"
 TRUST_NAME = "trusted.json"
@@ -110,6 +119,20 @@ def config_files(cwd: Path | None = None) -> tuple[list[ConfigFile], list[str]]:
     if mine.is_file():
         files.append(ConfigFile(mine, _read(mine)))
     return files, warnings
+
+
+def http_url(url: str, what: str, example: str) -> httpx.URL:
+    """`url` parsed, when it is an http(s) URL with a host; otherwise a ConfigError naming it as
+    `what` ("base URL", "MCP server URL") with an `example` of a good one."""
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL as exc:
+        raise ConfigError(f"{what} {url!r} is not a valid URL: {exc}") from None
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"{what} {url!r} must be an http:// or https:// URL with a host, e.g. {example}"
+        )
+    return parsed
 
 
 def public_url(url: str) -> str:

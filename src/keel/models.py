@@ -19,9 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
-
-from keel.config import config_files, public_url
+from keel.config import config_files, http_url, public_url
 from keel.errors import ConfigError
 from keel.transports.base import Transport
 
@@ -55,15 +53,7 @@ class ModelChoice:
 def check_base_url(url: str) -> str:
     """A provider endpoint must be an http(s) URL with a host: anything else is a configuration
     error now, not five retried "connection failed" model calls later."""
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise ConfigError(f"base URL {url!r} is not a valid URL: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(
-            f"base URL {url!r} must be an http:// or https:// URL with a host, "
-            "e.g. http://127.0.0.1:8080/v1"
-        )
+    http_url(url, "base URL", "http://127.0.0.1:8080/v1")
     return url
 
 

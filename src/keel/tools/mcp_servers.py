@@ -20,9 +20,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
 
-import httpx
 import platformdirs
 
+from keel.config import http_url
 from keel.errors import ConfigError
 from keel.records import JsonObject, JsonValue
 
@@ -189,15 +189,7 @@ def mcp_tools(*servers: McpServer | str) -> McpToolset:
 
 
 def _check_url(url: str) -> None:
-    try:
-        parsed = httpx.URL(url)
-    except httpx.InvalidURL as exc:
-        raise ConfigError(f"MCP server URL {url!r} is not a valid URL: {exc}") from None
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ConfigError(
-            f"MCP server URL {url!r} must be an http:// or https:// URL with a host, "
-            "e.g. http://127.0.0.1:8000/mcp"
-        )
+    parsed = http_url(url, "MCP server URL", "http://127.0.0.1:8000/mcp")
     if parsed.userinfo:
         raise ConfigError(
             "an MCP server URL must not carry a user name or password: it is saved with the run"
