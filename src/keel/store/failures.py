@@ -1,6 +1,6 @@
 """SQLite and file-system failures of the store, mapped once, here, into StoreError: what
 happened to which file, what was not saved, and what to do. Nothing else in Keel looks at a
-`sqlite3` exception.
+`sqlite3` exception. The Postgres store words its failures with the same `described`.
 """
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sqlite3
 
 from keel.errors import StoreError
 
-__all__ = ["StoreMoved", "newer_schema", "store_error"]
+__all__ = ["StoreMoved", "described", "newer_schema", "store_error"]
 
 # Primary SQLite result codes (extended codes carry them in their low byte).
 _READONLY, _IOERR, _CORRUPT, _FULL, _CANTOPEN, _NOTADB = 8, 10, 11, 13, 14, 26
@@ -35,6 +35,12 @@ def store_error(
     if isinstance(exc, StoreError):
         return exc
     what, fix, resumable = _describe(path, exc)
+    return described(what, fix, resumable, doing, resume)
+
+
+def described(what: str, fix: str, resumable: bool, doing: str, resume: str | None) -> StoreError:
+    """One line for any store: what happened, what was not saved (`doing`), what to do, and
+    the run to resume afterwards when the failure leaves it resumable."""
     message = f"{what}: {doing}" if doing else what
     if fix and resume and resumable:
         message += f" — {fix}, then `keel resume {resume}`"

@@ -24,6 +24,7 @@ import psycopg
 from psycopg import errors as pg
 
 from keel.errors import StoreError
+from keel.store.failures import described
 
 __all__ = ["Connections", "connect_error", "store_error"]
 
@@ -167,9 +168,4 @@ def store_error(
         what, fix = f"the store {where} could not be reached ({detail})", "check the database"
     else:
         what, resumable = f"the store {where} failed ({detail})", False
-    message = f"{what}: {doing}" if doing else what
-    if fix and resume and resumable:
-        message += f" — {fix}, then `keel resume {resume}`"
-    elif fix:
-        message += f" — {fix}"
-    return StoreError(message)
+    return described(what, fix, resumable, doing, resume)
