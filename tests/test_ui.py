@@ -309,17 +309,22 @@ def test_the_live_stream_sends_rows_after_the_given_seq_then_ends(
 # -- the command -------------------------------------------------------------------------------
 
 
-def test_keel_ui_serves_on_loopback_and_prints_its_url(store: Path, repo: Path) -> None:
-    synthesized_run(store, repo)
+def start_ui(store: Path) -> tuple[subprocess.Popen[str], str]:
+    """`keel ui` on any free port, and the URL it printed."""
     process = subprocess.Popen(
         [sys.executable, "-m", "keel", "ui", "--store", str(store), "--port", "0"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
     )
+    assert process.stdout is not None
+    return process, process.stdout.readline().strip()
+
+
+def test_keel_ui_serves_on_loopback_and_prints_its_url(store: Path, repo: Path) -> None:
+    synthesized_run(store, repo)
+    process, url = start_ui(store)
     try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
         assert re.fullmatch(r"http://127\.0\.0\.1:\d+/", url), url
         assert "1 run" in httpx.get(url).text
         port = url.rsplit(":", 1)[1].strip("/")
@@ -333,15 +338,8 @@ def test_stopping_keel_ui_closes_open_live_streams(store: Path, repo: Path) -> N
     """Ctrl-C with a paused run's page open (its stream never ends by itself): the stream
     closes at its next poll, instead of being cancelled after the graceful-shutdown timeout."""
     run_id = paused_run(store, repo)
-    process = subprocess.Popen(
-        [sys.executable, "-m", "keel", "ui", "--store", str(store), "--port", "0"],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
+    process, url = start_ui(store)
     try:
-        assert process.stdout is not None
-        url = process.stdout.readline().strip()
         with httpx.stream("GET", f"{url}runs/{run_id}/live", timeout=30) as stream:
             lines = stream.iter_lines()
             assert next(lines).startswith("id: ")
