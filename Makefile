@@ -7,7 +7,7 @@ STAMP_DEV := $(VENV)/.installed-dev
 # llama-cpp-python compiles llama.cpp from source the first time (minutes on 2 cores); pip
 # caches the wheel afterwards.
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
-QUESTION ?= Which modules does the run loop in src/keel/loop.py depend on?
+QUESTION ?= Which modules does the run loop in src/keel/_run/loop.py depend on?
 
 .PHONY: run demo test lint bench clean
 

@@ -50,8 +50,8 @@ from checkpoint import PayloadMeter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from fsyncs import STRACE, trace_runs
+from keel._run.loop import RunLoop
 from keel.agent import new_run_id
-from keel.loop import RunLoop
 
 QUESTION = "Read the chunks."
 TEXT = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[: 20 * 1024]

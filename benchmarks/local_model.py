@@ -168,9 +168,9 @@ async def bench_prompt_cache(path: Path) -> list[tuple[str, Any]]:
     evaluates only what it adds; without, the whole prompt."""
     tool = ToolDefinition("read_file", "Read a file.", {"type": "object", "properties": {
         "path": {"type": "string"}}, "required": ["path"]})  # fmt: skip
-    first = ToolCall.from_arguments("local_1", "read_file", {"path": "src/keel/loop.py"})
-    second = ToolCall.from_arguments("local_2", "read_file", {"path": "src/keel/step.py"})
-    text = (Path(__file__).resolve().parents[1] / "src/keel/loop.py").read_text()[:6000]
+    first = ToolCall.from_arguments("local_1", "read_file", {"path": "src/keel/_run/loop.py"})
+    second = ToolCall.from_arguments("local_2", "read_file", {"path": "src/keel/_run/step.py"})
+    text = (Path(__file__).resolve().parents[1] / "src/keel/_run/loop.py").read_text()[:6000]
     items = (
         UserMessage(PROMPT), AssistantMessage(None, (first,)),
         ToolResult("local_1", "read_file", first.key, text),

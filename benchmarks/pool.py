@@ -39,7 +39,7 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 from checkpoint import agent as chunk_agent  # the per-step run, beside this file
 
 from keel.agent import new_run_id
-from keel.cli_agent import command_agent
+from keel.cli.agent import command_agent
 from keel.limits import Limits
 from keel.pool.dispatch import Dispatch
 from keel.records import JsonObject

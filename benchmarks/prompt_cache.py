@@ -40,9 +40,9 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
     import keel
 
+from keel._run.context import ELIDE_TO, ContextBuilder
+from keel._run.loop import RunLoop
 from keel.agent import new_run_id
-from keel.context import ELIDE_TO, ContextBuilder
-from keel.loop import RunLoop
 from keel.messages import ModelRequest, ToolResult
 from keel.records import ModelRequestSent
 from keel.tokens import EstimatingCounter, TokenCounter, item_tokens

@@ -1,7 +1,8 @@
-"""SYSTEM.md "Boundaries", written as the attacks (tracker issue 10): a credential goes only to
-an endpoint the user chose, a person approving a call sees what it will do, secrets never enter
-the store or output, text from models and files reaches a terminal without its control
-sequences, and options that would silently do nothing are refused."""
+"""The boundaries (docs/design.md, "The rules of a run"; ADR 0014, 0018, 0019), written as the
+attacks (tracker issue 10): a credential goes only to an endpoint the user chose, a person approving
+a call sees what it will do, secrets never enter the store or output, text from models and files
+reaches a terminal without its control sequences, and options that would silently do nothing are
+refused."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from keel.terminal import describe_call, safe_text
+from keel.present.terminal import describe_call, safe_text
 from loopback_http import QuietHandler, serving
 
 KEY = "sk-test-SECRET-0123456789abcdef"

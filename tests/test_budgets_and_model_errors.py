@@ -1,4 +1,4 @@
-"""SYSTEM.md "Budgets, deadlines, cancellation, model errors, empty turns"."""
+"""Budgets, deadlines, cancellation, model errors, empty turns (ADR 0005)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import time
 import pytest
 
 import keel
-from keel.gateway import RetryPolicy
+from keel._run.gateway import RetryPolicy
+from keel._run.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from keel.records import ModelErrorSeen, ToolCallRequested, ToolResultRecorded
-from keel.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from keel.transports.scripted import ScriptedTransport
 from support import call, run_script
 

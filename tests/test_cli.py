@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from keel.cli import app
-from keel.synthesis import REPEATED_TOOL_CONTROL
+from keel._run.synthesis import REPEATED_TOOL_CONTROL
+from keel.cli.app import app
 
 runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]

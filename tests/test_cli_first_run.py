@@ -11,7 +11,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 import keel
-from keel.cli import app
+from keel.cli.app import app
 from keel.messages import ModelRequest, ModelResponse
 
 runner = CliRunner()
@@ -74,7 +74,7 @@ def test_the_token_meter_reports_the_prompt_apart_from_the_tokens_per_second() -
     from rich.console import Console
 
     from keel.messages import Usage
-    from keel.progress import TokenMeter
+    from keel.present.progress import TokenMeter
     from keel.records import ModelRequestSent, ModelResponseReceived
 
     out = io.StringIO()

@@ -1,11 +1,11 @@
-"""SYSTEM.md "Context builder": pairs intact, counts cached, stable elision, controls last."""
+"""The context builder (ADR 0004): pairs intact, counts cached, stable elision, controls last."""
 
 from __future__ import annotations
 
 import itertools
 
 import keel
-from keel.context import ContextBuilder
+from keel._run.context import ContextBuilder
 from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage, digest_text
 from keel.records import ResultElided
 from keel.tokens import EstimatingCounter, item_tokens

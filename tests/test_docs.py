@@ -1,10 +1,13 @@
 """The documents stay true: the README's layout table names exactly the modules of `src/keel`,
-and every test an ADR names as its guard exists."""
+every test an ADR names as its guard exists, and every document the code, tests and docs point
+at (an ADR by number, a `docs/` page) is in the repository."""
 
 from __future__ import annotations
 
 import ast
+import io
 import re
+import tokenize
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -75,3 +78,53 @@ def test_every_adr_names_a_guarding_test() -> None:
     guarded = {adr for adr, _, _ in adr_guards()}
     adrs = {adr.name for adr in (ROOT / "docs" / "adr").glob("*.md")}
     assert adrs - guarded == set()
+
+
+ADR_REFERENCE = re.compile(r"\bADR[- ](\d{3,4})\b")
+DOC_REFERENCE = re.compile(r"\b((?:docs|shared|spec)/[\w./-]+\.(?:md|txt))\b|\b(SYSTEM\.md)\b")
+
+
+def references(text: str) -> set[str]:
+    """The documents a text points at: ADRs by number, pages by path."""
+    found = {f"ADR {int(n):04d}" for n in ADR_REFERENCE.findall(text)}
+    for path, system in DOC_REFERENCE.findall(text):
+        found.add(path or system)
+    return found
+
+
+def test_the_reference_check_sees_what_a_reader_would_follow() -> None:
+    text = 'see SYSTEM.md, ADR-0136, ADR 0002 and docs/design.md ("Where the code lives")'
+    assert references(text) == {"SYSTEM.md", "ADR 0136", "ADR 0002", "docs/design.md"}
+
+
+def prose(path: Path) -> str:
+    """What a reader reads as text: a document whole; of Python, its comments and docstrings
+    (a test's data may name files of a scratch repository that are not ours)."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return text
+    kept = []
+    for token in tokenize.generate_tokens(io.StringIO(text).readline):
+        if token.type == tokenize.COMMENT or (
+            token.type == tokenize.STRING and token.string.lstrip("rbuRBU").startswith('"""')
+        ):
+            kept.append(token.string)
+    return "\n".join(kept)
+
+
+def test_every_document_the_code_and_docs_point_at_is_in_the_repository() -> None:
+    adrs = {f"ADR {path.name[:4]}" for path in (ROOT / "docs" / "adr").glob("*.md")}
+    texts = [
+        path
+        for folder in ("src", "tests", "docs", "benchmarks", "examples")
+        for path in (ROOT / folder).rglob("*")
+        if path.suffix in (".py", ".md", ".toml", ".json") and path.name != "test_docs.py"
+    ]
+    texts += [ROOT / "README.md", ROOT / "SECURITY.md", ROOT / "Makefile"]
+    missing = sorted(
+        f"{path.relative_to(ROOT)}: {ref}"
+        for path in texts
+        for ref in references(prose(path))
+        if ref not in adrs and not (ref.startswith("docs/") and (ROOT / ref).is_file())
+    )
+    assert missing == []

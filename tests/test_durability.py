@@ -1,4 +1,5 @@
-"""SYSTEM.md "Approvals, denial, uncertain effect" and "Durability", through the library."""
+"""Approvals, denial, uncertain effect (ADR 0010) and durable runs (ADR 0009), through the
+library."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 import keel
-from keel.resume import load
+from keel._run.resume import load
 from keel.store import LeaseHeld
 from keel.transports.scripted import ScriptedTransport
 

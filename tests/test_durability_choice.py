@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 import keel
-from keel.cli import app
+from keel.cli.app import app
 from keel.config import trust
 from keel.durability import choose_durability
 from keel.errors import ConfigError

@@ -15,12 +15,12 @@ import typer
 from typer.testing import CliRunner
 
 import keel
+import keel._run.batch
+import keel._run.resume
+import keel._run.synthesis
 import keel.agent
-import keel.batch
 import keel.evals.scenario
-import keel.resume
-import keel.synthesis
-from keel.breaker import IdenticalCallBreaker
+from keel._run.breaker import IdenticalCallBreaker
 from keel.evals import builtin_names
 from keel.evals.command import eval_command
 
@@ -103,10 +103,10 @@ def test_builtin_rows_show_the_rule_at_work() -> None:
 
 def never_synthesize(monkeypatch: pytest.MonkeyPatch) -> None:
     """Replace decide_mode wherever the runtime looks it up, so no turn is synthesis-only."""
-    original = keel.synthesis.decide_mode
+    original = keel._run.synthesis.decide_mode
 
-    def normal(*_args: Any, **_kwargs: Any) -> keel.synthesis.Mode:
-        return keel.synthesis.NORMAL
+    def normal(*_args: Any, **_kwargs: Any) -> keel._run.synthesis.Mode:
+        return keel._run.synthesis.NORMAL
 
     patched = [
         name
@@ -138,18 +138,18 @@ def ignore_reset_cap(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def forget_denials(monkeypatch: pytest.MonkeyPatch) -> None:
     """An identical call already denied is asked about again instead of denied again."""
-    original = keel.batch.ask_approvals
+    original = keel._run.batch.ask_approvals
 
     def ask(parts: Any, batch: Any) -> Any:
         parts.state.denied.clear()
         return original(parts, batch)
 
-    monkeypatch.setattr(keel.batch, "ask_approvals", ask)
+    monkeypatch.setattr(keel._run.batch, "ask_approvals", ask)
 
 
 def resume_without_counters(monkeypatch: pytest.MonkeyPatch) -> None:
     """A resumed run starts its identical-call counters from zero."""
-    original = keel.resume.load
+    original = keel._run.resume.load
 
     def load(store: Any, run_id: str) -> Any:
         point = original(store, run_id)

@@ -14,10 +14,10 @@ from typing import Any
 from typer.testing import CliRunner
 
 import keel
-from keel.cli import app
+from keel.cli.app import app
 from keel.events import stream_lines
+from keel.present.timeline import event_json
 from keel.records import Event, RunCompleted, RunStarted
-from keel.timeline import event_json
 from support import call
 
 runner = CliRunner()

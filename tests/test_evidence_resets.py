@@ -1,9 +1,9 @@
-"""SYSTEM.md "Evidence resets (progressing observations)", with real observe_page polls."""
+"""Evidence resets for progressing observations (ADR 0003), with real observe_page polls."""
 
 from __future__ import annotations
 
 import keel
-from keel.breaker import IdenticalCallBreaker
+from keel._run.breaker import IdenticalCallBreaker
 from keel.records import EvidenceReset, ToolResultRecorded
 from pageserver import PageServer
 from support import call, run_script

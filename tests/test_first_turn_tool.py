@@ -1,6 +1,6 @@
 """A run that insists on evidence first: `Limits.first_turn_tool` (``keel run --first-turn-tool``,
 ``[limits] first_turn_tool = true`` in a scenario) sends the first turn with tool_choice
-"required". The rule lives in `keel.synthesis.decide_mode`; synthesis always wins over it.
+"required". The rule lives in `keel._run.synthesis.decide_mode`; synthesis always wins over it.
 Real file tools over a temporary folder; the model is scripted and records what it was sent."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 import keel
+from keel._run.synthesis import NORMAL, TOOL_REQUIRED, decide_mode
 from keel.records import ModelRequestSent
-from keel.synthesis import NORMAL, TOOL_REQUIRED, decide_mode
 from support import call, run_script
 
 ANSWER = {"text": "The loop imports the breaker."}
@@ -19,7 +19,7 @@ ANSWER = {"text": "The loop imports the breaker."}
 
 @pytest.fixture
 def files(tmp_path: Path) -> list[keel.Tool]:
-    (tmp_path / "loop.py").write_text("from keel.breaker import IdenticalCallBreaker\n")
+    (tmp_path / "loop.py").write_text("from keel._run.breaker import IdenticalCallBreaker\n")
     return keel.file_tools(tmp_path)
 
 

@@ -1,4 +1,4 @@
-"""SYSTEM.md "Durability": one process at a time advances a run. A holder whose lease was taken
+"""Durable runs (ADR 0009): one process at a time advances a run. A holder whose lease was taken
 over stops at once with LeaseLost, even in the middle of a long call; on both stores."""
 
 from __future__ import annotations

@@ -332,7 +332,7 @@ def test_the_prompt_is_the_models_own_chat_template(local_transport: LocalTransp
         {"role": "system", "content": SYSTEM},
         {"role": "user", "content": HISTORY[0].text},
         {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
-        {"role": "tool", "content": "1: from keel.breaker import X"},
+        {"role": "tool", "content": "1: from keel._run.breaker import X"},
         {"role": "tool", "content": "ERROR: not found"},
         {"role": "user", "content": CONTROL},
     ]
@@ -343,7 +343,7 @@ def test_the_prompt_is_the_models_own_chat_template(local_transport: LocalTransp
     items = (
         HISTORY[0],
         AssistantMessage(None, (read,)),
-        ToolResult("local_1", "read_file", read.key, "1: from keel.breaker import X"),
+        ToolResult("local_1", "read_file", read.key, "1: from keel._run.breaker import X"),
         ToolResult("local_1", "read_file", read.key, "not found", is_error=True),
     )
     request = ModelRequest(SYSTEM, ordinary_request().tools, items, "none", (CONTROL,))

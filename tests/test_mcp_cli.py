@@ -182,7 +182,7 @@ def test_a_run_with_mcp_servers_is_not_submitted_to_workers_that_cannot_start_th
     starts or any store is opened, and the store's password is never printed."""
     from typer.testing import CliRunner
 
-    from keel.cli import app
+    from keel.cli.app import app
 
     marker = tmp_path / "started"
     server = f"{sys.executable} -c \"open({str(marker)!r}, 'w')\""

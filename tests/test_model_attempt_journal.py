@@ -1,4 +1,4 @@
-"""SYSTEM.md "Budgets": every attempt sent to a provider counts against the model-call budget,
+"""Budgets (ADR 0005): every attempt sent to a provider counts against the model-call budget,
 also when the process dies before the response is saved. The attempt is journaled before it is
 sent; checked with real `keel` processes that SIGKILL themselves after each response, against
 an OpenAI-compatible server on loopback that counts what it receives."""

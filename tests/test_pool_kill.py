@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from keel.agent import new_run_id
-from keel.cli_agent import command_agent
+from keel.cli.agent import command_agent
 from keel.limits import Limits
 from keel.pool.dispatch import Dispatch
 from keel.records import JsonObject

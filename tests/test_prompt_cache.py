@@ -12,7 +12,7 @@ import httpx
 from rich.console import Console
 
 import keel
-from keel.timeline import prompt_cache_share, timeline
+from keel.present.timeline import prompt_cache_share, timeline
 from keel.transports.anthropic import AnthropicTransport
 from support import call, run_script
 

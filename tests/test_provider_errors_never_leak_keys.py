@@ -1,4 +1,5 @@
-"""No error path of any keyed transport lets the API key out (SYSTEM.md "Boundaries").
+"""No error path of any keyed transport lets the API key out (docs/design.md, "The rules of a run":
+boundaries).
 
 Each transport runs through its real SDK over an ``httpx.MockTransport`` whose server echoes the
 key back in every way a misbehaving server or proxy might: in the error body, in a response

@@ -53,7 +53,7 @@ def test_calls_and_results_replay_in_the_templates_shape() -> None:
     assert assistant in prompt
     results = prompt.split(assistant)[1]
     assert results.startswith("<|im_start|>user\n<tool_response>\nURL: https://example.org")
-    assert "\n</tool_response>\n<tool_response>\nERROR: 1: from keel.breaker" in results
+    assert "\n</tool_response>\n<tool_response>\nERROR: 1: from keel._run.breaker" in results
     assert results.count("<|im_start|>user") == 1  # both results in one user turn
 
 

@@ -1,12 +1,13 @@
-"""SYSTEM.md "Repeated-tool synthesis" and "The identical-call breaker", with ADR-0136's
-regression list: configured thresholds, batches, retries, refusal before dispatch, the incident.
-Real web tools against pages served on loopback; the model is scripted."""
+"""Repeated-tool synthesis (ADR 0002) and the identical-call breaker (ADR 0001), with the
+commissioning ADR's regression list: configured thresholds, batches, retries, refusal before
+dispatch, the incident. Real web tools against pages served on loopback; the model is scripted."""
 
 from __future__ import annotations
 
 import pytest
 
 import keel
+from keel._run.synthesis import REPEATED_TOOL_CONTROL
 from keel.records import (
     ModelRequestSent,
     ModelResponseReceived,
@@ -14,7 +15,6 @@ from keel.records import (
     ToolCallRequested,
     ToolResultRecorded,
 )
-from keel.synthesis import REPEATED_TOOL_CONTROL
 from pageserver import PageServer
 from support import batch, call, run_script
 

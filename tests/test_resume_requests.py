@@ -1,8 +1,7 @@
-"""SYSTEM.md "Durability": resume continues a run "so the next request is what it would have
-been". Checked on the wire: a run paused for approval and resumed in a fresh agent sends the same
-bytes as the same run left uninterrupted, with provider data in play (OpenAI Responses reasoning
-items, Anthropic thinking blocks with their signatures) and over the XML fallback.
-"""
+"""ADR 0009 (durable runs and resume): resume continues a run "so the next request is what it would
+have been". Checked on the wire: a run paused for approval and resumed in a fresh agent sends the
+same bytes as the same run left uninterrupted, with provider data in play (OpenAI Responses
+reasoning items, Anthropic thinking blocks with their signatures) and over the XML fallback. """
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ def fetch(url: str) -> str:
 @keel.tool
 def read_file(path: str) -> str:
     """Read a file of the repository."""
-    return f"{path}: from keel.breaker import IdenticalCallBreaker"
+    return f"{path}: from keel._run.breaker import IdenticalCallBreaker"
 
 
 def anthropic_thinking_turn() -> httpx.Response:

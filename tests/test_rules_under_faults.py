@@ -1,4 +1,4 @@
-"""Rules of SYSTEM.md that held in the ordinary path but drifted under resume, repeats and bad
+"""Rules of docs/design.md that held in the ordinary path but drifted under resume, repeats and bad
 input (tracker issue 9, "Rules that drift from the spec"). Each test failed on the code before
 its fix."""
 
@@ -21,9 +21,9 @@ from rich.console import Console
 import keel
 from contract import case_openai_chat
 from contract.case_openai_chat import _usage
-from keel.progress import ProgressPrinter
+from keel.present.progress import ProgressPrinter
+from keel.present.timeline import run_json, timeline
 from keel.records import ModelRequestSent, ToolResultRecorded
-from keel.timeline import run_json, timeline
 from keel.transports.scripted import ScriptedTransport
 from support import batch, call, run_script
 

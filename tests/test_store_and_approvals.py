@@ -1,4 +1,4 @@
-"""SYSTEM.md "Durability" (what this issue covers: the event log and state saved per step),
+"""The store (ADR 0006) (what this issue covers: the event log and state saved per step),
 "Approvals" (the pause, after the hard breaker), and the guarded public surface."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import sqlite3
 from pathlib import Path
 
 import keel
+from keel._run.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from keel.records import ApprovalRequested, ToolResultRecorded
-from keel.synthesis import BUDGET_CONTROL, REPEATED_TOOL_CONTROL
 from support import batch, call, run_script
 
 ANSWER = {"text": "answer"}

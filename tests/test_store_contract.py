@@ -11,9 +11,8 @@ import psycopg
 import pytest
 
 import keel
-from keel.breaker import KeyCounter
 from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
-from keel.records import RunConfig, RunStarted, RunState, ToolResultRecorded
+from keel.records import KeyCounter, RunConfig, RunStarted, RunState, ToolResultRecorded
 from keel.store import Checkpoint, RunStore, new_lease_owner, open_store
 from postgres import sql
 from support import call, run_script

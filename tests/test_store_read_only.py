@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from keel.cli import app
+from keel.cli.app import app
 from keel.errors import ConfigError, StoreError
 from keel.records import RunConfig, RunStarted, RunState
 from keel.store import Checkpoint, Store

@@ -381,7 +381,7 @@ def test_keel_ui_without_a_store_says_so(tmp_path: Path) -> None:
 def test_the_command_line_does_not_import_the_web_libraries() -> None:
     """`keel` works without the `ui` extra: only `keel ui` imports Starlette, uvicorn, Jinja2."""
     code = (
-        "import sys, keel.cli\n"
+        "import sys, keel.cli.app\n"
         "web = ('starlette', 'uvicorn', 'jinja2', 'keel.ui.app', 'keel.ui.server')\n"
         "print(sorted(m for m in sys.modules if m.startswith(web)))"
     )

@@ -11,7 +11,7 @@ from typing import Any
 
 from typer.testing import CliRunner
 
-from keel.cli import app
+from keel.cli.app import app
 
 HOSTILE = "<script>alert(1)</script>\x1b[31mred\x1b[0m\x1b]0;owned\x07 \u202eevil"
 """A tool result with HTML, ANSI colour, an OSC title and a bidi override."""

@@ -47,7 +47,8 @@ from keel.store import RunStore, Store, open_store
 from keel.tools.base import Effect, Tool, tool
 from keel.tools.browser import browser_tools
 from keel.tools.files import file_tools
-from keel.tools.mcp_servers import McpServer, mcp_tools
+from keel.tools.mcp import mcp_tools
+from keel.tools.mcp_servers import McpServer
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import Transport

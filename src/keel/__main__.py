@@ -1,5 +1,5 @@
 """`python -m keel` runs the command line."""
 
-from keel.cli import main
+from keel.cli.app import main
 
 main()

@@ -11,16 +11,17 @@ from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from keel import approvals, resume
-from keel.context import ContextBuilder
+from keel import approvals
+from keel._run import resume
+from keel._run.context import ContextBuilder
+from keel._run.loop import RunLoop, RunSetup
+from keel._run.recorder import Listener
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError
 from keel.events import RunStream
 from keel.limits import Limits
-from keel.loop import RunLoop, RunSetup
 from keel.models import resolve_model
 from keel.options import check_tool_names
-from keel.recorder import Listener
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import RunStore, Store, open_store
@@ -317,7 +318,7 @@ class Agent:
 
 
 def _launch(loop: RunLoop, traced: RunTrace | None) -> RunHandle:
-    work = loop.run() if traced is None else traced.run(loop)
+    work = loop.run() if traced is None else traced.run(loop.run, loop.view)
     return RunHandle(loop, asyncio.ensure_future(work))
 
 

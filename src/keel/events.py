@@ -26,9 +26,9 @@ import threading
 from collections.abc import Callable, Generator
 from typing import IO, Any
 
+from keel.present.timeline import event_json
 from keel.records import Event
 from keel.result import RunResult
-from keel.timeline import event_json
 
 __all__ = ["RunStream", "result_line", "stream_lines"]
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from enum import StrEnum
 from typing import Any, Literal
 
 from keel.canonical import call_key, canonical_json, key_from_text, parse_arguments
@@ -32,7 +33,13 @@ ToolChoice = Literal["none", "required"] | None
 """None: the provider's default (the model may call a tool or answer); "none": no tool call
 (synthesis-only turns); "required": a tool call, not an answer (a run insisting on evidence
 first, ``--first-turn-tool``)."""
-SynthesisReason = Literal["repeated_tool", "budget"]
+class SynthesisReason(StrEnum):
+    """Why a turn is synthesis-only: a closed set, matched exhaustively wherever it decides
+    something (the failure kind of a tool request in that turn, the control it carries).
+    Stored and printed as its value."""
+
+    REPEATED_TOOL = "repeated_tool"
+    BUDGET = "budget"
 
 
 @dataclass(frozen=True, slots=True)

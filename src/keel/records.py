@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
+from keel.codec import from_json, to_json
 from keel.errors import FailureKind
 from keel.limits import Limits
 from keel.messages import SynthesisReason, Usage
@@ -28,6 +29,7 @@ __all__ = [
     "EvidenceReset",
     "JsonObject",
     "JsonValue",
+    "KeyCounter",
     "ModelErrorSeen",
     "ModelRequestSent",
     "ModelResponseReceived",
@@ -350,6 +352,18 @@ def _int(data: JsonObject, key: str) -> int:
 # -- the run state ---------------------------------------------------------------------------
 
 
+@dataclass(slots=True)
+class KeyCounter:
+    """One call key's identical-call counter, checkpointed per changed key (keel._run.breaker)."""
+
+    count: int = 0
+    resets: int = 0
+    """Evidence resets already used by this key."""
+    last_digest: str | None = None
+    """Digest of the key's last successful observation, to tell progress from repetition."""
+
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """A person's decision on one pending call."""
@@ -399,64 +413,12 @@ class RunState:
         return twin
 
     def encode(self) -> JsonObject:
-        failure = self.failure
-        return {
-            "step": self.step,
-            "model_calls": self.model_calls,
-            "tool_calls": self.tool_calls,
-            "usage": [
-                self.usage.input_tokens,
-                self.usage.output_tokens,
-                self.usage.cached_input_tokens,
-            ],
-            "status": self.status,
-            "answer": self.answer,
-            "synthesized": self.synthesized,
-            "cut_off": self.cut_off,
-            "failure": None
-            if failure is None
-            else {
-                "kind": failure.kind,
-                "message": failure.message,
-                "step": failure.step,
-                "details": failure.details,
-            },
-            "pending": [_pending_data(p) for p in self.pending],
-            "next_seq": self.next_seq,
-            "decisions": {k: _decision_data(d) for k, d in self.decisions.items()},
-            "denied": {k: _decision_data(d) for k, d in self.denied.items()},
-            "transport": self.transport,
-            "deadline_at": self.deadline_at,
-        }
+        """One codec derived from the fields (keel.codec): a new field needs no edit here."""
+        return cast(JsonObject, to_json(self))
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunState:
-        raw = cast(dict[str, Any], data)
-        failure = raw.get("failure")
-        return cls(
-            step=raw.get("step", 0),
-            model_calls=raw.get("model_calls", 0),
-            tool_calls=raw.get("tool_calls", 0),
-            usage=Usage(*raw.get("usage", ())),
-            status=raw.get("status", "running"),
-            answer=raw.get("answer"),
-            synthesized=raw.get("synthesized"),
-            cut_off=bool(raw.get("cut_off", False)),
-            failure=None
-            if failure is None
-            else Failure(
-                failure["kind"], failure["message"], failure["step"], failure.get("details", {})
-            ),
-            pending=tuple(
-                PendingApproval(p["call_id"], p["name"], p.get("arguments"), p["call_key"])
-                for p in raw.get("pending", ())
-            ),
-            next_seq=raw.get("next_seq", 0),
-            decisions={k: _decision(d) for k, d in raw.get("decisions", {}).items()},
-            denied={k: _decision(d, approved=False) for k, d in raw.get("denied", {}).items()},
-            transport=raw.get("transport"),
-            deadline_at=raw.get("deadline_at"),
-        )
+        return from_json(cls, data)
 
     def result(self, run_id: str) -> RunResult:
         return RunResult(
@@ -474,18 +436,6 @@ class RunState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
-
-
-def _pending_data(p: PendingApproval) -> JsonObject:
-    return {"call_id": p.call_id, "name": p.name, "arguments": p.arguments, "call_key": p.call_key}
-
-
-def _decision_data(d: Decision) -> JsonObject:
-    return {"approved": d.approved, "by": d.by, "reason": d.reason}
-
-
-def _decision(data: dict[str, Any], approved: bool = True) -> Decision:
-    return Decision(bool(data.get("approved", approved)), str(data["by"]), data.get("reason"))
 
 
 # -- the run's settings ------------------------------------------------------------------------

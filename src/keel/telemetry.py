@@ -23,9 +23,9 @@ import json
 import logging
 import os
 import time
-from collections.abc import Awaitable, Iterator, Mapping
+from collections.abc import Awaitable, Callable, Iterator, Mapping
 from contextvars import ContextVar
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opentelemetry import context, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
@@ -46,10 +46,14 @@ from keel.records import (
 )
 from keel.result import RunResult
 
-if TYPE_CHECKING:
-    from keel.loop import RunLoop
-
-__all__ = ["CONTENT_ENV", "RunTrace", "capture_content", "traced_attempt", "traced_tool"]
+__all__ = [
+    "CONTENT_ENV",
+    "RunTrace",
+    "RunView",
+    "capture_content",
+    "traced_attempt",
+    "traced_tool",
+]
 
 CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 AGENT_NAME = "keel"
@@ -64,6 +68,25 @@ INVOKE_AGENT, CHAT, EXECUTE_TOOL = (
     _OP.CHAT.value,
     _OP.EXECUTE_TOOL.value,
 )
+
+
+class RunView(Protocol):
+    """What an observer may read of a live run besides its events, read-only: the run loop
+    hands one over (`RunLoop.view`), so observers never reach into the loop's parts."""
+
+    @property
+    def run_id(self) -> str: ...
+
+    @property
+    def step(self) -> int: ...
+
+    def call_count(self, call_key: str) -> int:
+        """The identical-call counter of a key, as the breaker has it now."""
+        ...
+
+    def was_denied(self, call_id: str, call_key: str) -> bool:
+        """A person denied this call, or an identical one earlier in the run."""
+        ...
 
 
 def capture_content(asked: bool | None = None) -> bool:
@@ -103,7 +126,7 @@ class RunTrace:
         self._calls: dict[str, ToolCallRequested] = {}
         self._running: dict[str, tuple[trace.Span, int]] = {}
         """Tool spans whose work is done, by call id, with their end time: the result ends them."""
-        self._loop: RunLoop | None = None
+        self._view: RunView | None = None
 
     @classmethod
     def begin(
@@ -146,14 +169,14 @@ class RunTrace:
             }
         }
 
-    async def run(self, loop: RunLoop) -> RunResult:
-        """Run the loop with this trace current: the hooks find it, the run's span is the
-        parent of everything inside."""
-        self._loop = loop
+    async def run(self, advance: Callable[[], Awaitable[RunResult]], view: RunView) -> RunResult:
+        """Run the loop (`advance`) with this trace current: the hooks find it, the run's span
+        is the parent of everything inside; `view` answers what events do not carry."""
+        self._view = view
         token = _ACTIVE.set(self)
         try:
             with trace.use_span(self.root, record_exception=False, set_status_on_exception=False):
-                result = await loop.run()
+                result = await advance()
         except BaseException as exc:
             self._end_all(type(exc).__qualname__)
             raise
@@ -264,8 +287,8 @@ class RunTrace:
             "keel.uncertain": event.uncertain,
             "keel.dispatched": running is not None,
         }
-        if self._loop is not None:
-            attributes["keel.call_count"] = self._loop.parts.breaker.count(event.call_key)
+        if self._view is not None:
+            attributes["keel.call_count"] = self._view.call_count(event.call_key)
         if self.content:
             requested = self._calls.get(event.call_id)
             if requested is not None:
@@ -280,20 +303,18 @@ class RunTrace:
     def _tool_error(self, event: ToolResultRecorded, dispatched: bool) -> str:
         if event.uncertain:
             return "keel.effect_unknown"
-        if not dispatched and self._loop is not None:
-            state = self._loop.parts.state
-            decision = state.decisions.get(event.call_id)
-            if (decision is not None and not decision.approved) or event.call_key in state.denied:
-                return "keel.denied"
+        view = self._view
+        if not dispatched and view is not None and view.was_denied(event.call_id, event.call_key):
+            return "keel.denied"
         return "keel.tool_error"
 
     # -- the run's end --------------------------------------------------------------------------
 
     def _run_attributes(self) -> dict[str, Any]:
-        loop = self._loop
-        if loop is None:
+        view = self._view
+        if view is None:
             return {}
-        return {"keel.run_id": loop.run_id, "keel.step": loop.parts.state.step}
+        return {"keel.run_id": view.run_id, "keel.step": view.step}
 
     def _end_all(self, error: str | None, result: RunResult | None = None) -> None:
         """End what is still open: tool spans a cancelled run left, then the run's span."""

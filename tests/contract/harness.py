@@ -47,7 +47,7 @@ TOOLS = (
 CALL_A = ToolCall.from_raw("call_a1", "fetch", '{"url": "https://example.org/spec"}')
 CALL_B = ToolCall.from_raw("call_b2", "read_file", '{"path": "src/keel/loop.py"}')
 RESULT_A_TEXT = "URL: https://example.org/spec\nStatus: 200\n\nThe loop checkpoints every step."
-RESULT_B_TEXT = "1: from keel.breaker import IdenticalCallBreaker"
+RESULT_B_TEXT = "1: from keel._run.breaker import IdenticalCallBreaker"
 HISTORY: tuple[Item, ...] = (
     UserMessage("Which modules does the run loop depend on?"),
     AssistantMessage("Let me look.", (CALL_A, CALL_B)),

@@ -1,4 +1,4 @@
-"""The shared provider contract (SYSTEM.md "Model gateway"): every transport, ordinary and
+"""The shared provider contract (ADR 0013, "Model gateway"): every transport, ordinary and
 synthesis requests, payloads sent, responses parsed, usage normalised, errors classified."""
 
 from __future__ import annotations

@@ -10,8 +10,8 @@ again.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from keel._run.parts import StepParts
 from keel.errors import ToolError
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
@@ -19,9 +19,6 @@ from keel.records import ApprovalRequested, EvidenceReset, ToolDispatched
 from keel.result import PendingApproval
 from keel.tools.base import Effect, Tool
 from keel.tools.executor import ExecutedCall
-
-if TYPE_CHECKING:
-    from keel.step import StepParts
 
 __all__ = ["Batch", "answer", "ask_approvals", "denial_text", "uncertain_text"]
 

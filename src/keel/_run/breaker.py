@@ -9,21 +9,10 @@ content changed restart their counter (the page progressed), at most `reset_cap`
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 
-__all__ = [
-    "IdenticalCallBreaker",
-    "KeyCounter",
-]
+from keel.records import KeyCounter
 
-
-@dataclass(slots=True)
-class KeyCounter:
-    count: int = 0
-    resets: int = 0
-    """Evidence resets already used by this key."""
-    last_digest: str | None = None
-    """Digest of the key's last successful observation, to tell progress from repetition."""
+__all__ = ["IdenticalCallBreaker"]
 
 
 class IdenticalCallBreaker:

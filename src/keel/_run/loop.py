@@ -17,15 +17,26 @@ import asyncio
 import time
 from dataclasses import dataclass
 
-from keel.batch import Batch
-from keel.breaker import IdenticalCallBreaker
-from keel.budgets import Clock
-from keel.context import ContextBuilder
+from keel._run.batch import Batch
+from keel._run.breaker import IdenticalCallBreaker
+from keel._run.budgets import Clock
+from keel._run.context import ContextBuilder
+from keel._run.lease import Lease
+from keel._run.parts import (
+    Completed,
+    Continue,
+    Failed,
+    Paused,
+    RunView,
+    StepOutcome,
+    StepParts,
+)
+from keel._run.recorder import Listener, StepRecorder
+from keel._run.resume import ResumePoint
+from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
-from keel.lease import Lease
 from keel.limits import Limits
 from keel.messages import UserMessage
-from keel.recorder import Listener, StepRecorder
 from keel.records import (
     RunCancelled,
     RunCompleted,
@@ -36,8 +47,6 @@ from keel.records import (
     RunState,
 )
 from keel.result import Failure, RunResult
-from keel.resume import ResumePoint
-from keel.step import Completed, Continue, Failed, Paused, StepOutcome, StepParts, take_step
 from keel.store import RunStore
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
@@ -103,6 +112,8 @@ class RunLoop:
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
         )
+        self.view = RunView(run_id, self.parts)
+        """What observers may read of this run besides its events."""
         self.batch: Batch | None = resume.batch if resume else None
         self.cancel_requested = False
         self.stop_requested = False

@@ -10,9 +10,8 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from keel.breaker import KeyCounter
 from keel.messages import ToolResult
-from keel.records import Event, ResultElided, RunConfig, RunState, ToolResultRecorded
+from keel.records import Event, KeyCounter, ResultElided, RunConfig, RunState, ToolResultRecorded
 from keel.store import Checkpoint, RunStore
 
 __all__ = ["Listener", "StepRecorder"]

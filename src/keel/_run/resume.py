@@ -9,12 +9,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from keel.batch import Batch
-from keel.breaker import KeyCounter
+from keel._run.batch import Batch
 from keel.errors import ConfigError
 from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from keel.records import (
     Event,
+    KeyCounter,
     ModelResponseReceived,
     RunStarted,
     RunState,

@@ -2,8 +2,8 @@
 
     take_step(parts, batch) -> Continue | Completed | Paused | Failed
 
-A step (SYSTEM.md, "One step of the run loop") stops the run if it is past its limits, asks the
-model for a turn in the mode the counters and budgets decide, ends the run with an answer, or
+A step (docs/design.md, "One step of the run loop") stops the run if it is past its limits, asks
+the model for a turn in the mode the counters and budgets decide, ends the run with an answer, or
 checks the batch against the hard breaker and answers it (approvals, dispatch, results,
 evidence resets). The loop matches on the outcome and checkpoints; nothing here keeps state
 between steps except what `StepParts` holds.
@@ -11,24 +11,16 @@ between steps except what `StepParts` holds.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from typing import assert_never
 
-from keel import batch as batches
-from keel import turns
-from keel.breaker import IdenticalCallBreaker
-from keel.budgets import Clock
-from keel.context import ContextBuilder
+from keel._run import batch as batches
+from keel._run import turns
+from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
+from keel._run.synthesis import Mode
 from keel.errors import BudgetExhausted, RunFailure, ToolLoopDetected
 from keel.failpoints import failpoint
-from keel.limits import Limits
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall
-from keel.recorder import StepRecorder
-from keel.records import RunState, ToolCallRequested
-from keel.result import PendingApproval
-from keel.synthesis import Mode
-from keel.tools.executor import ToolExecutor
-from keel.transports.base import Resumable, Transport
+from keel.records import ToolCallRequested
 
 __all__ = [
     "Completed",
@@ -39,58 +31,6 @@ __all__ = [
     "StepParts",
     "take_step",
 ]
-
-
-@dataclass(frozen=True, slots=True)
-class Continue:
-    """The batch was answered; checkpoint and take the next step."""
-
-
-@dataclass(frozen=True, slots=True)
-class Completed:
-    answer: str | None
-    synthesized: SynthesisReason | None
-    cut_off: bool = False
-    """The answer was cut at the model's output limit (kept, and said so)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Paused:
-    """Calls wait for a person's decision; the run pauses durably."""
-
-    pending: tuple[PendingApproval, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class Failed:
-    failure: RunFailure
-
-
-StepOutcome = Continue | Completed | Paused | Failed
-
-
-@dataclass(slots=True)
-class StepParts:
-    """What a step works with: the run's state and the parts that act on it."""
-
-    state: RunState
-    breaker: IdenticalCallBreaker
-    context: ContextBuilder
-    recorder: StepRecorder
-    transport: Transport
-    executor: ToolExecutor
-    limits: Limits
-    clock: Clock
-    approve_tools: frozenset[str]
-    """Tools whose calls are pre-approved for this run."""
-    checkpoint: Callable[[], Awaitable[None]]
-    """Make the step so far durable (before a side effect, after one)."""
-    resumable: Resumable | None = None
-    """The transport, when its position is saved with each checkpoint (a script)."""
-
-    def __post_init__(self) -> None:
-        if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free
-            self.resumable = self.transport
 
 
 async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcome:
@@ -133,30 +73,38 @@ def _accept_batch(parts: StepParts, response: ModelResponse, mode: Mode) -> batc
 
 
 def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) -> RunFailure:
+    """A tool request in a synthesis turn: the failure kind follows from why it was one."""
     names = sorted({c.name for c in response.tool_calls})
     step = parts.state.step
-    if mode.reason == "budget":
-        return BudgetExhausted(
-            f"the {mode.budget} budget allowed only a final answer, but the model asked for "
-            f"{', '.join(names)} instead; nothing was run",
-            step=step,
-            details={"reason": mode.reason, "requested": names, "budget": mode.budget},
-        )
-    key = mode.repeated_key or ""
-    count = parts.breaker.count(key)
-    return ToolLoopDetected(
-        f"research was repeating ({key[:120]} was requested {count} times) and the model asked "
-        f"for {', '.join(names)} in its final synthesis turn instead of answering; nothing was "
-        "run",
-        step=step,
-        details={
-            "reason": mode.reason,
-            "requested": names,
-            "call_key": key,
-            "count": count,
-            "threshold": parts.limits.loop_threshold,
-        },
-    )
+    reason = mode.reason
+    match reason:
+        case SynthesisReason.BUDGET:
+            return BudgetExhausted(
+                f"the {mode.budget} budget allowed only a final answer, but the model asked "
+                f"for {', '.join(names)} instead; nothing was run",
+                step=step,
+                details={"reason": reason.value, "requested": names, "budget": mode.budget},
+            )
+        case SynthesisReason.REPEATED_TOOL:
+            key = mode.repeated_key or ""
+            count = parts.breaker.count(key)
+            return ToolLoopDetected(
+                f"research was repeating ({key[:120]} was requested {count} times) and the "
+                f"model asked for {', '.join(names)} in its final synthesis turn instead of "
+                "answering; nothing was run",
+                step=step,
+                details={
+                    "reason": reason.value,
+                    "requested": names,
+                    "call_key": key,
+                    "count": count,
+                    "threshold": parts.limits.loop_threshold,
+                },
+            )
+        case None:
+            raise AssertionError("a normal turn's tool calls are not a synthesis refusal")
+        case _:
+            assert_never(reason)
 
 
 def _check_breaker(parts: StepParts, calls: list[ToolCall]) -> None:

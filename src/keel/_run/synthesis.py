@@ -1,7 +1,7 @@
 """The mode of the next turn: synthesis-only (and the volatile control that says why), a turn
 that insists on a tool call, or a normal one.
 
-Two reasons for synthesis exist. Repeated-tool synthesis (ADR-0136): some call key stands at
+Two reasons for synthesis exist. Repeated-tool synthesis (docs/adr/0002): some call key stands at
 threshold-1, so one more identical request would trip the hard breaker; the model gets one turn,
 without tools, to write the best supported answer. Budget synthesis: the budget allows one more
 model call, or no more tool calls, or too few tokens for more than this turn. When both hold,
@@ -80,7 +80,7 @@ def decide_mode(
     with tools offered); it never turns a synthesis turn back into one that calls tools."""
     if budget is not None:
         controls = (BUDGET_CONTROL, REPEATED_TOOL_CONTROL) if repeated_key else (BUDGET_CONTROL,)
-        return Mode("budget", controls, repeated_key, budget)
+        return Mode(SynthesisReason.BUDGET, controls, repeated_key, budget)
     if repeated_key is not None:
-        return Mode("repeated_tool", (REPEATED_TOOL_CONTROL,), repeated_key, None)
+        return Mode(SynthesisReason.REPEATED_TOOL, (REPEATED_TOOL_CONTROL,), repeated_key, None)
     return TOOL_REQUIRED if insist_on_tool else NORMAL

@@ -8,19 +8,16 @@ one call in the budget becomes budget synthesis.
 from __future__ import annotations
 
 import asyncio
-from typing import TYPE_CHECKING
 
-from keel import gateway
-from keel.budgets import past_limits, running_out
+from keel._run import gateway
+from keel._run.budgets import past_limits, running_out
+from keel._run.parts import StepParts
+from keel._run.synthesis import Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.messages import ModelResponse
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
-from keel.synthesis import Mode, decide_mode
 from keel.telemetry import traced_attempt
-
-if TYPE_CHECKING:
-    from keel.step import StepParts
 
 __all__ = ["current_mode", "next_turn"]
 

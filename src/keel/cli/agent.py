@@ -10,11 +10,11 @@ from typing import cast
 from rich.console import Console
 
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
+from keel.cli.integrations import RunExtras
 from keel.durability import Durability
 from keel.errors import ConfigError
-from keel.integrations import RunExtras
 from keel.limits import Limits
-from keel.progress import ProgressPrinter
+from keel.present.progress import ProgressPrinter
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
 from keel.tools.base import Tool

@@ -20,24 +20,24 @@ from rich.console import Console
 
 from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
-from keel.cli_agent import command_agent as _agent
+from keel.cli.agent import command_agent as _agent
+from keel.cli.integrations import RunExtras, mcp_settings
 from keel.config import config_files, public_url, trust
 from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
-from keel.integrations import RunExtras, mcp_settings
 from keel.limits import Limits
 from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
 from keel.options import check_hosts
 from keel.pool.commands import after_decision, submit_run, worker_command
-from keel.progress import watch_local_model
+from keel.present.progress import watch_local_model
+from keel.present.summary import one_line, show_command
+from keel.present.terminal import describe_call, safe_text
+from keel.present.timeline import event_json, run_json, timeline
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult, RunStatus
 from keel.store import RunStore, Store, open_store, store_target
 from keel.store.locate import default_store_path
-from keel.summary import one_line, show_command
-from keel.terminal import describe_call, safe_text
-from keel.timeline import event_json, run_json, timeline
 from keel.ui.command import ui_command
 
 __all__ = ["app", "main"]

@@ -12,15 +12,15 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
+from keel._run.recorder import Listener
 from keel.errors import ConfigError
 from keel.events import stream_lines
-from keel.recorder import Listener
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.tools.base import Tool
+from keel.tools.mcp import mcp_tools
 from keel.tools.mcp_servers import (
     McpServer,
-    mcp_tools,
     servers_from_config,
     servers_from_flags,
     servers_from_settings,

@@ -24,11 +24,11 @@ import time
 import uuid
 from collections.abc import Callable
 
+from keel._run.resume import FINISHED
 from keel.agent import RunHandle
-from keel.cli_agent import agent_for_record
+from keel.cli.agent import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
 from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
-from keel.resume import FINISHED
 from keel.store import Checkpoint, new_lease_owner
 from keel.store.postgres_store import PostgresStore
 from keel.store.protocol import HOST

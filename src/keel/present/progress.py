@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from keel.present.terminal import safe_text
 from keel.records import (
     Event,
     EvidenceReset,
@@ -27,7 +28,6 @@ from keel.records import (
     ToolCallRequested,
     ToolResultRecorded,
 )
-from keel.terminal import safe_text
 
 if TYPE_CHECKING:
     from keel.agent import Agent

@@ -9,6 +9,7 @@ from typing import Any
 from rich.markup import escape
 from rich.table import Table
 
+from keel.present.terminal import describe_call, safe_text
 from keel.records import (
     ApprovalDecided,
     ApprovalRequested,
@@ -29,7 +30,6 @@ from keel.records import (
     encode_event,
 )
 from keel.store import RunRecord
-from keel.terminal import describe_call, safe_text
 
 __all__ = ["PromptCacheShare", "event_json", "prompt_cache_share", "run_json", "timeline"]
 

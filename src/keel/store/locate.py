@@ -11,12 +11,12 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 from pathlib import Path
-from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import platformdirs
 
 from keel.errors import ConfigError
 from keel.store.protocol import RunStore
+from keel.store.urls import redact
 
 __all__ = ["default_store_path", "is_url", "open_store", "redact", "store_target"]
 
@@ -29,22 +29,6 @@ def default_store_path() -> Path:
 
 def is_url(target: str | Path) -> bool:
     return isinstance(target, str) and target.startswith(SCHEMES)
-
-
-def redact(url: str) -> str:
-    """The URL with its password (in the authority or as `password=`) replaced by `***`."""
-    try:
-        parts = urlsplit(url)
-        netloc = parts.netloc
-        if parts.password is not None:
-            user, _, host = netloc.rpartition("@")
-            netloc = f"{user.partition(':')[0]}:***@{host}"
-        query = urlencode(
-            [(k, "***" if k == "password" else v) for k, v in parse_qsl(parts.query)], safe="*"
-        )
-        return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
-    except ValueError:
-        return url.split("://", 1)[0] + "://***"
 
 
 def store_target(

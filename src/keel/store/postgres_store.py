@@ -26,21 +26,21 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from keel.breaker import KeyCounter
 from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
 from keel.records import (
     ApprovalDecided,
     Decision,
     Event,
+    KeyCounter,
     RunConfig,
     RunState,
     ToolDispatched,
     encode_event,
 )
 from keel.store import pg_schema
-from keel.store.locate import redact
 from keel.store.pg_connection import Connections, store_error
 from keel.store.protocol import Checkpoint, RunRecord, decide_pending, decode_events, holder_alive
+from keel.store.urls import redact
 
 __all__ = ["PostgresStore"]
 

@@ -25,12 +25,12 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from keel.breaker import KeyCounter
 from keel.errors import ConfigError
 from keel.records import (
     ApprovalDecided,
     Decision,
     Event,
+    KeyCounter,
     RunConfig,
     RunState,
     ToolResultRecorded,

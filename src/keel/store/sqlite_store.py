@@ -26,10 +26,17 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from keel.breaker import KeyCounter
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, LeaseHeld, LeaseLost
-from keel.records import ApprovalDecided, Decision, Event, RunConfig, RunState, encode_event
+from keel.records import (
+    ApprovalDecided,
+    Decision,
+    Event,
+    KeyCounter,
+    RunConfig,
+    RunState,
+    encode_event,
+)
 from keel.store import reading
 from keel.store.failures import StoreMoved, store_error
 from keel.store.protocol import (

@@ -18,7 +18,7 @@ import tomllib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import platformdirs
 
@@ -26,12 +26,8 @@ from keel.config import http_url
 from keel.errors import ConfigError
 from keel.records import JsonObject, JsonValue
 
-if TYPE_CHECKING:
-    from keel.tools.mcp_tools import McpToolset
-
 __all__ = [
     "McpServer",
-    "mcp_tools",
     "servers_from_config",
     "servers_from_flags",
     "servers_from_settings",
@@ -170,22 +166,6 @@ class McpServer:
                 raise ConfigError(f"{where}: env is for stdio servers (a command), not a url")
             return cls.http(_text(url, "url", where), **common)
         raise ConfigError(f"{where}: an MCP server needs either command or url (not both)")
-
-
-def mcp_tools(*servers: McpServer | str) -> McpToolset:
-    """The tools of these MCP servers, once the toolset is entered (`with` or `async with`).
-
-    A string is a server too: an http(s):// URL, or else a command started over stdio. Needs
-    the `mcp` package (`pip install 'keel[mcp]'`); `import keel` alone never loads it.
-    """
-    specs = [s if isinstance(s, McpServer) else McpServer.parse(s) for s in servers]
-    try:
-        from keel.tools.mcp_tools import McpToolset
-    except ImportError as exc:
-        raise ConfigError(
-            f"MCP servers need the mcp package ({exc}): pip install 'keel[mcp]'"
-        ) from None
-    return McpToolset(specs)
 
 
 def _check_url(url: str) -> None:

@@ -8,8 +8,8 @@ by `keel.transports.constrained.GrammarMask`:
 
 - an ordinary turn can only be one well-formed call to a declared tool, with arguments that fit
   its schema, or an answer; a turn with tool_choice "required" only a call; a synthesis turn
-  (tool_choice "none") only an answer, so the ADR-0136 rule holds at the sampler: the model
-  cannot ask for a tool there, whatever it prefers;
+  (tool_choice "none") only an answer, so the synthesis rule (ADR 0002) holds at the sampler:
+  the model cannot ask for a tool there, whatever it prefers;
 - the grammar ends after one call, so the model cannot go on to invent the result it waits for;
 - strings and arrays in a call are bounded, and a call under way may run past `max_tokens`
   (up to the context window): a grammar-constrained call always ends, and always parses.

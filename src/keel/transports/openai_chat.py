@@ -5,7 +5,7 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
 
 - A request without tools sends neither ``tools`` nor ``tool_choice``: the XML fallback sends
   tool-less requests through this transport, and servers reject ``tool_choice`` without tools.
-- ``tool_choice`` is otherwise left out unless the request says "none" (ADR-0136) or
+- ``tool_choice`` is otherwise left out unless the request says "none" (ADR 0002) or
   "required" (a run insisting on evidence first, ADR 0027).
 - The system prompt is the first message; volatile controls are appended last, one user message
   each, after the history.

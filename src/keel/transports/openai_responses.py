@@ -15,7 +15,7 @@ around one SDK call. The choices that are not obvious from the API reference:
   because models without reasoning reject it with a 400.
 - Function tools are sent with ``strict: false``: the Responses API defaults to strict mode,
   which would reject ordinary schemas (optional properties, no ``additionalProperties``).
-- ``tool_choice`` is left out unless the request says "none" (ADR-0136: None keeps the
+- ``tool_choice`` is left out unless the request says "none" (ADR 0002: None keeps the
   provider's default) or "required" (ADR 0027); with no tools at all neither ``tools`` nor
   ``tool_choice`` is sent.
 - Volatile controls are appended last, one user-role message each, after the history.

@@ -12,7 +12,7 @@ server without native tool calling) and never sends it a tool. Instead:
 * the inner transport's answer is parsed by `keel.transports.xml_parse.parse_calls`, which turns
   every block, even a broken one, into a `ToolCall` the executor can answer.
 
-In a synthesis turn (``tool_choice="none"``, ADR-0136) the instruction and schemas are left out, so
+In a synthesis turn (``tool_choice="none"``, ADR 0002) the instruction and schemas are left out, so
 nothing invites a call; the history still replays as text. The mapping both ways is pure
 (`to_text_request`, `from_text_response`); the transport is a thin shell around the inner one, and
 a `ProviderError` from it passes through unchanged.

@@ -1,0 +1,135 @@
+"""The shape of the package, read from the source with `ast`: no import circles (imports under
+TYPE_CHECKING and inside functions included), and the layers point one way: the store never
+imports the run core, the command line or the presenters; the run core never imports the
+command line or the presenters (docs/design.md, "Where the code lives")."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+SRC = Path(__file__).resolve().parents[1] / "src"
+
+
+def _modules() -> dict[str, Path]:
+    found = {}
+    for path in SRC.rglob("*.py"):
+        parts = list(path.relative_to(SRC).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        found[".".join(parts)] = path
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _modules()
+
+    def owner(name: str) -> str | None:
+        while name and name not in modules:
+            name = name.rpartition(".")[0]
+        return name or None
+
+    graph: dict[str, set[str]] = {name: set() for name in modules}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            targets: list[str] = []
+            if isinstance(node, ast.Import):
+                targets = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                for alias in node.names:  # `from keel._run import batch` names a module
+                    full = f"{base}.{alias.name}"
+                    targets.append(full if full in modules else base)
+            for target in targets:
+                found = owner(target)
+                if found is not None and found != name and found.startswith("keel"):
+                    graph[name].add(found)
+    return graph
+
+
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan, iteratively)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+    counter = 0
+    for root in graph:
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = counter
+        counter += 1
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, edges = work[-1]
+            for nxt in edges:
+                if nxt not in index:
+                    index[nxt] = low[nxt] = counter
+                    counter += 1
+                    stack.append(nxt)
+                    on_stack.add(nxt)
+                    work.append((nxt, iter(sorted(graph[nxt]))))
+                    break
+                if nxt in on_stack:
+                    low[node] = min(low[node], index[nxt])
+            else:
+                work.pop()
+                if work:
+                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
+                if low[node] == index[node]:
+                    component = []
+                    while True:
+                        member = stack.pop()
+                        on_stack.discard(member)
+                        component.append(member)
+                        if member == node:
+                            break
+                    if len(component) > 1:
+                        circles.append(sorted(component))
+    return circles
+
+
+def test_no_import_circle_among_keel_modules() -> None:
+    assert _circles(_graph()) == []
+
+
+def test_the_circle_check_finds_a_circle() -> None:
+    """The check can fail: a graph with a circle through three modules is reported."""
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}
+    assert _circles(graph) == [["a", "b", "c"]]
+
+
+def _imports_of(prefix: str) -> dict[str, set[str]]:
+    return {m: deps for m, deps in _graph().items() if m == prefix or m.startswith(prefix + ".")}
+
+
+def test_the_store_never_imports_the_run_core_the_cli_or_the_presenters() -> None:
+    forbidden = ("keel._run", "keel.cli", "keel.present")
+    leaks = {
+        module: sorted(d for d in deps if d.startswith(forbidden))
+        for module, deps in _imports_of("keel.store").items()
+    }
+    assert {m: d for m, d in leaks.items() if d} == {}
+
+
+def test_the_run_core_never_imports_the_cli_or_the_presenters() -> None:
+    forbidden = ("keel.cli", "keel.present", "keel.ui", "keel.pool", "keel.evals")
+    leaks = {
+        module: sorted(d for d in deps if d.startswith(forbidden))
+        for module, deps in _imports_of("keel._run").items()
+    }
+    assert {m: d for m, d in leaks.items() if d} == {}
+
+
+def test_observers_never_import_the_run_loop() -> None:
+    """Traces and the event stream see records and a read-only view, not the loop's parts."""
+    for observer in ("keel.telemetry", "keel.events", "keel.present.progress"):
+        deps = _graph()[observer]
+        assert not {d for d in deps if d.startswith("keel._run")}, (observer, deps)
