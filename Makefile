@@ -49,6 +49,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/confine.py
 	$(BIN)/python benchmarks/observability.py
 	$(BIN)/python benchmarks/pool.py
+	$(BIN)/python benchmarks/replay.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

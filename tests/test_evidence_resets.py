@@ -67,14 +67,36 @@ async def test_resets_are_applied_before_the_synthesis_check(page_server: PageSe
     assert reset.step == 2
 
 
-async def test_read_only_calls_never_reset(page_server: PageServer) -> None:
+async def test_read_only_calls_never_reset_under_the_adr_policy(page_server: PageServer) -> None:
     page_server.add_dynamic("/changing", lambda n: f"<p>version {n}</p>")
     url = page_server.url("/changing")
     out = await run_script(
-        {"turns": [call("fetch", url=url)] * 2, "on_synthesis": ANSWER}, web(), loop_threshold=3
+        {"turns": [call("fetch", url=url)] * 2, "on_synthesis": ANSWER},
+        web(),
+        loop_threshold=3,
+        loop_policy="adr",
     )
     assert not out.of_type(EvidenceReset)
     assert out.result.synthesized == "repeated_tool"
+
+
+async def test_a_changed_read_only_result_restarts_its_counter_under_progress(
+    page_server: PageServer,
+) -> None:
+    """Under the default policy a read whose result changed is evidence of change too, with the
+    same cap R as observations: a page that changes on every fetch still ends in synthesis."""
+    page_server.add_dynamic("/changing", lambda n: f"<p>version {n}</p>")
+    url = page_server.url("/changing")
+    out = await run_script(
+        {"turns": [call("fetch", url=url)] * 8, "on_synthesis": ANSWER},
+        web(),
+        loop_threshold=3,
+        evidence_reset_cap=2,
+    )
+    resets = out.of_type(EvidenceReset)
+    assert [r.reason for r in resets] == ["result_changed", "result_changed"]
+    assert out.result.synthesized == "repeated_tool"
+    assert out.result.tool_calls == 4  # 1, reset, reset, then 2 = T-1
 
 
 def test_breaker_reset_bookkeeping() -> None:

@@ -26,10 +26,12 @@ import httpx
 import platformdirs
 
 from keel.errors import ConfigError
+from keel.limits import LOOP_POLICIES, LoopPolicy
 
 __all__ = [
     "CONFIG_NAME",
     "ConfigFile",
+    "choose_loop_policy",
     "config_files",
     "http_url",
     "public_url",
@@ -146,3 +148,22 @@ def public_url(url: str) -> str:
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
              if k.lower() not in SECRET_PARAMETERS]  # fmt: skip
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
+
+
+def choose_loop_policy(flag: str | None = None, *, cwd: Path | None = None) -> LoopPolicy:
+    """`--loop-policy`, then `loop_policy` in a trusted keel.toml, then `progress`."""
+    if flag is not None:
+        return _loop_policy(flag, "--loop-policy")
+    files, _ = config_files(cwd)
+    for found in files:
+        if "loop_policy" in found.data:
+            return _loop_policy(found.data["loop_policy"], f"{found.path}: loop_policy")
+    return "progress"
+
+
+def _loop_policy(value: object, where: str) -> LoopPolicy:
+    for policy in LOOP_POLICIES:
+        if value == policy:
+            return policy
+    choices = ", ".join(LOOP_POLICIES)
+    raise ConfigError(f"{where}: loop policy must be one of {choices}, not {value!r}")

@@ -4,13 +4,23 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
 
 __all__ = [
+    "LOOP_POLICIES",
     "Limits",
+    "LoopPolicy",
 ]
+
+LoopPolicy = Literal["progress", "adr"]
+"""How identical calls are counted (docs/adr/0029). `adr`: every answered identical call
+counts, and only observation tools get evidence resets, as the commissioning ADR states it.
+`progress` (the default): an identical call restarts its counter when the world may have
+changed since its last occurrence (a side effect ran and produced a result not seen before),
+or when its own result differs from its last one; both capped per key."""
+LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +44,11 @@ class Limits:
     """Retries of a retryable model error (429, 5xx, timeouts) within one turn."""
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
+    loop_policy: LoopPolicy = "progress"
+    """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
+    repeat_synthesis: bool = True
+    """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
+    alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
     first_turn_tool: bool = False
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
@@ -58,6 +73,10 @@ class Limits:
             raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
         if self.max_result_chars < 100:
             raise ConfigError("max result chars must be at least 100")
+        if self.loop_policy not in LOOP_POLICIES:
+            raise ConfigError(
+                f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
+            )
         if self.model_retries < 0:
             raise ConfigError("model retries must be 0 or more")
 

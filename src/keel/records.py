@@ -144,6 +144,9 @@ class ToolCallRequested(_EventBase):
     arguments: JsonValue
     """The parsed arguments, or the raw text when it was not valid JSON."""
     call_key: str
+    effect: str | None = None
+    """The tool's declared effect (read_only, side_effecting, observation); None for an unknown
+    tool, and in runs recorded before effects were (`keel replay` then infers it)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -185,9 +188,15 @@ class ResultElided(_EventBase):
 
 @dataclass(slots=True, kw_only=True)
 class EvidenceReset(_EventBase):
+    """A key's identical-call counter restarted at 1 (keel._run.breaker)."""
+
     type: ClassVar[str] = "evidence_reset"
     call_key: str
     resets: int
+    """Restarts of this kind the key has used."""
+    reason: str = "result_changed"
+    """"result_changed" (its result differs from the last) or "world_changed" (a side effect
+    produced something new since its last call)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -360,7 +369,13 @@ class KeyCounter:
     resets: int = 0
     """Evidence resets already used by this key."""
     last_digest: str | None = None
-    """Digest of the key's last successful observation, to tell progress from repetition."""
+    """Digest of the key's last successful result (an observation's, under `adr`), to tell
+    progress from repetition."""
+    world: int = 0
+    """The run's world version (`RunState.world`) when this key was last answered: a higher
+    version now means a side effect may have changed what this call would see."""
+    change_resets: int = 0
+    """Restarts because the world changed since this key's last call (policy `progress`)."""
 
 
 
@@ -403,6 +418,9 @@ class RunState:
     """What a deterministic transport needs to continue where it was (a script's position)."""
     deadline_at: float | None = None
     """Unix time the run must end by: wall-clock from the run's start, across resumes."""
+    world: int = 0
+    """How often a side-effecting call produced a result the run had not seen from it: the
+    world may have changed (loop policy `progress`, keel._run.breaker)."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
@@ -472,6 +490,8 @@ class RunConfig:
         raw = cast(dict[str, Any], data)
         known = {f.name for f in fields(Limits)}
         limits = {k: v for k, v in (raw.get("limits") or {}).items() if k in known}
+        if raw.get("limits") is not None:  # saved before loop policies: it counted as `adr`
+            limits.setdefault("loop_policy", "adr")
         return cls(
             model=str(raw.get("model", "")),
             system_prompt=str(raw.get("system_prompt", "")),

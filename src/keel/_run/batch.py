@@ -211,16 +211,26 @@ def _record(parts: StepParts, result: ToolResult, duration_ms: float = 0.0) -> T
 
 
 def _apply_evidence_resets(parts: StepParts, executed: list[ExecutedCall]) -> None:
+    """Each result that came back, in request order: the breaker's policy decides whether it
+    restarts its key's counter (a changed observation; under `progress`, any changed result)
+    and whether a side effect moved the world."""
     breaker = parts.breaker
     for item in executed:
         tool = parts.executor.get(item.call.name)
-        if tool is None or tool.effect is not Effect.OBSERVATION or item.result.is_error:
+        if tool is None or item.result.is_error:
             continue
-        if breaker.observe(item.call.key, item.result.digest):
+        restart = breaker.settle(
+            item.call.key,
+            item.result.digest,
+            observation=tool.effect is Effect.OBSERVATION,
+            side_effect=tool.effect is Effect.SIDE_EFFECTING,
+        )
+        if restart is not None:
             parts.recorder.emit(
                 EvidenceReset(
                     step=parts.state.step,
-                    call_key=item.call.key,
-                    resets=breaker.counters[item.call.key].resets,
+                    call_key=restart.key,
+                    resets=restart.resets,
+                    reason=restart.reason,
                 )
             )

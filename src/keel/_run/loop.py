@@ -99,6 +99,8 @@ class RunLoop:
             setup.limits.loop_threshold,
             setup.limits.evidence_reset_cap,
             resume.counters if resume else None,
+            policy=setup.limits.loop_policy,
+            world=state.world,
         )
         self.parts = StepParts(
             state=state,
@@ -156,6 +158,7 @@ class RunLoop:
                 return outcome
 
     async def checkpoint(self, release: bool = False) -> None:
+        self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
         await self.recorder.checkpoint(
             self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
         )

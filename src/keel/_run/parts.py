@@ -104,6 +104,10 @@ class RunView:
     def call_count(self, call_key: str) -> int:
         return self._parts.breaker.count(call_key)
 
+    def repeating_key(self) -> str | None:
+        """The key that makes the next turn synthesis-only, if one does."""
+        return self._parts.breaker.synthesis_key()
+
     def was_denied(self, call_id: str, call_key: str) -> bool:
         state = self._parts.state
         decision = state.decisions.get(call_id)

@@ -20,7 +20,7 @@ from keel._run.synthesis import Mode
 from keel.errors import BudgetExhausted, RunFailure, ToolLoopDetected
 from keel.failpoints import failpoint
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall
-from keel.records import ToolCallRequested
+from keel.records import EvidenceReset, ToolCallRequested
 
 __all__ = [
     "Completed",
@@ -58,8 +58,17 @@ def _accept_batch(parts: StepParts, response: ModelResponse, mode: Mode) -> batc
     )
     calls = list(response.tool_calls)
     _check_breaker(parts, calls)
-    parts.breaker.record(call.key for call in calls)
+    for restart in parts.breaker.record([call.key for call in calls]):
+        parts.recorder.emit(
+            EvidenceReset(
+                step=parts.state.step,
+                call_key=restart.key,
+                resets=restart.resets,
+                reason=restart.reason,
+            )
+        )
     for call in calls:
+        tool = parts.executor.get(call.name)
         parts.recorder.emit(
             ToolCallRequested(
                 step=parts.state.step,
@@ -67,6 +76,7 @@ def _accept_batch(parts: StepParts, response: ModelResponse, mode: Mode) -> batc
                 name=call.name,
                 arguments=call.arguments if call.parse_error is None else call.raw_arguments,
                 call_key=call.key,
+                effect=None if tool is None else tool.effect.value,
             )
         )
     return batches.Batch(calls)

@@ -27,7 +27,8 @@ def current_mode(parts: StepParts) -> Mode:
     first turn insists on a tool call when the run asks for it and offers tools."""
     budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
     insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
-    return decide_mode(parts.breaker.synthesis_key(), budget, insist_on_tool=insist)
+    repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
+    return decide_mode(repeating, budget, insist_on_tool=insist)
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:

@@ -22,7 +22,7 @@ from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
 from keel.cli.integrations import RunExtras, mcp_settings
-from keel.config import config_files, public_url, trust
+from keel.config import choose_loop_policy, config_files, public_url, trust
 from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
@@ -35,6 +35,7 @@ from keel.present.summary import one_line, show_command
 from keel.present.terminal import describe_call, safe_text
 from keel.present.timeline import event_json, run_json, timeline
 from keel.records import JsonObject, JsonValue
+from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
 from keel.store import RunStore, Store, open_store, store_target
 from keel.store.locate import default_store_path
@@ -77,6 +78,14 @@ OtelOption = Annotated[
 OtelContentOption = Annotated[
     bool, typer.Option("--otel-content", help="Put prompts, answers and tool I/O in the spans.")
 ]
+LoopPolicyOption = Annotated[
+    str | None,
+    typer.Option(
+        help="How identical calls count: progress (a changed world or result restarts a key, "
+        "capped) or adr (every identical call counts) [default: keel.toml's loop_policy, "
+        "else progress]."
+    ),
+]
 DurabilityOption = Annotated[
     str | None,
     typer.Option(
@@ -113,6 +122,7 @@ def run(
     ] = False,
     loop_threshold: Annotated[int, typer.Option(help="Identical-call limit T (>= 2).")] = 5,
     evidence_reset_cap: Annotated[int, typer.Option(help="Evidence resets per call key.")] = 3,
+    loop_policy: LoopPolicyOption = None,
     max_model_calls: Annotated[int, typer.Option(help="Model-call budget.")] = 50,
     max_tool_calls: Annotated[int, typer.Option(help="Tool-call budget.")] = 200,
     max_tokens: Annotated[
@@ -148,10 +158,13 @@ def run(
         "mcp": _guard(lambda: mcp_settings(mcp or [], mcp_url or [])),
     }
 
+    policy = _guard(lambda: choose_loop_policy(loop_policy))
+
     def limits() -> Limits:
         return Limits(
             loop_threshold=loop_threshold,
             evidence_reset_cap=evidence_reset_cap,
+            loop_policy=policy,
             max_model_calls=max_model_calls,
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
@@ -332,6 +345,7 @@ def show(
     sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if as_json:
         shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        shown["loop_rules"] = _loop_rules(record.config.limits)
         if sampling is not None:
             shown["sampling"] = sampling
         typer.echo(json.dumps(shown, ensure_ascii=False))
@@ -349,10 +363,26 @@ def show(
     if isinstance(sampling, dict):
         pinned = ", ".join(f"{k} {v}" for k, v in sampling.items())
         out.print(f"sampling: {safe_text(pinned)}", highlight=False, markup=False)
+    rules = _loop_rules(record.config.limits)
+    out.print(
+        f"loop rules: policy {rules['policy']}, threshold {rules['threshold']}, "
+        f"evidence resets {rules['evidence_reset_cap']} per key",
+        highlight=False,
+        markup=False,
+    )
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+
+
+def _loop_rules(limits: Limits) -> dict[str, Any]:
+    """The identical-call rules a run was started with (and resumes with)."""
+    return {
+        "policy": limits.loop_policy,
+        "threshold": limits.loop_threshold,
+        "evidence_reset_cap": limits.evidence_reset_cap,
+    }
 
 
 @app.command()
@@ -380,6 +410,7 @@ def runs(
 
 
 app.command("eval")(eval_command)
+app.command("replay")(replay_command)
 app.command("ui")(ui_command)
 
 

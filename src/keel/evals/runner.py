@@ -29,6 +29,7 @@ from keel.evals.scenario import (
     BROWSER_TOOLS,
     FILE_TOOLS,
     WEB_TOOLS,
+    WRITE_TOOLS,
     Bounds,
     ChangingPage,
     Count,
@@ -52,6 +53,7 @@ from keel.store import RunStore
 from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
+from keel.tools.writes import write_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
 
@@ -243,12 +245,14 @@ def build_tools(spec: ScenarioSpec, folder: Path) -> tuple[list[Tool], list[Clos
             max_download_bytes=spec.tools.max_download_bytes,
         )
         pool.update((t.name, t) for t in web)
-    if set(names) & set(FILE_TOOLS):
+    if set(names) & {*FILE_TOOLS, *WRITE_TOOLS}:
         for rel, text in spec.files.items():
             target = folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
         pool.update((t.name, t) for t in file_tools(folder))
+        writes = write_tools(folder)  # approval only where [approvals] require asks for it
+        pool.update((t.name, dataclasses.replace(t, requires_approval=False)) for t in writes)
     if set(names) & set(BROWSER_TOOLS):
         from keel.tools.browser import browser_tools
 

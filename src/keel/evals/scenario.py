@@ -47,6 +47,7 @@ __all__ = [
     "KNOWN_TOOLS",
     "SUFFIXES",
     "WEB_TOOLS",
+    "WRITE_TOOLS",
     "ApprovalsSpec",
     "Bounds",
     "ChangingPage",
@@ -71,7 +72,10 @@ __all__ = [
 WEB_TOOLS = ("fetch", "observe_page")
 FILE_TOOLS = ("list_files", "read_file", "search_files")
 BROWSER_TOOLS = ("browser_observe", "browser_act")
-KNOWN_TOOLS = WEB_TOOLS + FILE_TOOLS + BROWSER_TOOLS
+WRITE_TOOLS = ("write_file",)
+"""Side-effecting, under the same folder as the file tools; it asks no approval in a scenario
+unless `[approvals] require` names it."""
+KNOWN_TOOLS = WEB_TOOLS + FILE_TOOLS + WRITE_TOOLS + BROWSER_TOOLS
 SUFFIXES = (".toml", ".json")
 
 

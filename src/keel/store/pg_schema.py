@@ -48,6 +48,8 @@ CREATE TABLE IF NOT EXISTS keel.counters (
     count INTEGER NOT NULL,
     resets INTEGER NOT NULL,
     last_digest TEXT,
+    world INTEGER NOT NULL DEFAULT 0,
+    change_resets INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, call_key)
 );
 CREATE TABLE IF NOT EXISTS keel.elisions (
@@ -67,8 +69,13 @@ CREATE TABLE IF NOT EXISTS keel.dispatch (
 );
 """
 
-MIGRATIONS: list[str] = []
-"""Statements that bring version N (index N-1) to N+1; none yet."""
+MIGRATIONS: list[str] = [
+    # 1 -> 2: what the `progress` loop policy keeps per key (ADR 0029).
+    "ALTER TABLE keel.counters ADD COLUMN IF NOT EXISTS world INTEGER NOT NULL DEFAULT 0;"
+    " ALTER TABLE keel.counters ADD COLUMN IF NOT EXISTS change_resets INTEGER NOT NULL"
+    " DEFAULT 0;",
+]
+"""Statements that bring version N (index N-1) to N+1."""
 VERSION = len(MIGRATIONS) + 1
 _LOCK = 0x6B65656C  # "keel": one advisory lock serialises every process's schema preparation
 

@@ -246,10 +246,11 @@ class PostgresStore:
     def counters(self, run_id: str) -> dict[str, KeyCounter]:
         def read(conn: Conn) -> dict[str, KeyCounter]:
             rows = conn.execute(
-                "SELECT call_key, count, resets, last_digest FROM keel.counters WHERE run_id = %s",
+                "SELECT call_key, count, resets, last_digest, world, change_resets"
+                " FROM keel.counters WHERE run_id = %s",
                 (run_id,),
             ).fetchall()
-            return {key: KeyCounter(count, resets, digest) for key, count, resets, digest in rows}
+            return {row[0]: KeyCounter(*row[1:]) for row in rows}
 
         return self._now(read, f"run {run_id} could not be read")
 
@@ -338,11 +339,16 @@ def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
             _insert_events(conn, cp.run_id, cp.events, cur)
         if cp.counters:
             cur.executemany(
-                "INSERT INTO keel.counters (run_id, call_key, count, resets, last_digest)"
-                " VALUES (%s, %s, %s, %s, %s) ON CONFLICT (run_id, call_key) DO UPDATE"
+                "INSERT INTO keel.counters"
+                " (run_id, call_key, count, resets, last_digest, world, change_resets)"
+                " VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (run_id, call_key) DO UPDATE"
                 " SET count = excluded.count, resets = excluded.resets,"
-                " last_digest = excluded.last_digest",
-                [(cp.run_id, k, c.count, c.resets, c.last_digest) for k, c in cp.counters.items()],
+                " last_digest = excluded.last_digest, world = excluded.world,"
+                " change_resets = excluded.change_resets",
+                [
+                    (cp.run_id, k, c.count, c.resets, c.last_digest, c.world, c.change_resets)
+                    for k, c in cp.counters.items()
+                ],
             )
         if cp.elisions:
             cur.executemany(

@@ -122,9 +122,13 @@ def events(conn: sqlite3.Connection, run_id: str, after: int = -1) -> list[Event
     return decode_events(rows, elided(conn, run_id))
 
 
-def counter_rows(conn: sqlite3.Connection, run_id: str) -> list[tuple[str, int, int, str | None]]:
+def counter_rows(
+    conn: sqlite3.Connection, run_id: str
+) -> list[tuple[str, int, int, str | None, int, int]]:
     return conn.execute(
-        "SELECT call_key, count, resets, last_digest FROM counters WHERE run_id = ?", (run_id,)
+        "SELECT call_key, count, resets, last_digest, world, change_resets FROM counters"
+        " WHERE run_id = ?",
+        (run_id,),
     ).fetchall()
 
 

@@ -37,6 +37,8 @@ CREATE TABLE IF NOT EXISTS counters (
     count INTEGER NOT NULL,
     resets INTEGER NOT NULL,
     last_digest TEXT,
+    world INTEGER NOT NULL DEFAULT 0,
+    change_resets INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, call_key)
 );
 CREATE TABLE IF NOT EXISTS elisions (
@@ -54,6 +56,9 @@ CREATE TABLE IF NOT EXISTS blobs (
 MIGRATIONS: list[str] = [
     # 1 -> 2: leases, so one process at a time advances a run.
     "ALTER TABLE runs ADD COLUMN lease_owner TEXT; ALTER TABLE runs ADD COLUMN lease_until REAL;",
+    # 2 -> 3: what the `progress` loop policy keeps per key (ADR 0029).
+    "ALTER TABLE counters ADD COLUMN world INTEGER NOT NULL DEFAULT 0;"
+    " ALTER TABLE counters ADD COLUMN change_resets INTEGER NOT NULL DEFAULT 0;",
 ]
 VERSION = len(MIGRATIONS) + 1
 

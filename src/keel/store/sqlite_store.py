@@ -247,7 +247,7 @@ class Store:
         rows = self._read(
             lambda c: reading.counter_rows(c, run_id), f"run {run_id} could not be read"
         )
-        return {key: KeyCounter(count, resets, digest) for key, count, resets, digest in rows}
+        return {row[0]: KeyCounter(*row[1:]) for row in rows}
 
     def elided(self, run_id: str) -> set[str]:
         found: set[str] = self._read(
@@ -299,15 +299,17 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
     for cp in cps:
         _insert_events(conn, cp.run_id, cp.events)
     counters = [
-        (cp.run_id, k, c.count, c.resets, c.last_digest)
+        (cp.run_id, k, c.count, c.resets, c.last_digest, c.world, c.change_resets)
         for cp in cps
         for k, c in cp.counters.items()
     ]
     if counters:  # most steps change a counter; few elide or keep whole texts
         conn.executemany(
-            "INSERT INTO counters (run_id, call_key, count, resets, last_digest)"
-            " VALUES (?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE SET"
-            " count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest",
+            "INSERT INTO counters"
+            " (run_id, call_key, count, resets, last_digest, world, change_resets)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (run_id, call_key) DO UPDATE SET"
+            " count = excluded.count, resets = excluded.resets, last_digest = excluded.last_digest,"
+            " world = excluded.world, change_resets = excluded.change_resets",
             counters,
         )
     elisions = [(cp.run_id, call_id, step) for cp in cps for call_id, step in cp.elisions]

@@ -1,0 +1,171 @@
+"""`keel replay`: recorded tool-call sequences through Keel's real run loop, and the tables.
+
+Registered by the command line in one line, ``app.command("replay")(replay_command)``.
+Inputs: files in the `shared/trajectories` format (JSON lines, gzipped or not), OpenAI Chat
+Completions message lists, or Keel's own stored runs (`--store`, with `--run` ids or all).
+Exit codes: 0 when everything given was replayed, 2 for bad usage or a file that cannot be
+opened; lines that cannot be read are reported with their line number and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+from rich.console import Console
+from rich.progress import Progress
+
+from keel.errors import ConfigError, KeelError
+from keel.limits import LOOP_POLICIES, Limits, LoopPolicy
+from keel.replay.playback import EFFECT_CHOICES, EffectChoice, Replayed, replay
+from keel.replay.recordings import Recording, Skipped, read_file, read_store
+from keel.replay.report import rows, table
+from keel.store import RunStore, Store, open_store, store_target
+
+__all__ = ["replay_command"]
+
+_err = Console(stderr=True)
+C = TypeVar("C", bound=str)
+
+
+def replay_command(
+    files: Annotated[
+        list[Path] | None,
+        typer.Argument(
+            metavar="[FILE]...",
+            help="Recorded runs: trajectories JSON lines (.jsonl, .jsonl.gz) or OpenAI chat "
+            "message lists (.json, .jsonl) [default: the runs of --store].",
+            show_default=False,
+        ),
+    ] = None,
+    store: Annotated[
+        str | None,
+        typer.Option(help="Replay Keel's own stored runs from this SQLite file or URL."),
+    ] = None,
+    run: Annotated[
+        list[str] | None,
+        typer.Option("--run", help="With --store: only this run (repeatable) [default: all]."),
+    ] = None,
+    threshold: Annotated[
+        int, typer.Option("--threshold", help="Identical-call limit T (>= 2).")
+    ] = 5,
+    loop_policy: Annotated[
+        str,
+        typer.Option(help=f"How identical calls count: {' or '.join(LOOP_POLICIES)}."),
+    ] = "progress",
+    reset_cap: Annotated[int, typer.Option(help="Evidence resets per call key (R).")] = 3,
+    effects: Annotated[
+        str,
+        typer.Option(
+            help="A recorded call's effect when the recording declares none: kind (read/nav "
+            "calls read, others may change things), read_only, or side_effecting."
+        ),
+    ] = "kind",
+    as_json: Annotated[
+        bool, typer.Option("--json", help="One JSON object per replayed run, one per line.")
+    ] = False,
+) -> None:
+    """Replay recorded runs through the run loop: where the synthesis turn and the hard limit
+    would have come, per run and per corpus."""
+    if not files and store is None:
+        _usage("give recorded run files, or --store to replay Keel's own runs")
+    if run and store is None:
+        _usage("--run picks runs of a store: give --store too")
+    policy = _choice(loop_policy, LOOP_POLICIES, "--loop-policy")
+    effect = _choice(effects, EFFECT_CHOICES, "--effects")
+    try:
+        Limits(loop_threshold=threshold, evidence_reset_cap=reset_cap, loop_policy=policy)
+    except ConfigError as exc:
+        _usage(str(exc))
+    skipped: list[Skipped] = []
+    opened: RunStore | None = None
+    try:
+        if store is not None:
+            opened = _open(store)
+        recordings = list(_recordings(files or [], opened, run, skipped))
+        replayed = asyncio.run(
+            _replay_all(recordings, threshold, policy, effect, reset_cap, not as_json)
+        )
+    except (ConfigError, KeelError) as exc:
+        _usage(str(exc))
+    finally:
+        if opened is not None:
+            opened.close()
+    for where in skipped:
+        _err.print(
+            f"keel replay: skipped {where.where}: {where.reason}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+    if as_json:
+        for item in replayed:
+            typer.echo(json.dumps(item.to_json(), ensure_ascii=False))
+        return
+    title = f"policy {policy}, T = {threshold}, R = {reset_cap}, effects {effects}"
+    out = Console(width=None if sys.stdout.isatty() else 160)
+    out.print(table(rows(replayed), title))
+
+
+def _recordings(
+    files: list[Path], store: RunStore | None, run_ids: list[str] | None, skipped: list[Skipped]
+) -> Iterator[Recording]:
+    for path in files:
+        if not path.is_file():
+            raise ConfigError(f"no such file: {path}")
+        yield from read_file(path, skipped)
+    if store is not None:
+        yield from read_store(store, run_ids)
+
+
+async def _replay_all(
+    recordings: list[Recording],
+    threshold: int,
+    policy: LoopPolicy,
+    effects: EffectChoice,
+    reset_cap: int,
+    show_progress: bool,
+) -> list[Replayed]:
+    out = []
+    shown = show_progress and _err.is_terminal
+    with Progress(console=_err, transient=True, disable=not shown) as bar:
+        task = bar.add_task("replaying", total=len(recordings))
+        for recording in recordings:
+            out.append(
+                await replay(
+                    recording,
+                    threshold=threshold,
+                    policy=policy,
+                    effects=effects,
+                    reset_cap=reset_cap,
+                )
+            )
+            bar.advance(task)
+    return out
+
+
+def _open(given: str) -> RunStore:
+    target = store_target(given)
+    if isinstance(target, Path):
+        if not target.is_file():
+            raise ConfigError(f"no store at {target}")
+        return Store(target, read_only=True)
+    return open_store(target)
+
+
+def _choice(value: str, choices: tuple[C, ...], flag: str) -> C:
+    for choice in choices:
+        if value == choice:
+            return choice
+    _usage(f"{flag} must be one of {', '.join(choices)}, not {value!r}")
+
+
+def _usage(message: str) -> NoReturn:
+    _err.print(f"keel replay: {message}", markup=False, highlight=False, soft_wrap=True)
+    sys.stdout.flush()
+    raise typer.Exit(2)

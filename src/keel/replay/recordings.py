@@ -1,0 +1,263 @@
+"""Recorded runs to replay, from three sources, as one shape: `Recording`.
+
+    trajectories   JSON lines (optionally gzipped) in the `shared/trajectories` format: one
+                   run per line, `turns` a list of turns, each a list of calls with `tool`,
+                   `arguments`, `result_digest`, `kind` and `source_write`
+    chat           OpenAI Chat Completions message lists: a JSON file or JSON lines of
+                   `{"messages": [...]}` (or a bare list of messages), what logging tools export
+    store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
+                   digests of the results they got
+
+A line that cannot be read is reported with its file and line number and skipped; nothing here
+raises on bad input except `ConfigError` for a file that cannot be opened at all.
+"""
+
+from __future__ import annotations
+
+import gzip
+import hashlib
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from keel.errors import ConfigError
+from keel.records import (
+    ModelResponseReceived,
+    ToolCallRequested,
+    ToolDispatched,
+    ToolResultRecorded,
+)
+from keel.store import RunStore
+
+__all__ = ["Recorded", "Recording", "Skipped", "read_chat", "read_file", "read_store"]
+
+
+@dataclass(frozen=True, slots=True)
+class Recorded:
+    """One recorded tool call and what it got back."""
+
+    tool: str
+    arguments: Any
+    result: str | None
+    """A digest (or the text) of the result; None where the recording has none."""
+    kind: str | None = None
+    """read, nav, run, write, submit or other, where the recording says so."""
+    source_write: bool = False
+    effect: str | None = None
+    """The effect Keel's own record declares (read_only, side_effecting, observation)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Recording:
+    id: str
+    turns: tuple[tuple[Recorded, ...], ...]
+    corpus: str = ""
+    model: str = ""
+    resolved: bool | None = None
+    """Whether the run's outcome was judged right, where the source says so."""
+
+
+@dataclass(frozen=True, slots=True)
+class Skipped:
+    """A line or record that could not be read, and why."""
+
+    where: str
+    reason: str
+
+
+def read_file(path: Path, skipped: list[Skipped]) -> Iterator[Recording]:
+    """Recordings from a file in either format, told apart by each line's keys."""
+    try:
+        lines = _lines(path)
+        first = next(lines, None)
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if first is None:
+        return
+    number, text = first
+    stripped = text.lstrip()
+    if stripped.startswith("[") or (stripped.startswith("{") and not _is_one_line(text)):
+        yield from read_chat(path, skipped)
+        return
+    for number, text in _chain(first, lines, path, skipped):
+        where = f"{path}:{number}"
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as exc:
+            skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
+            continue
+        recording = _from_object(data, where, skipped)
+        if recording is not None:
+            yield recording
+
+
+def _chain(
+    first: tuple[int, str], rest: Iterator[tuple[int, str]], path: Path, skipped: list[Skipped]
+) -> Iterator[tuple[int, str]]:
+    yield first
+    try:
+        yield from rest
+    except (OSError, EOFError) as exc:  # a truncated gzip stream: keep what was read
+        skipped.append(Skipped(str(path), f"the file ends early ({exc})"))
+
+
+def _from_object(data: Any, where: str, skipped: list[Skipped]) -> Recording | None:
+    if isinstance(data, dict) and "messages" in data and "turns" not in data:
+        return _from_messages(data["messages"], str(data.get("id") or where), where, skipped)
+    if isinstance(data, list):
+        return _from_messages(data, where, where, skipped)
+    if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
+        skipped.append(Skipped(where, "no `turns` list (and no `messages`)"))
+        return None
+    turns = []
+    for t, turn in enumerate(data["turns"]):
+        if not isinstance(turn, list):
+            skipped.append(Skipped(where, f"turn {t} is not a list of calls"))
+            return None
+        calls = []
+        for call in turn:
+            if not isinstance(call, dict) or not isinstance(call.get("tool"), str):
+                skipped.append(Skipped(where, f"turn {t} has a call without a `tool` name"))
+                return None
+            digest = call.get("result_digest")
+            calls.append(
+                Recorded(
+                    tool=call["tool"],
+                    arguments=call.get("arguments", {}),
+                    result=digest if isinstance(digest, str) else None,
+                    kind=call["kind"] if isinstance(call.get("kind"), str) else None,
+                    source_write=call.get("source_write") is True,
+                )
+            )
+        turns.append(tuple(calls))
+    resolved = data.get("resolved")
+    return Recording(
+        id=str(data.get("id") or where),
+        turns=tuple(turns),
+        corpus=str(data.get("corpus") or ""),
+        model=str(data.get("model") or ""),
+        resolved=resolved if isinstance(resolved, bool) else None,
+    )
+
+
+def read_chat(path: Path, skipped: list[Skipped]) -> Iterator[Recording]:
+    """A JSON file holding one message list, `{"messages": [...]}`, or a list of those."""
+    try:
+        data = json.loads(_text(path))
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    except json.JSONDecodeError as exc:
+        skipped.append(Skipped(f"{path}:{exc.lineno}", f"not JSON ({exc.msg})"))
+        return
+    items = data if isinstance(data, list) and data and isinstance(data[0], dict | list) else [data]
+    if isinstance(data, list) and data and isinstance(data[0], dict) and "role" in data[0]:
+        items = [data]  # one bare message list
+    for n, item in enumerate(items, start=1):
+        recording = _from_object(item, f"{path}#{n}", skipped)
+        if recording is not None:
+            yield recording
+
+
+def _from_messages(
+    messages: Any, run_id: str, where: str, skipped: list[Skipped]
+) -> Recording | None:
+    """Assistant `tool_calls` in order, each answered by the `tool` message with its id."""
+    if not isinstance(messages, list):
+        skipped.append(Skipped(where, "`messages` is not a list"))
+        return None
+    results: dict[str, str] = {}
+    for message in messages:
+        if isinstance(message, dict) and message.get("role") == "tool":
+            content = _content_text(message.get("content"))
+            results[str(message.get("tool_call_id"))] = _digest(content)
+    turns = []
+    for message in messages:
+        if not isinstance(message, dict) or message.get("role") != "assistant":
+            continue
+        calls = []
+        for call in message.get("tool_calls") or ():
+            function = call.get("function") if isinstance(call, dict) else None
+            if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+                skipped.append(Skipped(where, "a tool call without a function name"))
+                return None
+            raw = function.get("arguments")
+            try:
+                arguments = json.loads(raw) if isinstance(raw, str) else raw or {}
+            except ValueError:
+                arguments = raw  # not JSON: the call key keeps the text as it was
+            calls.append(Recorded(function["name"], arguments, results.get(str(call.get("id")))))
+        if calls:
+            turns.append(tuple(calls))
+    return Recording(id=run_id, turns=tuple(turns))
+
+
+def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording]:
+    """Keel's stored runs (oldest first): each model turn's calls and the digests of the
+    results they got."""
+    if run_ids is None:
+        records = store.list_runs(limit=store.count_runs() or 1)
+        run_ids = [record.run_id for record in reversed(records)]
+    for run_id in run_ids:
+        record = store.get_run(run_id)
+        if record is None:
+            raise ConfigError(f"no run {run_id} in the store at {store.path}")
+        events = store.events(run_id)
+        digests = {e.call_id: e.digest for e in events if isinstance(e, ToolResultRecorded)}
+        effects = {e.call_id: e.effect for e in events if isinstance(e, ToolCallRequested)}
+        for e in events:  # recorded before effects were: only side effects were journaled
+            if isinstance(e, ToolDispatched) and effects.get(e.call_id) is None:
+                effects[e.call_id] = "side_effecting"
+        turns = []
+        for event in events:
+            if isinstance(event, ModelResponseReceived) and event.tool_calls:
+                calls = []
+                for call in event.tool_calls:
+                    try:
+                        arguments = json.loads(call.arguments)
+                    except ValueError:
+                        arguments = call.arguments
+                    effect = effects.get(call.id) or "read_only"
+                    calls.append(
+                        Recorded(call.name, arguments, digests.get(call.id), effect=effect)
+                    )
+                turns.append(tuple(calls))
+        yield Recording(id=run_id, turns=tuple(turns), corpus="keel store", model=record.model)
+
+
+def _lines(path: Path) -> Iterator[tuple[int, str]]:
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                yield number, line
+
+
+def _text(path: Path) -> str:
+    if path.suffix == ".gz":
+        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as handle:
+            return handle.read()
+    return path.read_text(encoding="utf-8", errors="replace")
+
+
+def _is_one_line(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _content_text(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "".join(
+            str(part.get("text", "")) for part in content if isinstance(part, dict)
+        )
+    return "" if content is None else str(content)
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
