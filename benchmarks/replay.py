@@ -43,9 +43,8 @@ async def main(paths: list[Path]) -> None:
         replayed = [await replay(r, policy=policy) for r in recordings]  # type: ignore[arg-type]
         seconds = time.perf_counter() - started
         synthesis = sum(item.synthesis_after is not None for item in replayed)
-        grid.add_row(
-            policy, f"{loaded:.2f}", f"{seconds:.2f}", f"{seconds / calls * 1e6:.0f}", str(synthesis)
-        )
+        per_call = f"{seconds / calls * 1e6:.0f}"
+        grid.add_row(policy, f"{loaded:.2f}", f"{seconds:.2f}", per_call, str(synthesis))
     Console(width=120).print(grid)
     for item in skipped:
         print(f"skipped {item.where}: {item.reason}", file=sys.stderr)
