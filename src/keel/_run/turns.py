@@ -15,6 +15,7 @@ from keel._run.parts import StepParts
 from keel._run.synthesis import Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
+from keel.inbound import clean_response, clean_text
 from keel.messages import ModelResponse
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
 from keel.telemetry import traced_attempt
@@ -62,7 +63,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         failpoint("after_checkpoint")
         try:
             attempt = gateway.attempt(parts.transport, request, parts.clock.remaining())
-            response = await traced_attempt(attempt)
+            response = clean_response(await traced_attempt(attempt))
         except ProviderError as error:
             _remember_transport(parts)
             errors += 1
@@ -103,7 +104,7 @@ async def _after_error(
             step=state.step,
             status=error.status,
             retryable=error.retryable,
-            message=error.message,
+            message=clean_text(error.message),
             retry_in=delay,
         )
     )
@@ -111,14 +112,14 @@ async def _after_error(
     if remaining is not None and (remaining <= 0 or (delay or 0) >= remaining):
         raise DeadlineExceeded(
             f"the run reached its deadline of {parts.limits.deadline:g}s while the model was "
-            f"failing ({error.message})",
+            f"failing ({clean_text(error.message)})",
             step=state.step,
             details={"deadline": parts.limits.deadline},
         )
     if delay is None:
         what = "failed" if not error.retryable else f"kept failing after {retries} attempts"
         raise ModelError(
-            f"the model call {what}: {error.message}",
+            f"the model call {what}: {clean_text(error.message)}",
             step=state.step,
             details={"status": error.status, "retryable": error.retryable},
         )

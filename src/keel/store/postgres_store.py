@@ -26,7 +26,7 @@ from typing import Any, TypeVar
 
 import psycopg
 
-from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
+from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost, StoreError
 from keel.records import (
     ApprovalDecided,
     Decision,
@@ -99,7 +99,9 @@ class PostgresStore:
     ) -> T:
         try:
             return await asyncio.wrap_future(self._submit(work, True, pipeline))
-        except psycopg.Error as exc:
+        except KeelError:  # the store's own refusals (a lease taken over) keep their class
+            raise
+        except Exception as exc:  # psycopg's errors, and data it could not take: one class
             raise self._error(exc, doing, resume) from None
 
     def _now(self, work: Callable[[Conn], T], doing: str, write: bool = False) -> T:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from keel.durability import Durability, check_durability
-from keel.errors import ConfigError, LeaseHeld, LeaseLost
+from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
 from keel.records import (
     ApprovalDecided,
     Decision,
@@ -38,7 +38,7 @@ from keel.records import (
     encode_event,
 )
 from keel.store import reading
-from keel.store.failures import StoreMoved, store_error
+from keel.store.failures import store_error
 from keel.store.protocol import (
     HOST,
     Checkpoint,
@@ -86,13 +86,17 @@ class Store:
         """`sync`: at power durability, this write is on the disk before it returns."""
         try:
             return await self._worker.submit_async(work, write=True, sync=sync)
-        except (sqlite3.Error, StoreMoved) as exc:
+        except KeelError:  # the store's own refusals (a lease taken over) keep their class
+            raise
+        except Exception as exc:  # sqlite3's errors, and data it could not take: one class
             raise store_error(self.path, exc, doing, resume=resume) from exc
 
     def _write_now(self, work: Any, doing: str) -> Any:
         try:
             return self._worker.submit(work, write=True).result()
-        except (sqlite3.Error, StoreMoved) as exc:
+        except KeelError:
+            raise
+        except Exception as exc:
             raise store_error(self.path, exc, doing) from exc
 
     def _read(self, work: Callable[[sqlite3.Connection], Any], doing: str) -> Any:

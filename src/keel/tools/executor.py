@@ -37,6 +37,7 @@ from dataclasses import dataclass
 import pydantic
 
 from keel.errors import ConfigError, EffectUnknown, ToolError
+from keel.inbound import clean_text
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.telemetry import traced_tool
 from keel.tools.base import Effect, Tool, ToolArgumentError
@@ -214,8 +215,9 @@ class ToolExecutor:
         return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)
 
     def _finish(self, call: ToolCall, outcome: _Outcome) -> ExecutedCall:
-        """Apply the size cap and build the result the model will see."""
-        full = outcome.content
+        """Apply the size cap and build the result the model will see: text the store, a
+        terminal and JSON can all hold (keel.inbound)."""
+        full = clean_text(outcome.content)
         digest = digest_text(full)
         truncated = len(full) > self.max_result_chars
         shown = full

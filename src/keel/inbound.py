@@ -1,0 +1,94 @@
+"""Text from outside Keel, made storable where it enters: lone surrogates become U+FFFD.
+
+A JSON escape (`"\\ud800"`) in a model's answer or arguments, a file name that is not valid
+UTF-8 (Python hands it over with `surrogateescape`), or a tool's output can hold a lone UTF-16
+surrogate. Python strings carry it; UTF-8 cannot: sqlite3 and psycopg raise UnicodeEncodeError,
+and a terminal, a JSON consumer or a trace exporter chokes on it later. Keel replaces each one
+with U+FFFD (the replacement character, visible in every view) at the places text comes in:
+
+    the model's response    text, tool names, call ids, arguments, provider details (turns.py)
+    a provider's error      its message (turns.py)
+    a tool's result         whatever the tool returned or raised, MCP tools included (executor)
+    a person's decision     who decided, and the reason (approvals)
+
+A question is refused instead (`Agent.start`): it is the person's own text, so they are told.
+Text that encodes, which is nearly all of it, is returned as it is: one `str.encode` call.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+from keel.canonical import call_key, canonical_json
+from keel.messages import ModelResponse, ToolCall
+
+__all__ = ["REPLACEMENT", "clean_response", "clean_text", "clean_value"]
+
+REPLACEMENT = "\ufffd"
+
+
+def clean_text(text: str) -> str:
+    """`text` with every lone surrogate replaced by U+FFFD (a valid pair becomes its
+    character); the same object when there is none."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
+    return text
+
+
+def clean_value(value: Any) -> Any:
+    """A JSON value with every string in it (keys too) cleaned; the same object when clean."""
+    if isinstance(value, str):
+        return clean_text(value)
+    if isinstance(value, dict):
+        changed, out = False, {}
+        for key, item in value.items():
+            clean_key = clean_text(key) if isinstance(key, str) else key
+            clean_item = clean_value(item)
+            changed |= clean_key is not key or clean_item is not item
+            out[clean_key] = clean_item
+        return out if changed else value
+    if isinstance(value, list | tuple):
+        items = [clean_value(v) for v in value]
+        if all(a is b for a, b in zip(items, value, strict=True)):
+            return value
+        return type(value)(items) if isinstance(value, tuple) else items
+    return value
+
+
+def clean_response(response: ModelResponse) -> ModelResponse:
+    """The response with nothing in it that the store, a terminal or JSON cannot hold."""
+    text = None if response.text is None else clean_text(response.text)
+    calls = tuple(_clean_call(call) for call in response.tool_calls)
+    details = clean_value(response.provider_details)
+    stop = None if response.stop_reason is None else clean_text(response.stop_reason)
+    changed = (
+        text is not response.text
+        or details is not response.provider_details
+        or stop is not response.stop_reason
+        or any(a is not b for a, b in zip(calls, response.tool_calls, strict=True))
+    )
+    if not changed:
+        return response
+    return replace(
+        response, text=text, tool_calls=calls, provider_details=details, stop_reason=stop
+    )
+
+
+def _clean_call(call: ToolCall) -> ToolCall:
+    call_id, name = clean_text(call.id), clean_text(call.name)
+    raw, arguments = clean_text(call.raw_arguments), clean_value(call.arguments)
+    if (
+        call_id is call.id
+        and name is call.name
+        and raw is call.raw_arguments
+        and arguments is call.arguments
+    ):
+        return call
+    if call.parse_error is None and isinstance(arguments, dict):
+        # a JSON escape put the surrogate in the parsed arguments: key them as cleaned
+        key = call_key(name, arguments)
+        return ToolCall(call_id, name, canonical_json(arguments), arguments, None, key)
+    return ToolCall.from_raw(call_id, name, raw)
