@@ -61,6 +61,7 @@ EXPORTED = {
     "ProviderError",
     "RunFailure",
     "StoreError",
+    "RescuesExhausted",
     "StoreUnavailable",
     "ToolError",
     "ToolLoopDetected",

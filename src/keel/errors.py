@@ -13,6 +13,7 @@
     │   ├── DeadlineExceeded   the run's wall-clock deadline passed
     │   ├── ModelError         the provider refused, or retries ran out
     │   ├── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
+    │   ├── RescuesExhausted   workers rescued a stranded run again and again without progress
     │   └── StoreUnavailable   the store could not save a step: this process stopped, and the
     │                          run stays at its last saved step, resumable (not saved as failed)
     ├── StoreError             the store could not save or read a run (disk full, file deleted or
@@ -44,6 +45,7 @@ __all__ = [
     "LeaseLost",
     "ModelError",
     "ProviderError",
+    "RescuesExhausted",
     "RunFailure",
     "StoreError",
     "StoreUnavailable",
@@ -58,6 +60,7 @@ FailureKind = Literal[
     "ModelError",
     "EmptyModelTurn",
     "StoreUnavailable",
+    "RescuesExhausted",
 ]
 
 
@@ -128,6 +131,14 @@ class ModelError(RunFailure):
 
 class EmptyModelTurn(RunFailure):
     kind = "EmptyModelTurn"
+
+
+class RescuesExhausted(RunFailure):
+    """The workers handed a stranded run on `MAX_RESCUES` times in a row without it getting a
+    step further (its worker died, or the store refused the same step, every time): it is
+    marked failed instead of being taken up again forever (keel/pool/dispatch.py)."""
+
+    kind = "RescuesExhausted"
 
 
 class StoreUnavailable(RunFailure):

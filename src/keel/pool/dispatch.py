@@ -13,6 +13,10 @@ runs forever. A run is stranded when it has not ended, no live lease covers it, 
 more than `grace` seconds ago, and its workflow is not waiting in the queue: then it is handed
 on again, and the next worker resumes it from its journal. A paused run that a decision handed
 on, with every call decided, is stranded the same way when its enqueue never happened.
+
+Rescues are bounded: a run rescued `MAX_RESCUES` times in a row without a tool call answered
+in between (its worker dies on it, or the store refuses the same step, every time) is marked
+failed with `RescuesExhausted` instead of being taken up again, each time another model call.
 """
 
 from __future__ import annotations
@@ -25,9 +29,10 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from keel.errors import ConfigError, StoreError
-from keel.records import RunConfig, RunState
-from keel.store.postgres_store import NOW, PostgresStore, insert_run
+from keel.errors import ConfigError, RescuesExhausted, StoreError
+from keel.records import RunConfig, RunFailed, RunState
+from keel.result import Failure
+from keel.store.postgres_store import NOW, PostgresStore, insert_events, insert_run
 from keel.store.protocol import holder_alive
 
 if TYPE_CHECKING:
@@ -36,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "APP",
     "APP_VERSION",
+    "MAX_RESCUES",
     "QUEUE",
     "WORKFLOW",
     "Decided",
@@ -45,6 +51,10 @@ __all__ = [
 ]
 
 APP = "keel"
+MAX_RESCUES = 5
+"""Rescues in a row, with no tool call answered in between, before a stranded run is given up
+as failed. A resumed run always takes a new step, so the step number is no measure of progress;
+a crash before a step's results are saved leaves the count of answered calls where it was."""
 QUEUE = "keel-runs"
 WORKFLOW = "keel_run"
 APP_VERSION = "keel-1"
@@ -84,6 +94,11 @@ def _all_decided(state_json: str) -> bool:
     the process died between the two), so it is stranded like a queued run."""
     state = RunState.decode(json.loads(state_json))
     return all(p.call_id in state.decisions for p in state.pending)
+
+
+def _progress(state_json: str) -> int:
+    """How far a run has got, for telling rescues in a row apart: its answered tool calls."""
+    return RunState.decode(json.loads(state_json)).tool_calls
 
 
 def workflow_id(run_id: str, attempt: int) -> str:
@@ -195,13 +210,13 @@ class Dispatch:
 
         return self.store.run_sql(write, f"run {run_id} could not be handed on")
 
-    def stranded(self, grace: float, settle: float) -> list[tuple[str, int, bool]]:
+    def stranded(self, grace: float, settle: float) -> list[tuple[str, int, bool, int]]:
         """(run, attempt, handed on more than `grace` ago) of every run the workers own that
         has not ended, that no live lease covers (none, expired, or held by a process of this
         host that is gone), and that was handed on more than `settle` seconds ago (a submit
         commits its run a moment before it enqueues it)."""
 
-        def read(conn: Conn) -> list[tuple[str, int, bool]]:
+        def read(conn: Conn) -> list[tuple[str, int, bool, int]]:
             rows = conn.execute(
                 f"SELECT r.run_id, d.attempt, d.handed_at < {NOW} - %s, r.lease_owner,"
                 f" r.lease_until > {NOW}, r.status, r.state"
@@ -211,7 +226,7 @@ class Dispatch:
                 (grace, settle),
             ).fetchall()
             return [
-                (str(run_id), int(attempt), bool(old))
+                (str(run_id), int(attempt), bool(old), _progress(state))
                 for run_id, attempt, old, owner, live, status, state in rows
                 if not (owner and live and holder_alive(owner))
                 and (status != "awaiting_approval" or _all_decided(state))
@@ -226,7 +241,7 @@ class Dispatch:
         found = self.stranded(grace, min(settle, grace))
         if not found:
             return []
-        ids = [workflow_id(run_id, attempt) for run_id, attempt, _ in found]
+        ids = [workflow_id(run_id, attempt) for run_id, attempt, _, _ in found]
         statuses = {
             w.workflow_id: w.status
             for w in self.client().list_workflows(
@@ -234,11 +249,70 @@ class Dispatch:
             )
         }
         rescued = []
-        for (run_id, attempt, old), wid in zip(found, ids, strict=True):
+        for (run_id, attempt, old, progress), wid in zip(found, ids, strict=True):
             status = statuses.get(wid)
             waiting = status in ("ENQUEUED", "DELAYED")
             if waiting or (status is not None and not old):
                 continue
-            if self.hand_on(run_id, attempt) is not None:
-                rescued.append(run_id)
+            taken = self._rescue_attempt(run_id, attempt, progress)
+            if taken is None:  # another process rescued it first
+                continue
+            new, rescues = taken
+            if rescues > MAX_RESCUES:
+                self._give_up(run_id, rescues - 1)
+                continue
+            self.enqueue(run_id, new)
+            rescued.append(run_id)
         return rescued
+
+    def _rescue_attempt(self, run_id: str, attempt: int, progress: int) -> tuple[int, int] | None:
+        """Bump the attempt (if still `attempt`) and count the rescue: in a row when the run
+        has answered no call since the last rescue, else the first of a new row."""
+
+        def write(conn: Conn) -> tuple[int, int] | None:
+            row = conn.execute(
+                "UPDATE keel.dispatch SET attempt = attempt + 1, handed_at = %s,"
+                " rescues = CASE WHEN rescued_progress = %s THEN rescues + 1 ELSE 1 END,"
+                " rescued_progress = %s WHERE run_id = %s AND attempt = %s"
+                " RETURNING attempt, rescues",
+                (time.time(), progress, progress, run_id, attempt),
+            ).fetchone()
+            return (int(row[0]), int(row[1])) if row else None
+
+        return self.store.run_sql(write, f"run {run_id} could not be handed on")
+
+    def _give_up(self, run_id: str, rescues: int) -> None:
+        """Mark a run that keeps getting stranded at one step as failed, with the reason."""
+
+        def write(conn: Conn) -> None:
+            row = conn.execute(
+                "SELECT state FROM keel.runs WHERE run_id = %s FOR UPDATE", (run_id,)
+            ).fetchone()
+            if row is None:
+                return
+            state = RunState.decode(json.loads(row[0]))
+            if state.status not in ("queued", "running", "awaiting_approval"):
+                return
+            failure = RescuesExhausted(
+                f"the workers rescued this run {rescues} times and it stopped every time before "
+                "answering another tool call (its worker died, or the store refused the step); "
+                "it is not taken up again: see the workers' logs, fix the cause, and submit "
+                "the question again",
+                step=state.step,
+                details={"rescues": rescues},
+            )
+            event = RunFailed(
+                step=state.step, kind=failure.kind, message=failure.message, details=failure.details
+            )
+            event.seq, event.at = state.next_seq, time.time()
+            state.next_seq += 1
+            state.status = "failed"
+            state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
+            insert_events(conn, run_id, [event])
+            conn.execute(
+                "UPDATE keel.runs SET status = 'failed', state = %s, updated_at = %s,"
+                " lease_owner = NULL, lease_until = NULL WHERE run_id = %s",
+                (json.dumps(state.encode()), time.time(), run_id),
+            )
+
+        self.store.run_sql(write, f"run {run_id} could not be marked failed")

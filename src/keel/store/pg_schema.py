@@ -65,7 +65,9 @@ CREATE TABLE IF NOT EXISTS keel.blobs (
 CREATE TABLE IF NOT EXISTS keel.dispatch (
     run_id TEXT PRIMARY KEY,
     attempt INTEGER NOT NULL,
-    handed_at DOUBLE PRECISION NOT NULL
+    handed_at DOUBLE PRECISION NOT NULL,
+    rescues INTEGER NOT NULL DEFAULT 0,
+    rescued_progress INTEGER NOT NULL DEFAULT -1
 );
 """
 
@@ -74,6 +76,10 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE keel.counters ADD COLUMN IF NOT EXISTS world INTEGER NOT NULL DEFAULT 0;"
     " ALTER TABLE keel.counters ADD COLUMN IF NOT EXISTS change_resets INTEGER NOT NULL"
     " DEFAULT 0;",
+    # 2 -> 3: rescues of a run that made no progress in between, so they are bounded.
+    "ALTER TABLE keel.dispatch ADD COLUMN IF NOT EXISTS rescues INTEGER NOT NULL DEFAULT 0;"
+    " ALTER TABLE keel.dispatch ADD COLUMN IF NOT EXISTS rescued_progress INTEGER NOT NULL"
+    " DEFAULT -1;",
 ]
 """Statements that bring version N (index N-1) to N+1."""
 VERSION = len(MIGRATIONS) + 1

@@ -131,7 +131,7 @@ class PostgresStore:
         def write(conn: Conn) -> None:
             insert_run(conn, run_id, question, model, config, state, "running", lease, lease_ttl)
             if events:
-                _insert_events(conn, run_id, events)
+                insert_events(conn, run_id, events)
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 
@@ -195,7 +195,7 @@ class PostgresStore:
 
             decision = Decision(approved, by, reason)
             event, state = decide_pending(run_id, call_id, found, next_seq, decision)
-            _insert_events(conn, run_id, [event])
+            insert_events(conn, run_id, [event])
             conn.execute(
                 "UPDATE keel.runs SET state = %s, updated_at = %s WHERE run_id = %s",
                 (_dumps(state.encode()), time.time(), run_id),
@@ -338,7 +338,7 @@ def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
         )
     with conn.cursor() as cur:
         if cp.events:
-            _insert_events(conn, cp.run_id, cp.events, cur)
+            insert_events(conn, cp.run_id, cp.events, cur)
         if cp.counters:
             cur.executemany(
                 "INSERT INTO keel.counters"
@@ -365,7 +365,7 @@ def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
             )
 
 
-def _insert_events(
+def insert_events(
     conn: Conn, run_id: str, events: Sequence[Event], cur: psycopg.Cursor[Any] | None = None
 ) -> None:
     rows = []
