@@ -95,9 +95,16 @@ def _shortened(error: ProviderError, limit: int) -> ProviderError:
 
 def _broken_contract(response: ModelResponse) -> str | None:
     """What in `response` breaks the transport contract (see the module docstring), or None."""
+    try:
+        return _contract_breach(response)
+    except Exception as exc:  # not even shaped like a ModelResponse
+        return f"is not a ModelResponse ({type(exc).__name__}: {exc})"
+
+
+def _contract_breach(response: ModelResponse) -> str | None:
     usage = response.usage
     for name in ("input_tokens", "output_tokens", "cached_input_tokens"):
-        count = getattr(usage, name)
+        count = getattr(usage, name, None)
         if type(count) is not int or not 0 <= count <= MAX_REPORTED_TOKENS:
             return f"reports usage.{name} as {count!r:.40}, not a token count"
     for name in ("text", "stop_reason", "response_id"):
