@@ -105,15 +105,24 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a JSON number")
 
 
+def _finite_float(text: str) -> float:
+    number = float(text)
+    if not math.isfinite(number):
+        raise ValueError(f"{text} is out of range for a number")
+    return number
+
+
 def parse_arguments(raw: str) -> tuple[Any, str | None]:
     """Parse a model's argument text; return (value, None) or (None, a readable error).
 
-    Strict JSON: NaN and Infinity, which Python would accept, are refused.
+    Strict JSON: NaN and Infinity, which Python would accept, are refused, and so are numbers
+    too large for a float (``1e400``, which Python reads as infinity): a tool would get a value
+    no JSON can carry, and the approval or result showing it could not be printed as JSON.
     """
     if raw.strip() == "":
         return {}, None
     try:
-        return json.loads(raw, parse_constant=_reject_constant), None
+        return json.loads(raw, parse_constant=_reject_constant, parse_float=_finite_float), None
     except json.JSONDecodeError as exc:
         return None, f"arguments are not valid JSON: {exc.msg} at position {exc.pos}"
     except ValueError as exc:

@@ -1,4 +1,5 @@
-"""Limits of one run: the breaker's threshold, budgets, the deadline, the context budget."""
+"""Limits of one run: the breaker's threshold, budgets, the deadline, the context budget, and how
+long one model attempt may take and how much of a provider's error message is kept."""
 
 from __future__ import annotations
 
@@ -44,6 +45,16 @@ class Limits:
     """Retries of a retryable model error (429, 5xx, timeouts) within one turn."""
     retry_base_delay: float = 0.5
     retry_max_delay: float = 30.0
+    model_timeout: float = 600.0
+    """Seconds one model attempt may take in all, from sending to the last byte of the answer.
+    Past it the attempt fails as a retryable timeout; the run's deadline shortens it. The SDKs'
+    own timeouts are per read, so without this a server sending a byte now and then holds a run
+    for as long as it likes. Ten minutes, the SDKs' own read timeout, leaves a slow local model
+    a long answer; raise it for slower ones."""
+    max_error_chars: int = 2_000
+    """A provider's error message is kept to this many characters (events, the failure, the
+    terminal); the rest is cut with a note of how much. Bodies past `max_response_bytes` (a
+    transport option) are not read at all."""
     loop_policy: LoopPolicy = "progress"
     """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
     repeat_synthesis: bool = True
@@ -79,6 +90,16 @@ class Limits:
             )
         if self.model_retries < 0:
             raise ConfigError("model retries must be 0 or more")
+        for name in ("retry_base_delay", "retry_max_delay"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ConfigError(f"{name.replace('_', ' ')} must be 0 or more (got {value})")
+        if not (math.isfinite(self.model_timeout) and self.model_timeout > 0):
+            raise ConfigError(
+                f"model timeout must be a positive number of seconds (got {self.model_timeout})"
+            )
+        if self.max_error_chars < 100:
+            raise ConfigError(f"max error chars must be at least 100 (got {self.max_error_chars})")
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -1,18 +1,32 @@
 """The model gateway: one attempt through a transport, with a timeout, and the retry schedule.
 
 Transports raise ProviderError; anything else a transport lets escape (a bug, an SDK surprise)
-is mapped here, once, so the run loop only ever sees ProviderError or a response.
+is mapped here, once, so the run loop only ever sees ProviderError or a response. Three rules
+hold for every transport, the ones Keel ships and any a user writes:
+
+- an attempt takes at most `Limits.model_timeout` seconds in all (less when the run's deadline
+  is nearer), a retryable timeout past it;
+- an error message is kept to `Limits.max_error_chars` characters;
+- a response keeps the transport contract: text and a stop reason that are strings (or None),
+  calls with string ids and names, usage in token counts (integers from 0 to
+  `keel.transports.wire.MAX_REPORTED_TOKENS`), provider details that are finite JSON. A
+  response that breaks it is a non-retryable ProviderError, so nothing non-finite or of the
+  wrong type reaches the budgets, the store or the JSON Keel prints.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import random
 from dataclasses import dataclass
 
 from keel.errors import ProviderError
+from keel.limits import Limits
 from keel.messages import ModelRequest, ModelResponse
 from keel.transports.base import Transport
+from keel.transports.policy import shorten
+from keel.transports.wire import MAX_REPORTED_TOKENS
 
 __all__ = [
     "RetryPolicy",
@@ -40,22 +54,68 @@ class RetryPolicy:
 
 
 async def attempt(
-    transport: Transport, request: ModelRequest, timeout: float | None
+    transport: Transport, request: ModelRequest, limits: Limits, remaining: float | None
 ) -> ModelResponse:
-    """One model call. Raises ProviderError for every way it can fail."""
+    """One model call, `remaining` seconds before the run's deadline (None: no deadline).
+    Raises ProviderError for every way it can fail."""
+    timeout = limits.model_timeout if remaining is None else min(limits.model_timeout, remaining)
     try:
         async with asyncio.timeout(timeout):
-            return await transport.request(request)
-    except ProviderError:
-        raise
+            response = await transport.request(request)
+    except ProviderError as error:
+        if len(error.message) <= limits.max_error_chars:
+            raise
+        raise _shortened(error, limits.max_error_chars) from None
     except TimeoutError:
+        which = "model_timeout" if timeout == limits.model_timeout else "the run's deadline"
         raise ProviderError(
-            f"the model did not answer within {timeout:.1f}s", retryable=True
+            f"the model did not answer within {timeout:.1f}s ({which})", retryable=True
         ) from None
     except asyncio.CancelledError:
         raise
     except Exception as exc:
-        raise ProviderError(
-            f"transport {transport.name} failed unexpectedly: {type(exc).__name__}: {exc}",
-            retryable=False,
-        ) from exc
+        message = f"transport {transport.name} failed unexpectedly: {type(exc).__name__}: {exc}"
+        raise ProviderError(shorten(message, limits.max_error_chars), retryable=False) from exc
+    broken = _broken_contract(response)
+    if broken is not None:
+        message = f"transport {transport.name} returned a response that {broken}"
+        raise ProviderError(shorten(message, limits.max_error_chars), retryable=False)
+    return response
+
+
+def _shortened(error: ProviderError, limit: int) -> ProviderError:
+    """A copy of `error` with its message shortened to `limit` characters."""
+    return ProviderError(
+        shorten(error.message, limit),
+        status=error.status,
+        retryable=error.retryable,
+        retry_after=error.retry_after,
+    )
+
+
+def _broken_contract(response: ModelResponse) -> str | None:
+    """What in `response` breaks the transport contract (see the module docstring), or None."""
+    try:
+        return _contract_breach(response)
+    except Exception as exc:  # not even shaped like a ModelResponse
+        return f"is not a ModelResponse ({type(exc).__name__}: {exc})"
+
+
+def _contract_breach(response: ModelResponse) -> str | None:
+    usage = response.usage
+    for name in ("input_tokens", "output_tokens", "cached_input_tokens"):
+        count = getattr(usage, name, None)
+        if type(count) is not int or not 0 <= count <= MAX_REPORTED_TOKENS:
+            return f"reports usage.{name} as {count!r:.40}, not a token count"
+    for name in ("text", "stop_reason", "response_id"):
+        value = getattr(response, name)
+        if value is not None and not isinstance(value, str):
+            return f"has a {name} of type {type(value).__name__}, not a string"
+    for call in response.tool_calls:
+        if not (isinstance(call.id, str) and isinstance(call.name, str)):
+            return "has a tool call whose id or name is not a string"
+    try:
+        json.dumps(response.provider_details, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return f"has provider details that are not finite JSON ({exc})"
+    return None

@@ -62,7 +62,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent
         failpoint("after_checkpoint")
         try:
-            attempt = gateway.attempt(parts.transport, request, parts.clock.remaining())
+            attempt = gateway.attempt(parts.transport, request, limits, parts.clock.remaining())
             response = clean_response(await traced_attempt(attempt))
         except ProviderError as error:
             _remember_transport(parts)

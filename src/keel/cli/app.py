@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import signal
 import sys
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.present.progress import watch_local_model
 from keel.present.summary import one_line, show_command
 from keel.present.terminal import describe_call, safe_text
-from keel.present.timeline import event_json, run_json, timeline
+from keel.present.timeline import event_json, json_text, run_json, timeline
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
@@ -131,6 +130,9 @@ def run(
     deadline: Annotated[
         float | None, typer.Option(help="Wall-clock limit in seconds [default: none].")
     ] = None,
+    model_timeout: Annotated[
+        float, typer.Option(help="Seconds one model attempt may take in all (retryable past it).")
+    ] = 600.0,
     context_tokens: Annotated[
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
@@ -169,6 +171,7 @@ def run(
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
             deadline=deadline,
+            model_timeout=model_timeout,
             context_tokens=context_tokens,
             first_turn_tool=first_turn_tool,
         )
@@ -348,7 +351,7 @@ def show(
         shown["loop_rules"] = _loop_rules(record.config.limits)
         if sampling is not None:
             shown["sampling"] = sampling
-        typer.echo(json.dumps(shown, ensure_ascii=False))
+        typer.echo(json_text(shown))
         return
     out = Console()
     summary = run_json(record)
@@ -472,7 +475,7 @@ async def _with_signals(start: Callable[[], RunHandle]) -> RunResult:
 
 def _print_result(result: RunResult, as_json: bool) -> None:
     if as_json:
-        typer.echo(json.dumps(result.to_dict(), ensure_ascii=False))
+        typer.echo(json_text(result.to_dict()))
         return
     if result.answer is not None:
         typer.echo(safe_text(result.answer))

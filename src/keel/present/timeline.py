@@ -3,6 +3,8 @@ much of the run's input a prompt cache could serve."""
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +33,31 @@ from keel.records import (
 )
 from keel.store import RunRecord
 
-__all__ = ["PromptCacheShare", "event_json", "prompt_cache_share", "run_json", "timeline"]
+__all__ = [
+    "PromptCacheShare",
+    "event_json",
+    "json_text",
+    "prompt_cache_share",
+    "run_json",
+    "timeline",
+]
+
+
+def json_text(value: Any) -> str:
+    """`value` as the one line of JSON `keel run --json` and `keel show --json` print: always
+    valid JSON. Nothing non-finite enters a run any more (providers' answers are checked), but
+    a run stored before that may hold a NaN; it is printed as null rather than as ``NaN``."""
+    return json.dumps(_finite(value), ensure_ascii=False, allow_nan=False)
+
+
+def _finite(value: Any) -> Any:
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_finite(v) for v in value]
+    return value
 
 
 def run_json(record: RunRecord) -> dict[str, Any]:

@@ -5,6 +5,10 @@ failures into typed exceptions) and kept away from what Keel owns: the SDK clien
 built with ``max_retries=0``, because the gateway decides about retries, backoff and deadlines
 and a hidden second layer of retries would spend budget the run cannot see.
 
+Every response body comes in through `keel.transports.bounded` (at most
+``max_response_bytes``, decompressed, counted as it streams in) and is decoded by
+`keel.transports.wire` (strict JSON; each transport then reads it against its declared shape).
+
 Foreign exceptions are mapped once, here, by `map_error`; the transports call it at their
 boundary through `keel.transports.policy.attempt`, so nothing else in Keel ever sees an
 ``openai`` exception and none is chained to the ProviderError. The API key is used to
@@ -13,21 +17,24 @@ build the client and to scrub error messages, and is never logged, stored or put
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, cast
+from typing import Any
 
 import httpx
+import httpx2
 import openai
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelResponse, ToolResult
+from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+from keel.transports.wire import decode_json
 
 __all__ = [
     "ERROR_MARKER",
     "LOCAL_PLACEHOLDER_KEY",
+    "PROVIDER",
     "build_client",
     "decode_body",
     "map_error",
@@ -39,6 +46,9 @@ __all__ = [
 LOCAL_PLACEHOLDER_KEY = "keel-no-key"
 """Sent to an explicit `base_url` when no key is configured: local servers (llama.cpp, vLLM)
 ignore the Authorization header, but the SDK insists on having one."""
+
+PROVIDER = "OpenAI API"
+"""How messages about either OpenAI transport's answers begin."""
 
 ERROR_MARKER = "ERROR: "
 """OpenAI's wire formats have no error flag on a tool result, so an error result is marked in
@@ -68,26 +78,30 @@ def resolve_api_key(
 def build_client(
     *,
     client: openai.AsyncOpenAI | None,
-    http_client: httpx.AsyncClient | None,
+    http_client: httpx.AsyncClient | httpx2.AsyncClient | None,
     base_url: str | None,
     api_key: str | None,
+    max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
 ) -> openai.AsyncOpenAI:
-    """The SDK client a transport talks through, never retrying on its own.
+    """The SDK client a transport talks through, never retrying on its own, every answer
+    bounded by `max_response_bytes` (`keel.transports.bounded`).
 
-    A caller's own client is copied with retries off (the copy shares its connection pool).
-    `http_client` is the injection point for tests (an ``httpx.MockTransport``) and for
-    proxies; the SDK accepts a plain ``httpx.AsyncClient`` beside its own ``httpx2`` one.
+    A caller's own client is copied with retries off; the copy sends through the caller's
+    HTTP client (so it shares its connection pool and settings), bounded. `http_client` is the
+    injection point for tests (an ``httpx.MockTransport``) and for proxies.
     """
     if client is not None:
         if http_client is not None or base_url is not None or api_key is not None:
             raise ConfigError("pass either client=... or http_client/base_url/api_key, not both")
-        return client.with_options(max_retries=0)
+        theirs = client._client  # private in the SDK, and the one way to reach the caller's
+        bounded = bounded_client(theirs, max_bytes=max_response_bytes, provider=PROVIDER)
+        return client.with_options(max_retries=0, http_client=bounded)
     base_url = base_url or os.environ.get("OPENAI_BASE_URL") or None
+    inner = http_client if http_client is not None else openai.DefaultAsyncHttpxClient()
     return openai.AsyncOpenAI(
         api_key=resolve_api_key(api_key, base_url),
         base_url=base_url,
-        # The SDK types this as its httpx2 client; at run time it accepts httpx's too.
-        http_client=cast(Any, http_client),
+        http_client=bounded_client(inner, max_bytes=max_response_bytes, provider=PROVIDER),
         max_retries=0,
     )
 
@@ -104,7 +118,7 @@ async def post(
 
     async def send() -> ModelResponse:
         raw = await create(**body)
-        return from_wire(decode_body(raw.text))
+        return from_wire(decode_body(raw.content))
 
     return await attempt(
         send, foreign=openai.OpenAIError, to_error=map_error, secret=client.api_key
@@ -152,7 +166,7 @@ def map_error(
     could not read, or any other SDK failure, is not. `secret` is scrubbed from the message.
     """
     if isinstance(exc, openai.APITimeoutError):
-        return ProviderError("OpenAI API: the request timed out", retryable=True)
+        return ProviderError(f"{PROVIDER}: the request timed out", retryable=True)
     if isinstance(exc, openai.APIConnectionError):
         cause = exc.__cause__
         detail = f": {type(cause).__name__}: {cause}" if cause is not None else ""
@@ -175,13 +189,6 @@ def map_error(
     return ProviderError(scrub(f"OpenAI API: {type(exc).__name__}: {exc}", secret))
 
 
-def decode_body(text: str) -> dict[str, Any]:
-    """A successful response's JSON object. A 200 that is not JSON (a proxy's or a web UI's
-    page at a wrong `base_url`) is not fixed by waiting, so it fails at once."""
-    try:
-        data = json.loads(text)
-    except ValueError:
-        data = None
-    if not isinstance(data, dict):
-        raise ProviderError(f"OpenAI API: the response is not a JSON object: {text[:200]!r}")
-    return data
+def decode_body(body: bytes | str) -> dict[str, Any]:
+    """A successful response's JSON object (strict: see `keel.transports.wire.decode_json`)."""
+    return decode_json(body, PROVIDER)

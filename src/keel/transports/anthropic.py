@@ -19,8 +19,10 @@ the run, so it still serves after the context builder elides the results that fo
 last history item (the next request extends this one). The volatile controls come after every
 breakpoint, so they are never cached or read from a cache. See ADR 0021.
 
-The SDK (anthropic 2.x) is built on ``httpx2`` and refuses ``httpx`` objects, while Keel and its
-tests inject ``httpx.AsyncClient``; `_HttpxBridge` carries each request across unchanged.
+Answers are untrusted: the body arrives bounded (`keel.transports.bounded`, which also carries
+an injected ``httpx.AsyncClient`` across to the SDK's ``httpx2``), is decoded strictly and read
+against its declared shape (`_Message`, `keel.transports.wire`); thinking blocks are kept whole
+but must be JSON with finite numbers.
 """
 
 from __future__ import annotations
@@ -28,12 +30,12 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import anthropic
 import httpx
 import httpx2
-from anthropic.types import Message as SdkMessage
+from pydantic import Discriminator, JsonValue, Tag
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import (
@@ -45,10 +47,13 @@ from keel.messages import (
     ToolResult,
     Usage,
 )
+from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+from keel.transports.wire import Opaque, Shape, TokenCount, decode_json, parse
 
 __all__ = [
     "CACHE_BREAKPOINT",
+    "PROVIDER",
     "THINKING_KEY",
     "AnthropicTransport",
     "from_wire",
@@ -57,6 +62,8 @@ __all__ = [
     "to_wire",
 ]
 
+PROVIDER = "anthropic"
+"""How messages about this transport's answers begin."""
 THINKING_KEY = "anthropic_thinking"
 """The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
 _OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
@@ -172,40 +179,92 @@ def _tool_result_block(result: ToolResult) -> _Block:
 
 
 def from_wire(data: Mapping[str, Any]) -> ModelResponse:
-    """A Messages API response body (a ``message`` object) as a ModelResponse."""
+    """A Messages API response body (a ``message`` object) as a ModelResponse. The body is read
+    as `_Message` first, so a field of the wrong type is a ProviderError naming it."""
+    message = parse(_Message, data, PROVIDER)
     texts: list[str] = []
     calls: list[ToolCall] = []
     opaque: list[_Block] = []
-    for block in data.get("content") or ():
-        kind = block.get("type")
-        if kind == "text":
-            texts.append(block.get("text") or "")
-        elif kind == "tool_use":
-            arguments = json.dumps(block.get("input") or {}, ensure_ascii=False)
-            calls.append(ToolCall.from_raw(block["id"], block["name"], arguments))
-        elif kind in _OPAQUE_BLOCKS:
-            opaque.append(dict(block))
+    for block in message.content or ():
+        if isinstance(block, _Text):
+            texts.append(block.text or "")
+        elif isinstance(block, _ToolUse):
+            arguments = json.dumps(block.input or {}, ensure_ascii=False)
+            calls.append(ToolCall.from_raw(block.id, block.name, arguments))
+        elif isinstance(block, Opaque):
+            opaque.append(dict(block.raw))
     return ModelResponse(
         text="".join(texts) if texts else None,
         tool_calls=tuple(calls),
-        usage=map_usage(data.get("usage")),
-        stop_reason=data.get("stop_reason"),
+        usage=_usage(message.usage),
+        stop_reason=message.stop_reason,
         provider_details={THINKING_KEY: opaque} if opaque else {},
-        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+        response_id=message.id,
     )
 
 
 def map_usage(usage: Mapping[str, Any] | None) -> Usage:
     """Anthropic counts cache reads and writes apart from ``input_tokens``; Keel's input count
     is the whole prompt, so the three are summed. Missing or null fields count as 0."""
-    usage = usage or {}
-    read = usage.get("cache_read_input_tokens") or 0
-    created = usage.get("cache_creation_input_tokens") or 0
+    return _usage(parse(_Usage, usage or {}, PROVIDER, "usage"))
+
+
+def _usage(usage: _Usage | None) -> Usage:
+    usage = usage or _Usage()
+    read = usage.cache_read_input_tokens or 0
+    created = usage.cache_creation_input_tokens or 0
     return Usage(
-        input_tokens=(usage.get("input_tokens") or 0) + read + created,
-        output_tokens=usage.get("output_tokens") or 0,
+        input_tokens=(usage.input_tokens or 0) + read + created,
+        output_tokens=usage.output_tokens or 0,
         cached_input_tokens=read,
     )
+
+
+# --- the shape of an answer (what is read, and no more) --------------------------------------
+
+
+def _block_kind(value: Any) -> str:
+    kind = value.get("type") if isinstance(value, Mapping) else None
+    if kind in ("text", "tool_use"):
+        return f"~{kind}"
+    return "~opaque" if kind in _OPAQUE_BLOCKS else "~other"
+
+
+class _Other(Shape):
+    """A block of a type Keel does not read: only checked to be an object."""
+
+
+class _Text(Shape):
+    text: str | None = None
+
+
+class _ToolUse(Shape):
+    id: str
+    name: str
+    input: JsonValue = None
+
+
+_Content = Annotated[
+    Annotated[_Text, Tag("~text")]
+    | Annotated[_ToolUse, Tag("~tool_use")]
+    | Annotated[Opaque, Tag("~opaque")]
+    | Annotated[_Other, Tag("~other")],
+    Discriminator(_block_kind),
+]
+
+
+class _Usage(Shape):
+    input_tokens: TokenCount | None = None
+    output_tokens: TokenCount | None = None
+    cache_read_input_tokens: TokenCount | None = None
+    cache_creation_input_tokens: TokenCount | None = None
+
+
+class _Message(Shape):
+    id: str | None = None
+    content: list[_Content] | None = None
+    stop_reason: str | None = None
+    usage: _Usage | None = None
 
 
 # --- errors ----------------------------------------------------------------------------------
@@ -254,44 +313,14 @@ def _root_cause(exc: BaseException) -> str:
 # --- the shell -------------------------------------------------------------------------------
 
 
-class _HttpxBridge(httpx2.AsyncBaseTransport):
-    """Sends the SDK's httpx2 requests through an injected httpx client, unchanged.
-
-    The SDK's per-request timeout travels along (httpx's 5 s default would cut long answers
-    short); the client's other settings apply. Bodies arrive decoded, so the encoding headers
-    are dropped rather than have httpx2 decode them twice."""
-
-    _DROPPED = frozenset({"content-encoding", "content-length", "transfer-encoding"})
-
-    def __init__(self, client: httpx.AsyncClient) -> None:
-        self._client = client
-
-    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        outgoing = self._client.build_request(
-            request.method,
-            str(request.url),
-            headers=request.headers.multi_items(),
-            content=await request.aread(),
-            extensions={k: v for k, v in request.extensions.items() if k == "timeout"},
-        )
-        try:
-            response = await self._client.send(outgoing)
-        except httpx.TimeoutException as exc:  # the SDK reports httpx2 timeouts as timeouts
-            raise httpx2.TimeoutException(str(exc), request=request) from exc
-        except httpx.HTTPError as exc:
-            raise httpx2.TransportError(str(exc), request=request) from exc
-        headers = [(k, v) for k, v in response.headers.multi_items() if k not in self._DROPPED]
-        return httpx2.Response(
-            response.status_code, headers=headers, content=response.content, request=request
-        )
-
-
 class AnthropicTransport:
     """One Messages API call per `request`, through the official SDK (no SDK retries).
 
     Pass either a ready `client` or the parts to build one: `http_client` (httpx or httpx2),
     `base_url` and `api_key` (default: ``ANTHROPIC_API_KEY``). The key is handed to the SDK
-    and kept nowhere else."""
+    and kept nowhere else. `max_response_bytes` bounds every answer, decompressed; the SDK
+    sends through the given (or its default) HTTP client, bounded (`keel.transports.bounded`).
+    """
 
     def __init__(
         self,
@@ -302,6 +331,7 @@ class AnthropicTransport:
         base_url: str | None = None,
         api_key: str | None = None,
         max_tokens: int = 4096,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         if not model:
             raise ConfigError("AnthropicTransport needs a model name, e.g. 'claude-sonnet-4-6'")
@@ -310,7 +340,12 @@ class AnthropicTransport:
         if client is not None:
             if http_client is not None or base_url is not None or api_key is not None:
                 raise ConfigError("pass either client or http_client/base_url/api_key, not both")
-            self._client = client.with_options(max_retries=0)
+            bounded = bounded_client(
+                client._client,  # private in the SDK, and the one way to reach the caller's
+                max_bytes=max_response_bytes,
+                provider=PROVIDER,
+            )
+            self._client = client.with_options(max_retries=0, http_client=bounded)
         else:
             key = api_key or os.environ.get("ANTHROPIC_API_KEY")
             if not key:
@@ -318,10 +353,12 @@ class AnthropicTransport:
                     "the Anthropic transport needs an API key: set ANTHROPIC_API_KEY "
                     "or pass api_key"
                 )
-            if isinstance(http_client, httpx.AsyncClient):
-                http_client = httpx2.AsyncClient(transport=_HttpxBridge(http_client))
+            inner = http_client if http_client is not None else anthropic.DefaultAsyncHttpxClient()
             self._client = anthropic.AsyncAnthropic(
-                api_key=key, base_url=base_url, http_client=http_client, max_retries=0
+                api_key=key,
+                base_url=base_url,
+                http_client=bounded_client(inner, max_bytes=max_response_bytes, provider=PROVIDER),
+                max_retries=0,
             )
         self.model = model
         self.max_tokens = max_tokens
@@ -340,9 +377,5 @@ class AnthropicTransport:
         )
 
     async def _send(self, body: dict[str, Any]) -> ModelResponse:
-        message: object = await self._client.messages.create(**body)
-        if not isinstance(message, SdkMessage):
-            # A 200 that is not JSON (a proxy's login page) comes back from the SDK as text.
-            # Waiting does not fix a wrong base_url, so it fails at once.
-            raise ProviderError(f"anthropic: the response is not a message: {message!r:.200}")
-        return from_wire(message.to_dict(mode="json"))
+        raw = await self._client.messages.with_raw_response.create(**body)
+        return from_wire(decode_json(await raw.read(), PROVIDER))

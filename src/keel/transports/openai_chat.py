@@ -19,7 +19,8 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
   they do not know, and cache by prefix anyway (llama.cpp, vLLM).
 - In answers: missing ``usage`` or ``prompt_tokens_details`` count as zero, a missing call id is
   made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
-  list of text parts is joined.
+  list of text parts is joined. Beyond that forgiveness, the answer is read against its declared
+  shape (`_Completion`): a field of the wrong type fails the attempt, naming the field.
 
 `to_wire` and `from_wire` are pure; `request` is a thin shell around one SDK call.
 """
@@ -32,10 +33,14 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 import httpx
+import httpx2
 import openai
+from pydantic import JsonValue
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
-from keel.transports._openai_common import build_client, post, tool_output_text
+from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.wire import Shape, TokenCount, parse
 
 __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
 
@@ -50,19 +55,25 @@ class OpenAIChatTransport:
         model: str,
         *,
         client: openai.AsyncOpenAI | None = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         max_tokens: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
         SDK's own retries off. Without `base_url` the key defaults to OPENAI_API_KEY
-        (ConfigError when missing); with one, a server that needs no key works without one."""
+        (ConfigError when missing); with one, a server that needs no key works without one.
+        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`)."""
         self.name = f"openai-chat:{model}"
         self.model = model
         self.max_tokens = max_tokens
         self._client = build_client(
-            client=client, http_client=http_client, base_url=base_url, api_key=api_key
+            client=client,
+            http_client=http_client,
+            base_url=base_url,
+            api_key=api_key,
+            max_response_bytes=max_response_bytes,
         )
         self._at_openai = self._client.base_url.host == OPENAI_HOST
         self._limit_field = "max_completion_tokens" if self._at_openai else "max_tokens"
@@ -157,47 +168,95 @@ def from_wire(
 ) -> ModelResponse:
     """A ``chat.completion`` object as a ModelResponse, from its first choice.
 
-    `new_id` names calls a server sent without an id: results are paired by id, so every call
-    needs one that is unique in the run. A refusal stands in for missing text.
+    The body is read as `_Completion` first, so a field of the wrong type is a ProviderError
+    naming it (`keel.transports.wire`). `new_id` names calls a server sent without an id:
+    results are paired by id, so every call needs one that is unique in the run. A refusal
+    stands in for missing text.
     """
-    choices = data.get("choices") or ()
-    choice: Mapping[str, Any] = choices[0] if choices else {}
-    message: Mapping[str, Any] = choice.get("message") or {}
-    calls = tuple(
-        _call(raw, new_id)
-        for raw in message.get("tool_calls") or ()
-        if raw.get("type", "function") == "function"
-    )
+    completion = parse(_Completion, data, PROVIDER)
+    choice = completion.choices[0] if completion.choices else _Choice()
+    message = choice.message or _Message()
+    calls = tuple(_call(raw, new_id) for raw in message.tool_calls or () if raw.type == "function")
     return ModelResponse(
-        text=_content(message.get("content")) or message.get("refusal") or None,
+        text=_content(message.content) or message.refusal or None,
         tool_calls=calls,
-        usage=usage(data.get("usage")),
-        stop_reason=choice.get("finish_reason"),
-        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+        usage=_usage(completion.usage),
+        stop_reason=choice.finish_reason,
+        response_id=completion.id,
     )
 
 
-def _content(content: Any) -> str | None:
+def _content(content: str | list[_Part] | None) -> str | None:
     if isinstance(content, list):
-        return "".join(part.get("text") or "" for part in content if isinstance(part, Mapping))
-    return content if isinstance(content, str) else None
+        return "".join(part.text or "" for part in content)
+    return content
 
 
-def _call(raw: Mapping[str, Any], new_id: Callable[[], str]) -> ToolCall:
-    function = raw.get("function") or {}
-    arguments = function.get("arguments")
+def _call(raw: _ToolCall, new_id: Callable[[], str]) -> ToolCall:
+    function = raw.function or _Function()
+    arguments = function.arguments
     if not isinstance(arguments, str):
         arguments = "" if arguments is None else json.dumps(arguments, ensure_ascii=False)
-    return ToolCall.from_raw(raw.get("id") or new_id(), function.get("name") or "", arguments)
+    return ToolCall.from_raw(raw.id or new_id(), function.name or "", arguments)
 
 
 def usage(data: Mapping[str, Any] | None) -> Usage:
     """Chat usage; compatible servers may leave out the block or its details: zero, then."""
-    if not data:
+    return _usage(parse(_Usage, data or {}, PROVIDER, "usage"))
+
+
+def _usage(usage: _Usage | None) -> Usage:
+    if usage is None:
         return Usage()
-    details = data.get("prompt_tokens_details") or {}
+    details = usage.prompt_tokens_details
     return Usage(
-        input_tokens=data.get("prompt_tokens") or 0,
-        output_tokens=data.get("completion_tokens") or 0,
-        cached_input_tokens=details.get("cached_tokens") or 0,
+        input_tokens=usage.prompt_tokens or 0,
+        output_tokens=usage.completion_tokens or 0,
+        cached_input_tokens=(details.cached_tokens if details else None) or 0,
     )
+
+
+# --- the shape of an answer (what is read, and no more) ---------------------------------------
+
+
+class _Function(Shape):
+    name: str | None = None
+    arguments: JsonValue = None
+    """A string of JSON by the specification; some servers send the object itself."""
+
+
+class _ToolCall(Shape):
+    id: str | None = None
+    type: str | None = "function"
+    function: _Function | None = None
+
+
+class _Part(Shape):
+    text: str | None = None
+
+
+class _Message(Shape):
+    content: str | list[_Part] | None = None
+    refusal: str | None = None
+    tool_calls: list[_ToolCall] | None = None
+
+
+class _Choice(Shape):
+    message: _Message | None = None
+    finish_reason: str | None = None
+
+
+class _PromptDetails(Shape):
+    cached_tokens: TokenCount | None = None
+
+
+class _Usage(Shape):
+    prompt_tokens: TokenCount | None = None
+    completion_tokens: TokenCount | None = None
+    prompt_tokens_details: _PromptDetails | None = None
+
+
+class _Completion(Shape):
+    id: str | None = None
+    choices: list[_Choice] | None = None
+    usage: _Usage | None = None

@@ -35,10 +35,12 @@ text and the calls from the AssistantMessage itself, so Keel's own fields stay a
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Annotated, Any
 
 import httpx
+import httpx2
 import openai
+from pydantic import Discriminator, Tag
 
 from keel.errors import ProviderError
 from keel.messages import (
@@ -50,7 +52,9 @@ from keel.messages import (
     ToolDefinition,
     Usage,
 )
-from keel.transports._openai_common import build_client, post, tool_output_text
+from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.wire import Opaque, Shape, TokenCount, parse
 
 __all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
 
@@ -69,18 +73,24 @@ class OpenAIResponsesTransport:
         model: str,
         *,
         client: openai.AsyncOpenAI | None = None,
-        http_client: httpx.AsyncClient | None = None,
+        http_client: httpx.AsyncClient | httpx2.AsyncClient | None = None,
         base_url: str | None = None,
         api_key: str | None = None,
         max_output_tokens: int | None = None,
+        max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
-        SDK's own retries off. The key defaults to OPENAI_API_KEY (ConfigError when missing)."""
+        SDK's own retries off. The key defaults to OPENAI_API_KEY (ConfigError when missing).
+        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`)."""
         self.name = f"openai:{model}"
         self.model = model
         self.max_output_tokens = max_output_tokens
         self._client = build_client(
-            client=client, http_client=http_client, base_url=base_url, api_key=api_key
+            client=client,
+            http_client=http_client,
+            base_url=base_url,
+            api_key=api_key,
+            max_response_bytes=max_response_bytes,
         )
 
     async def request(self, request: ModelRequest) -> ModelResponse:
@@ -189,67 +199,149 @@ def _function_call(call: ToolCall) -> dict[str, Any]:
 def from_wire(data: Mapping[str, Any]) -> ModelResponse:
     """A Responses API ``response`` object as a ModelResponse.
 
-    Text is every ``output_text`` part of every message, concatenated (a refusal stands in when
-    there is no text, so it reaches the user instead of looking like an empty turn). Hosted-tool
-    items, which Keel never asks for, are ignored.
+    The body is read as `_Response` first, so a field of the wrong type is a ProviderError
+    naming it (`keel.transports.wire`). Text is every ``output_text`` part of every message,
+    concatenated (a refusal stands in when there is no text, so it reaches the user instead of
+    looking like an empty turn). Hosted-tool items, which Keel never asks for, are ignored.
     """
-    status = data.get("status")
-    if status == "failed":
-        raise _failed(data.get("error"))
+    response = parse(_Response, data, PROVIDER)
+    if response.status == "failed":
+        raise _failed(response.error or _Error())
     texts: list[str] = []
     refusals: list[str] = []
     calls: list[ToolCall] = []
     layout: list[dict[str, Any]] = []
-    for item in data.get("output") or ():
-        kind = item.get("type")
-        if kind == "message":
-            for part in item.get("content") or ():
-                if part.get("type") == "output_text":
-                    texts.append(part.get("text") or "")
-                elif part.get("type") == "refusal":
-                    refusals.append(part.get("refusal") or "")
-            layout.append({"type": "message", "phase": item.get("phase")})
-        elif kind == "function_call":
+    for item in response.output or ():
+        if isinstance(item, _MessageItem):
+            for part in item.content or ():
+                if isinstance(part, _OutputText):
+                    texts.append(part.text or "")
+                elif isinstance(part, _Refusal):
+                    refusals.append(part.refusal or "")
+            layout.append({"type": "message", "phase": item.phase})
+        elif isinstance(item, _CallItem):
             call = ToolCall.from_raw(
-                item.get("call_id") or item.get("id") or "",
-                item.get("name") or "",
-                item.get("arguments") or "",
+                item.call_id or item.id or "", item.name or "", item.arguments or ""
             )
             calls.append(call)
             layout.append({"type": "function_call", "call_id": call.id})
-        elif kind == "reasoning":
-            layout.append(dict(item))
+        elif isinstance(item, Opaque):  # a reasoning item, replayed whole
+            layout.append(dict(item.raw))
     text = "".join(texts) or "".join(refusals) or None
-    incomplete = data.get("incomplete_details") or {}
-    stop = incomplete.get("reason") if status == "incomplete" else status
+    incomplete = response.incomplete_details
+    stop = incomplete.reason if incomplete and response.status == "incomplete" else None
     return ModelResponse(
         text=text,
         tool_calls=tuple(calls),
-        usage=usage(data.get("usage")),
-        stop_reason=stop or status,
+        usage=_usage(response.usage),
+        stop_reason=stop or response.status,
         provider_details={PROVIDER_KEY: {"output": layout}} if layout else {},
-        response_id=data.get("id") if isinstance(data.get("id"), str) else None,
+        response_id=response.id,
     )
 
 
 def usage(data: Mapping[str, Any] | None) -> Usage:
     """Responses usage; absent fields count as zero."""
-    if not data:
+    return _usage(parse(_Usage, data or {}, PROVIDER, "usage"))
+
+
+def _usage(usage: _Usage | None) -> Usage:
+    if usage is None:
         return Usage()
-    details = data.get("input_tokens_details") or {}
+    details = usage.input_tokens_details
     return Usage(
-        input_tokens=data.get("input_tokens") or 0,
-        output_tokens=data.get("output_tokens") or 0,
-        cached_input_tokens=details.get("cached_tokens") or 0,
+        input_tokens=usage.input_tokens or 0,
+        output_tokens=usage.output_tokens or 0,
+        cached_input_tokens=(details.cached_tokens if details else None) or 0,
     )
 
 
-def _failed(error: Mapping[str, Any] | None) -> ProviderError:
+def _failed(error: _Error) -> ProviderError:
     """A 200 whose response says ``status: "failed"``: an error like any other."""
-    error = error or {}
-    code = error.get("code")
-    message = error.get("message") or "the response failed without a message"
+    message = error.message or "the response failed without a message"
     return ProviderError(
-        f"OpenAI API: response failed ({code}): {message}",
-        retryable=code in _RETRYABLE_FAILURES,
+        f"{PROVIDER}: response failed ({error.code}): {message}",
+        retryable=error.code in _RETRYABLE_FAILURES,
     )
+
+
+# --- the shape of an answer (what is read, and no more) ---------------------------------------
+
+
+def _by_type(*known: str) -> Discriminator:
+    """Items and parts are told apart by ``type``; a type Keel does not read is `_Other`."""
+
+    def tag(value: Any) -> str:
+        kind = value.get("type") if isinstance(value, Mapping) else None
+        return f"~{kind}" if kind in known else "~other"
+
+    return Discriminator(tag)
+
+
+class _Other(Shape):
+    """An item or part of a type Keel does not read: only checked to be an object."""
+
+
+class _OutputText(Shape):
+    text: str | None = None
+
+
+class _Refusal(Shape):
+    refusal: str | None = None
+
+
+_Part = Annotated[
+    Annotated[_OutputText, Tag("~output_text")]
+    | Annotated[_Refusal, Tag("~refusal")]
+    | Annotated[_Other, Tag("~other")],
+    _by_type("output_text", "refusal"),
+]
+
+
+class _MessageItem(Shape):
+    content: list[_Part] | None = None
+    phase: str | None = None
+
+
+class _CallItem(Shape):
+    call_id: str | None = None
+    id: str | None = None
+    name: str | None = None
+    arguments: str | None = None
+
+
+_Item = Annotated[
+    Annotated[_MessageItem, Tag("~message")]
+    | Annotated[_CallItem, Tag("~function_call")]
+    | Annotated[Opaque, Tag("~reasoning")]
+    | Annotated[_Other, Tag("~other")],
+    _by_type("message", "function_call", "reasoning"),
+]
+
+
+class _InputDetails(Shape):
+    cached_tokens: TokenCount | None = None
+
+
+class _Usage(Shape):
+    input_tokens: TokenCount | None = None
+    output_tokens: TokenCount | None = None
+    input_tokens_details: _InputDetails | None = None
+
+
+class _Incomplete(Shape):
+    reason: str | None = None
+
+
+class _Error(Shape):
+    code: str | None = None
+    message: str | None = None
+
+
+class _Response(Shape):
+    id: str | None = None
+    status: str | None = None
+    output: list[_Item] | None = None
+    usage: _Usage | None = None
+    incomplete_details: _Incomplete | None = None
+    error: _Error | None = None

@@ -8,7 +8,9 @@ Three questions have one answer here, whatever wire protocol met the failure:
 * **How long does the provider ask us to wait?** `parse_retry_after` reads ``retry-after-ms``
   and ``retry-after`` (seconds or an HTTP date).
 * **What may a message say?** `scrub` takes the API key out of any text built from what a
-  server sent back (some servers and proxies echo the key they rejected).
+  server sent back (some servers and proxies echo the key they rejected), and `shorten` keeps
+  it to a length a person can read and the store need not hold whole (the gateway applies
+  `keel.limits.Limits.max_error_chars` to every attempt's error, after the scrub).
 
 And one rule about exception chaining, which `attempt` applies: **a ProviderError carries no
 foreign exception**. An SDK exception holds the request it failed on, and the request's headers
@@ -43,6 +45,7 @@ __all__ = [
     "parse_retry_after",
     "scrub",
     "scrubbed",
+    "shorten",
 ]
 
 RETRYABLE_STATUSES: Mapping[int, str] = {
@@ -137,6 +140,13 @@ def scrub(text: str, secret: str | None) -> str:
     return text
 
 
+def shorten(text: str, limit: int) -> str:
+    """`text` cut to `limit` characters, saying how much was left out; unchanged when short."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... [{len(text) - limit} more characters not kept]"
+
+
 def scrubbed(error: ProviderError, secret: str | None) -> ProviderError:
     """A fresh copy of `error` with `secret` scrubbed from its message: never raised, so it has
     no traceback and nothing chained to it yet."""
@@ -157,14 +167,26 @@ async def attempt(
 ) -> _Result:
     """One provider attempt under the policy: `call()`'s result, or a ProviderError.
 
-    A `foreign` exception (the SDK's, llama.cpp's) becomes ``to_error(exc)``; a ProviderError
-    raised while reading the answer passes on. Either way the message is scrubbed of `secret`
-    and the error is raised with nothing chained to it (see the module docstring).
+    A `foreign` exception (the SDK's, llama.cpp's) becomes ``to_error(exc)``, unless it wraps a
+    ProviderError Keel's own HTTP layer raised under the SDK (an answer past its size limit:
+    ``anthropic`` reports any such failure as a connection error caused by it), which passes on
+    as it is, like one raised while reading the answer. Either way the message is scrubbed of
+    `secret` and the error is raised with nothing chained to it (see the module docstring).
     """
     try:
         return await call()
     except ProviderError as exc:
         error = exc
     except foreign as exc:
-        error = to_error(exc)
+        error = _carried(exc) or to_error(exc)
     raise scrubbed(error, secret) from None
+
+
+def _carried(exc: BaseException) -> ProviderError | None:
+    """The ProviderError that caused `exc`, if one did."""
+    cause = exc.__cause__
+    while cause is not None:
+        if isinstance(cause, ProviderError):
+            return cause
+        cause = cause.__cause__
+    return None
