@@ -381,11 +381,14 @@ class KeyCounter:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A person's decision on one pending call."""
+    """A person's decision on one pending call: final once recorded (keel.store.protocol)."""
 
     approved: bool
     by: str
     reason: str | None = None
+    at: float | None = None
+    """Unix time it was recorded (its `approval_decided` event's); None in stores written
+    before decisions kept it."""
 
 
 @dataclass(slots=True)
@@ -411,7 +414,7 @@ class RunState:
     next_seq: int = 0
     """Sequence number of the next event in the run's log."""
     decisions: dict[str, Decision] = field(default_factory=dict)
-    """Decisions on pending calls, by call id."""
+    """Decisions on pending calls, by Keel's call id (`ToolCall.id`); never replaced."""
     denied: dict[str, Decision] = field(default_factory=dict)
     """Denials by call key, so an identical call is denied again without asking."""
     transport: JsonObject | None = None
