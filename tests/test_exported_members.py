@@ -49,6 +49,7 @@ EXPORTED = {
     "Usage",
     "UserMessage",
     # the exception tree, drawn in keel/errors.py
+    "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",

@@ -4,15 +4,24 @@ real Postgres database (a throwaway cluster the tests start: `tests/postgres.py`
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import psycopg
 import pytest
 
 import keel
-from keel.errors import ConfigError, LeaseHeld, LeaseLost, StoreError
-from keel.records import KeyCounter, RunConfig, RunStarted, RunState, ToolResultRecorded
+from keel.errors import AlreadyDecided, ConfigError, LeaseHeld, LeaseLost, StoreError
+from keel.records import (
+    ApprovalDecided,
+    KeyCounter,
+    RunConfig,
+    RunStarted,
+    RunState,
+    ToolResultRecorded,
+)
 from keel.store import Checkpoint, RunStore, new_lease_owner, open_store
 from postgres import sql
 from support import call, run_script
@@ -125,6 +134,61 @@ async def test_decisions_are_recorded_only_for_pending_calls(opened: Opener) -> 
     assert event.seq == out.events[-1].seq + 1
     record = store.get_run(run_id)
     assert record is not None and record.state.decisions[pending.call_id].by == "ana"
+
+
+async def test_a_decision_is_final_and_deciding_again_says_who_decided_what_and_when(
+    opened: Opener,
+) -> None:
+    store = opened()
+    out = await run_script({"turns": [call("publish", text="hi")]}, [PUBLISH], store=store)
+    run_id = out.result.run_id
+    (pending,) = out.result.pending_approvals
+    denial = opened().decide(run_id, pending.call_id, approved=False, by="alice", reason="no")
+    for approved in (True, False):  # an approval after it, or the same denial again
+        with pytest.raises(AlreadyDecided, match=r"already denied by alice at .+ UTC: no"):
+            opened().decide(run_id, pending.call_id, approved=approved, by="mallory")
+    record = store.get_run(run_id)
+    assert record is not None
+    decision = record.state.decisions[pending.call_id]
+    assert (decision.approved, decision.by, decision.at) == (False, "alice", denial.at)
+    decided = [e for e in store.events(run_id) if isinstance(e, ApprovalDecided)]
+    assert [(e.by, e.approved) for e in decided] == [("alice", False)]
+
+
+async def test_racing_decisions_on_one_call_exactly_one_wins_and_the_others_are_told(
+    opened: Opener,
+) -> None:
+    """Six people (each with a store of their own, as six processes would have) decide the same
+    call at the same moment, approving and denying: one transaction settles it."""
+    store = opened()
+    out = await run_script({"turns": [call("publish", text="hi")]}, [PUBLISH], store=store)
+    run_id = out.result.run_id
+    (pending,) = out.result.pending_approvals
+    deciders = [opened() for _ in range(6)]
+    start = threading.Barrier(len(deciders))
+
+    def decide(n: int) -> str | None:
+        start.wait()
+        try:
+            deciders[n].decide(
+                run_id, pending.call_id, approved=n % 2 == 0, by=f"person{n}", reason="race"
+            )
+        except AlreadyDecided as lost:
+            return str(lost)
+        return None
+
+    with ThreadPoolExecutor(len(deciders)) as pool:
+        said = list(pool.map(decide, range(len(deciders))))
+    winners = [n for n, message in enumerate(said) if message is None]
+    assert len(winners) == 1, f"{len(winners)} deciders were told they succeeded"
+    (winner,) = winners
+    verdict = "approved" if winner % 2 == 0 else "denied"
+    for message in filter(None, said):
+        assert f"already {verdict} by person{winner}" in message
+    record = store.get_run(run_id)
+    assert record is not None and record.state.decisions[pending.call_id].by == f"person{winner}"
+    decided = [e for e in store.events(run_id) if isinstance(e, ApprovalDecided)]
+    assert [e.by for e in decided] == [f"person{winner}"]
 
 
 @keel.tool(effect="side_effecting", requires_approval=True)

@@ -82,7 +82,9 @@ async def test_a_run_with_a_denial_and_a_synthesis_turn_produces_the_expected_sp
     )
     paused = await agent.arun("What do the notes say?")
     assert paused.status == "awaiting_approval"
-    agent.deny(paused.run_id, "call_2", reason="not now", by="ana")
+    (asked,) = paused.pending_approvals
+    assert asked.call_id == "k2_0"  # Keel's id for the call (ADR 0030), not the script's call_2
+    agent.deny(paused.run_id, asked.call_id, reason="not now", by="ana")
     done = await agent.aresume(paused.run_id)
     assert done.status == "completed" and done.synthesized == "repeated_tool"
 
@@ -127,7 +129,7 @@ async def test_a_run_with_a_denial_and_a_synthesis_turn_produces_the_expected_sp
 
     note1, denied, note2 = tools
     assert attr(denied, gen_ai.GEN_AI_TOOL_NAME) == "publish"
-    assert attr(denied, gen_ai.GEN_AI_TOOL_CALL_ID) == "call_2"
+    assert attr(denied, gen_ai.GEN_AI_TOOL_CALL_ID) == "k2_0"
     assert attr(denied, ERROR_TYPE) == "keel.denied"
     assert attr(denied, "keel.dispatched") is False
     assert [attr(t, "keel.call_count") for t in (note1, note2)] == [1, 2]

@@ -31,6 +31,8 @@ from ui_runs import (
 )
 
 BASE = "http://127.0.0.1:8350"
+CALL = "k1_0"
+"""Keel's id for the paused run's write (step 1, first call; ADR 0030)."""
 
 
 @pytest.fixture
@@ -191,7 +193,7 @@ def test_post_without_csrf_token_is_refused_and_records_nothing(
 ) -> None:
     run_id = paused_run(store, repo)
     before = decisions(store, run_id)
-    url = f"/runs/{run_id}/calls/call_1/approve"
+    url = f"/runs/{run_id}/calls/{CALL}/approve"
     assert ui.post(url, data={"by": "mallory"}).status_code == 403
     assert ui.post(url, data={"by": "mallory", "csrf": "guessed"}).status_code == 403
     time.sleep(0.5)  # a resume, had one been started, would have moved the run by now
@@ -205,13 +207,13 @@ def test_post_with_a_foreign_host_is_refused_and_records_nothing(
     token = csrf(ui.get(f"/runs/{run_id}").text)
     before = decisions(store, run_id)
     refused = ui.post(
-        f"/runs/{run_id}/calls/call_1/deny",
+        f"/runs/{run_id}/calls/{CALL}/deny",
         data={"csrf": token, "by": "mallory", "reason": "x"},
         headers={"host": "rebound.example:8350"},
     )
     assert refused.status_code == 403
     foreign_origin = ui.post(
-        f"/runs/{run_id}/calls/call_1/approve",
+        f"/runs/{run_id}/calls/{CALL}/approve",
         data={"csrf": token, "by": "mallory"},
         headers={"origin": "http://evil.example"},
     )
@@ -225,7 +227,7 @@ def test_deny_requires_a_reason(ui: TestClient, store: Path, repo: Path) -> None
     token = csrf(ui.get(f"/runs/{run_id}").text)
     before = decisions(store, run_id)
     response = ui.post(
-        f"/runs/{run_id}/calls/call_1/deny", data={"csrf": token, "by": "ana", "reason": "  "}
+        f"/runs/{run_id}/calls/{CALL}/deny", data={"csrf": token, "by": "ana", "reason": "  "}
     )
     assert response.status_code == 400
     assert decisions(store, run_id) == before
@@ -238,7 +240,7 @@ def test_approve_records_the_decision_and_resumes_the_run(
     page = ui.get(f"/runs/{run_id}").text
     assert "Waiting for approval" in page and "SUMMARY.md" in page
     response = ui.post(
-        f"/runs/{run_id}/calls/call_1/approve",
+        f"/runs/{run_id}/calls/{CALL}/approve",
         data={"csrf": csrf(page), "by": "ana"},
         follow_redirects=False,
     )
@@ -247,7 +249,7 @@ def test_approve_records_the_decision_and_resumes_the_run(
     assert (repo / "SUMMARY.md").read_text() == "summary"
     done = ui.get(f"/runs/{run_id}").text
     assert "approved by <strong>ana</strong>" in done and "Wrote SUMMARY.md." in done
-    again = ui.post(f"/runs/{run_id}/calls/call_1/approve", data={"csrf": csrf(page)})
+    again = ui.post(f"/runs/{run_id}/calls/{CALL}/approve", data={"csrf": csrf(page)})
     assert again.status_code == 409  # decided already: nothing pending
 
 
@@ -267,7 +269,7 @@ def test_a_run_the_command_line_cannot_resume_says_why_on_its_page(store: Path) 
     with client(store) as ui:
         page = ui.get(f"/runs/{paused.run_id}").text
         ui.post(
-            f"/runs/{paused.run_id}/calls/call_1/approve", data={"csrf": csrf(page), "by": "ana"}
+            f"/runs/{paused.run_id}/calls/{CALL}/approve", data={"csrf": csrf(page), "by": "ana"}
         )
         deadline = time.monotonic() + 60
         while "resuming this run failed" not in (page := ui.get(f"/runs/{paused.run_id}").text):
@@ -283,8 +285,8 @@ def test_approvals_page_lists_paused_runs_with_forms(
 ) -> None:
     run_id = paused_run(store, repo)
     page = ui.get("/approvals").text
-    assert f"/runs/{run_id}/calls/call_1/approve" in page
-    assert f"/runs/{run_id}/calls/call_1/deny" in page
+    assert f"/runs/{run_id}/calls/{CALL}/approve" in page
+    assert f"/runs/{run_id}/calls/{CALL}/deny" in page
     assert page.count('name="csrf"') == 2
 
 

@@ -24,6 +24,8 @@ from postgres import PASSWORD, free_port
 
 BASE = "http://127.0.0.1:8350"
 ANSWER = "Logged one line."
+WRITE_CALL = "k2_0"
+"""Keel's id for the script's write (step 2, first call; ADR 0030)."""
 SCRIPT = {
     "turns": [
         {"tool_calls": [call("read_file", path="notes.md")]},
@@ -75,7 +77,7 @@ def test_the_runs_page_and_a_run_page_read_a_postgres_store(pool: Pool) -> None:
         assert 'class="ev tool-call' in page
         waiting = ui.get(f"/runs/{paused['run_id']}").text
         assert "Waiting for approval" in waiting
-        assert f"/runs/{paused['run_id']}/calls/call_2/approve" in waiting
+        assert f"/runs/{paused['run_id']}/calls/{WRITE_CALL}/approve" in waiting
         live = ui.get(f"/runs/{done['run_id']}/live").text
         assert "event: update" in live and '"status": "completed"' in live
 
@@ -89,7 +91,7 @@ def test_approving_on_a_postgres_store_queues_the_run_for_a_worker(pool: Pool) -
     with client(pool.url) as ui:
         page = ui.get(f"/runs/{run_id}").text
         response = ui.post(
-            f"/runs/{run_id}/calls/call_2/approve",
+            f"/runs/{run_id}/calls/{WRITE_CALL}/approve",
             data={"csrf": csrf(page), "by": "ana"},
             follow_redirects=False,
         )
@@ -113,7 +115,9 @@ def test_a_decided_run_on_postgres_says_it_is_queued_for_a_keel_worker(pool: Poo
     assert first.wait(timeout=30) == 0
     with client(pool.url) as ui:
         page = ui.get(f"/runs/{run_id}").text
-        ui.post(f"/runs/{run_id}/calls/call_2/approve", data={"csrf": csrf(page), "by": "ana"})
+        ui.post(
+            f"/runs/{run_id}/calls/{WRITE_CALL}/approve", data={"csrf": csrf(page), "by": "ana"}
+        )
         after = ui.get(f"/runs/{run_id}").text
         assert "queued for a keel worker" in after and "resuming" not in after
         assert pool.status(run_id) == "awaiting_approval"  # nothing here resumed it
@@ -127,7 +131,7 @@ def test_a_decision_where_no_worker_set_the_queue_up_says_how_to_continue(pool: 
     first, second = local_run(pool)["run_id"], local_run(pool)["run_id"]
     with client(pool.url) as ui:
         page = ui.get(f"/runs/{first}").text
-        ui.post(f"/runs/{first}/calls/call_2/approve", data={"csrf": csrf(page), "by": "ana"})
+        ui.post(f"/runs/{first}/calls/{WRITE_CALL}/approve", data={"csrf": csrf(page), "by": "ana"})
         after = ui.get(f"/runs/{first}").text
     assert "no keel worker has set the queue up on this store yet" in after
     assert f"the first keel worker to start takes it (or `keel resume {first}`)" in after

@@ -13,6 +13,7 @@ result = agent.run("What does the glossary say about leases?")
 
 from keel.agent import Agent, RunHandle
 from keel.errors import (
+    AlreadyDecided,
     BudgetExhausted,
     ConfigError,
     DeadlineExceeded,
@@ -57,6 +58,7 @@ from keel.transports.scripted import ScriptedTransport
 
 __all__ = [
     "Agent",
+    "AlreadyDecided",
     "AssistantMessage",
     "BudgetExhausted",
     "ConfigError",

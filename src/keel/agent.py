@@ -298,11 +298,14 @@ class Agent:
     def approve(
         self, run_id: str, call_id: str | None = None, *, by: str | None = None
     ) -> list[str]:
-        """Approve one pending call, or all of them; `resume` then dispatches them."""
+        """Approve one pending call (by Keel's call id, as `pending_approvals` gives it), or
+        all of them; `resume` then dispatches them. A decision is final: a call decided
+        already raises AlreadyDecided."""
         return approvals.approve(self.store, run_id, call_id, by)
 
     def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
-        """Deny a pending call; the model is told who denied it and why, and not to retry."""
+        """Deny a pending call; the model is told who denied it and why, and not to retry.
+        Final, like an approval: a call decided already raises AlreadyDecided."""
         approvals.deny(self.store, run_id, call_id, reason, by)
 
     def close(self) -> None:

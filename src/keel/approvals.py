@@ -1,7 +1,9 @@
 """Decisions on paused runs: who approved or denied which call, recorded in the store.
 
 A paused run holds no lease and no process; any process may record a decision, and `resume`
-(in any process) acts on it.
+(in any process) acts on it. Calls are named by Keel's own call id (`k<step>_<n>`, ADR 0030),
+never by the id the model's provider gave them. A decision is final: the store refuses a second
+one on the same call with AlreadyDecided, naming who decided what and when.
 """
 
 from __future__ import annotations

@@ -3,6 +3,8 @@
     KeelError                  base of every error Keel raises on purpose
     ├── ConfigError            misuse: a bad option, limit, model spec or script (exit code 2)
     ├── LeaseHeld              refusal: another live process is advancing that run (exit code 2)
+    ├── AlreadyDecided         refusal: that call was decided already; decisions are final
+    │                          (exit code 2)
     ├── LeaseLost              this process's lease on a run was taken over: it must stop writing
     ├── ProviderError          one failed model attempt, mapped at the transport boundary;
     │                          the gateway retries it or turns it into a ModelError failure
@@ -34,6 +36,7 @@ from __future__ import annotations
 from typing import Any, ClassVar, Literal
 
 __all__ = [
+    "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",
@@ -74,6 +77,11 @@ class ConfigError(KeelError):
 
 class LeaseHeld(KeelError):
     """Another live process is advancing this run: a refusal, like ConfigError (exit code 2)."""
+
+
+class AlreadyDecided(KeelError):
+    """Someone decided that call first: a decision, once recorded, is final (exit code 2). The
+    message names who decided, what, and when, so the one who lost a race knows it."""
 
 
 class LeaseLost(KeelError):

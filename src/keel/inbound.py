@@ -87,8 +87,10 @@ def _clean_call(call: ToolCall) -> ToolCall:
         and arguments is call.arguments
     ):
         return call
+    provider_id = None if call.provider_id is None else clean_text(call.provider_id)
     if call.parse_error is None and isinstance(arguments, dict):
         # a JSON escape put the surrogate in the parsed arguments: key them as cleaned
         key = call_key(name, arguments)
-        return ToolCall(call_id, name, canonical_json(arguments), arguments, None, key)
-    return ToolCall.from_raw(call_id, name, raw)
+        raw = canonical_json(arguments)
+        return ToolCall(call_id, name, raw, arguments, None, key, provider_id)
+    return ToolCall.from_raw(call_id, name, raw, provider_id=provider_id)

@@ -8,7 +8,8 @@ vendor's format. Vendor data that must round-trip (reasoning items, signatures) 
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Literal
 
@@ -27,6 +28,9 @@ __all__ = [
     "Usage",
     "UserMessage",
     "digest_text",
+    "keel_call_id",
+    "wire_call_ids",
+    "with_keel_ids",
 ]
 
 ToolChoice = Literal["none", "required"] | None
@@ -47,7 +51,11 @@ class ToolCall:
     """One tool call the model asked for."""
 
     id: str
-    """The provider's call id (or one Keel made up), pairing the call with its result."""
+    """Keel's id for the call, unique in the run (`keel_call_id`): what pairs the call with its
+    result, and what approvals, decisions and the journal name. A transport fills in the
+    provider's id; the run gives each call its own as the turn arrives (`with_keel_ids`), so a
+    provider that repeats ids cannot make two calls one. Calls recorded before Keel gave ids of
+    its own keep the provider's."""
     name: str
     """The tool's name as the model wrote it; may name no tool."""
     raw_arguments: str
@@ -58,15 +66,26 @@ class ToolCall:
     """Why `raw_arguments` did not parse, for the error result the model gets back."""
     key: str
     """The call key (name plus canonical arguments) the breaker counts."""
+    provider_id: str | None = None
+    """The provider's id for the call once Keel gave it its own; None while `id` is the
+    provider's. Only the wire uses it (`wire_call_ids`)."""
 
     @classmethod
-    def from_raw(cls, id: str, name: str, raw_arguments: str) -> ToolCall:
+    def from_raw(
+        cls, id: str, name: str, raw_arguments: str, *, provider_id: str | None = None
+    ) -> ToolCall:
         arguments, error = parse_arguments(raw_arguments)
-        return cls(id, name, raw_arguments, arguments, error, key_from_text(name, raw_arguments))
+        key = key_from_text(name, raw_arguments)
+        return cls(id, name, raw_arguments, arguments, error, key, provider_id)
 
     @classmethod
     def from_arguments(cls, id: str, name: str, arguments: dict[str, Any]) -> ToolCall:
         return cls(id, name, canonical_json(arguments), arguments, None, call_key(name, arguments))
+
+    @property
+    def provider_call_id(self) -> str:
+        """The id the provider gave the call (its `id` until Keel gave one of its own)."""
+        return self.id if self.provider_id is None else self.provider_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +214,51 @@ class ModelResponse:
 CUT_OFF_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
 """Stop reasons that mean "cut at the output limit": Chat Completions and llama.cpp say
 ``length``, Anthropic ``max_tokens``, the Responses API ``max_output_tokens``."""
+
+
+def keel_call_id(step: int, index: int) -> str:
+    """Keel's id for the `index`-th call (from 0) of the batch of step `step`: `k3_0`.
+
+    Unique in a run, because a step accepts at most one batch (the first turn with calls) and
+    step numbers only grow, across pauses and crashes too (each step's number is saved before
+    its model turn is sent). Derived, not random, so the same run gives the same ids, and short
+    enough to type (`keel approve RUN k3_0`)."""
+    return f"k{step}_{index}"
+
+
+def with_keel_ids(response: ModelResponse, step: int) -> ModelResponse:
+    """The response with Keel's own id on each call, the provider's kept beside it."""
+    if not response.tool_calls:
+        return response
+    calls = tuple(
+        replace(call, id=keel_call_id(step, n), provider_id=call.provider_call_id)
+        for n, call in enumerate(response.tool_calls)
+    )
+    return replace(response, tool_calls=calls)
+
+
+def wire_call_ids(items: Iterable[Item]) -> dict[str, str]:
+    """For each call of a request, by Keel's id, the id to send the provider for it.
+
+    The provider's own id, unless an earlier call of the request already went out under it
+    (a provider that repeats ids within a turn or across turns, or sends none): then Keel's id,
+    suffixed until it is unused. So every call and its result pair up under an id no other
+    call of the request has, which providers require. Only earlier calls decide a call's wire
+    id, so what a request sent stays byte for byte the same in the next one (prompt caches)."""
+    used: set[str] = set()
+    wire: dict[str, str] = {}
+    for item in items:
+        if not isinstance(item, AssistantMessage):
+            continue
+        for call in item.tool_calls:
+            chosen = call.provider_call_id
+            if not chosen or chosen in used:
+                chosen, n = call.id, 1
+                while chosen in used:
+                    chosen, n = f"{call.id}_{n}", n + 1
+            used.add(chosen)
+            wire[call.id] = chosen
+    return wire
 
 
 def digest_text(text: str) -> str:

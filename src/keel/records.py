@@ -110,8 +110,12 @@ class RecordedCall:
     """A tool call as the model wrote it: replayed on resume exactly as it was received."""
 
     id: str
+    """Keel's id for the call (`ToolCall.id`); in runs recorded before Keel gave its own ids,
+    the provider's, which those runs' other events name it by."""
     name: str
     arguments: str
+    provider_id: str | None = None
+    """The provider's id, sent back on the wire; None in runs recorded before Keel's ids."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -304,9 +308,7 @@ def encode_event(event: Event) -> tuple[str, JsonObject, str | None]:
         return event.type_name, event.data, None
     data: JsonObject = {name: getattr(event, name) for name in _FIELDS[type(event)]}
     if isinstance(event, ModelResponseReceived):
-        data["tool_calls"] = [
-            {"id": c.id, "name": c.name, "arguments": c.arguments} for c in event.tool_calls
-        ]
+        data["tool_calls"] = [_encode_call(c) for c in event.tool_calls]
         usage = event.usage
         data["usage"] = {
             "input_tokens": usage.input_tokens,
@@ -333,8 +335,7 @@ def decode_event(
     values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
     if cls is ModelResponseReceived:
         values["tool_calls"] = tuple(
-            RecordedCall(str(c["id"]), str(c["name"]), str(c["arguments"]))
-            for c in cast(list[dict[str, Any]], data.get("tool_calls") or [])
+            _decode_call(c) for c in cast(list[dict[str, Any]], data.get("tool_calls") or [])
         )
         usage = cast(dict[str, int], data.get("usage") or {})
         values["usage"] = Usage(
@@ -351,6 +352,25 @@ def decode_event(
     except TypeError:  # a required field is missing: keep the event, shown raw
         return UnknownEvent(type_name=type_name, data=data, seq=seq, at=at, step=_int(data, "step"))
     return event
+
+
+def _encode_call(call: RecordedCall) -> JsonObject:
+    """`id` is Keel's id, so a reader that knows nothing of `provider_id` still pairs the call
+    with its results, approvals and journal entries."""
+    data: JsonObject = {"id": call.id, "name": call.name, "arguments": call.arguments}
+    if call.provider_id is not None:
+        data["provider_id"] = call.provider_id
+    return data
+
+
+def _decode_call(data: dict[str, Any]) -> RecordedCall:
+    provider = data.get("provider_id")
+    return RecordedCall(
+        str(data["id"]),
+        str(data["name"]),
+        str(data["arguments"]),
+        None if provider is None else str(provider),
+    )
 
 
 def _int(data: JsonObject, key: str) -> int:
@@ -381,11 +401,14 @@ class KeyCounter:
 
 @dataclass(frozen=True, slots=True)
 class Decision:
-    """A person's decision on one pending call."""
+    """A person's decision on one pending call: final once recorded (keel.store.protocol)."""
 
     approved: bool
     by: str
     reason: str | None = None
+    at: float | None = None
+    """Unix time it was recorded (its `approval_decided` event's); None in stores written
+    before decisions kept it."""
 
 
 @dataclass(slots=True)
@@ -411,7 +434,7 @@ class RunState:
     next_seq: int = 0
     """Sequence number of the next event in the run's log."""
     decisions: dict[str, Decision] = field(default_factory=dict)
-    """Decisions on pending calls, by call id."""
+    """Decisions on pending calls, by Keel's call id (`ToolCall.id`); never replaced."""
     denied: dict[str, Decision] = field(default_factory=dict)
     """Denials by call key, so an identical call is denied again without asking."""
     transport: JsonObject | None = None

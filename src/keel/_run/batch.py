@@ -4,7 +4,8 @@ Every call of a batch gets exactly one result, in request order. Before a side-e
 dispatched, the step so far is checkpointed with a `tool_dispatched` journal entry; if the
 process dies before the call's result is saved, the resumed run answers it "effect unknown"
 instead of running it again. Read-only and observation calls interrupted by a crash simply run
-again.
+again. Calls, their decisions and their journal entries are matched by Keel's own call id,
+never the provider's (which a provider may repeat).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ class Batch:
 
     calls: list[ToolCall]
     answered: dict[str, ToolResult] = field(default_factory=dict)
-    """Results already recorded (a resumed batch), by call id."""
+    """Results already recorded (a resumed batch), by Keel's call id (unique in the run, unlike
+    a provider's: ADR 0030)."""
     journaled: set[str] = field(default_factory=set)
-    """Side-effecting calls dispatched earlier whose results were never recorded."""
+    """Side-effecting calls dispatched earlier whose results were never recorded, by Keel's id."""
     refused: dict[str, str] = field(default_factory=dict)
     """Calls answered with an error without running, by call id: their approval check failed."""
 

@@ -2,7 +2,10 @@
 
 The history is rebuilt from the event log exactly as the context builder first saw it (results
 in request order, elided results as pointers), so the next request is what it would have been
-had the process not stopped.
+had the process not stopped. Calls keep the ids recorded with them: Keel's own (`k<step>_<n>`),
+with the provider's beside them for the wire, or, in runs recorded before Keel gave its own,
+the provider's, which those runs' results, decisions and journal entries name them by (ADR
+0030). So the open batch's results, decisions and journal entries find their calls again.
 """
 
 from __future__ import annotations
@@ -67,7 +70,10 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
             items.append(UserMessage(event.question))
         elif isinstance(event, ModelResponseReceived) and event.tool_calls:
             close_batch()
-            calls = [ToolCall.from_raw(c.id, c.name, c.arguments) for c in event.tool_calls]
+            calls = [
+                ToolCall.from_raw(c.id, c.name, c.arguments, provider_id=c.provider_id)
+                for c in event.tool_calls
+            ]
             items.append(AssistantMessage(event.text, tuple(calls), event.provider_details))
             batch = Batch(calls)
         elif isinstance(event, ToolDispatched):

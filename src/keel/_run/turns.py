@@ -16,7 +16,7 @@ from keel._run.synthesis import Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
-from keel.messages import ModelResponse
+from keel.messages import ModelResponse, with_keel_ids
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
 from keel.telemetry import traced_attempt
 
@@ -71,6 +71,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             await _after_error(parts, policy, error, errors)
             continue
         _remember_transport(parts)
+        response = with_keel_ids(response, state.step)  # before anything records its calls
         state.usage = state.usage + response.usage
         parts.recorder.emit(_response_event(state.step, response))
         failpoint("after_model_response")
@@ -130,7 +131,9 @@ def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived
     return ModelResponseReceived(
         step=step,
         text=response.text,
-        tool_calls=tuple(RecordedCall(c.id, c.name, c.raw_arguments) for c in response.tool_calls),
+        tool_calls=tuple(
+            RecordedCall(c.id, c.name, c.raw_arguments, c.provider_id) for c in response.tool_calls
+        ),
         usage=response.usage,
         stop_reason=response.stop_reason,
         empty=response.is_empty,

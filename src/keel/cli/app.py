@@ -294,12 +294,15 @@ def resume(
 @app.command()
 def approve(
     run_id: Annotated[str, typer.Argument(help="The paused run.")],
-    call_id: Annotated[str | None, typer.Argument(help="The call to approve.")] = None,
+    call_id: Annotated[
+        str | None, typer.Argument(help="The call to approve, by Keel's id (e.g. k2_0).")
+    ] = None,
     all_calls: Annotated[bool, typer.Option("--all", help="Approve every pending call.")] = False,
     by: ByOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Approve a pending call (or all with --all); `keel resume` then runs it."""
+    """Approve a pending call (or all with --all); `keel resume` then runs it. Final: a call
+    someone decided already is refused (exit 2), naming who decided, what and when."""
     if (call_id is None) == (not all_calls):
         _usage_error("name one CALL_ID, or pass --all (and not both)")
     db = _open_store(store)
@@ -317,12 +320,13 @@ def approve(
 @app.command()
 def deny(
     run_id: Annotated[str, typer.Argument(help="The paused run.")],
-    call_id: Annotated[str, typer.Argument(help="The call to deny.")],
+    call_id: Annotated[str, typer.Argument(help="The call to deny, by Keel's id (e.g. k2_0).")],
     reason: Annotated[str, typer.Option(help="Why; the model is told.")],
     by: ByOption = None,
     store: StoreOption = None,
 ) -> None:
-    """Deny a pending call; the model hears who denied it and why, and not to retry it."""
+    """Deny a pending call; the model hears who denied it and why, and not to retry it. Final,
+    like an approval."""
     db = _open_store(store)
     try:
         _guard(lambda: approvals.deny(db, run_id, call_id, reason, by))

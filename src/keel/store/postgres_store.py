@@ -179,6 +179,10 @@ class PostgresStore:
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
     ) -> ApprovalDecided:
+        """Final, as on SQLite: the run's row is locked (FOR UPDATE) while the decision is
+        checked and written, so of racing deciders one wins and the others get AlreadyDecided
+        (`decide_pending`) once they get the row."""
+
         def write(conn: Conn) -> ApprovalDecided:
             found = conn.execute(
                 "SELECT status, state FROM keel.runs WHERE run_id = %s FOR UPDATE", (run_id,)

@@ -22,10 +22,11 @@ import socket
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
-from keel.errors import ConfigError
+from keel.errors import AlreadyDecided, ConfigError
 from keel.records import (
     ApprovalDecided,
     Decision,
@@ -43,6 +44,7 @@ __all__ = [
     "Checkpoint",
     "RunRecord",
     "RunStore",
+    "already_decided",
     "decide_pending",
     "decode_events",
     "holder_alive",
@@ -133,7 +135,9 @@ class RunStore(Protocol):
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
     ) -> ApprovalDecided:
-        """Record a person's decision on a pending call of a paused run."""
+        """Record a person's decision on a pending call of a paused run. Final: deciding a
+        call decided already raises AlreadyDecided, and of racing decisions exactly one is
+        recorded (the others get AlreadyDecided)."""
 
     def get_run(self, run_id: str) -> RunRecord | None: ...
 
@@ -177,11 +181,17 @@ def decode_events(
 def decide_pending(
     run_id: str, call_id: str, row: Sequence[Any], next_seq: Callable[[], int], decision: Decision
 ) -> tuple[ApprovalDecided, RunState]:
-    """`RunStore.decide` on the run's stored (status, state) `row`, inside the store's
-    transaction: refuse a call that is not awaiting a decision, else the event to log (its seq
+    """`RunStore.decide` on the run's stored (status, state) `row`, read inside the store's
+    transaction with the run's row locked (SQLite: BEGIN IMMEDIATE; Postgres: FOR UPDATE), so
+    of several people deciding one call at once exactly one gets here first. A decision is
+    final: a call decided already raises AlreadyDecided naming who decided what and when, and
+    a call that is not awaiting a decision raises ConfigError. Else: the event to log (its seq
     from `next_seq`) and the state that records the decision, for the store to write both."""
     status, state_json = row
     state = RunState.decode(json.loads(state_json))
+    earlier = state.decisions.get(call_id)
+    if earlier is not None:
+        raise AlreadyDecided(already_decided(run_id, call_id, earlier))
     pending = {p.call_id: p for p in state.pending}
     if status != "awaiting_approval" or call_id not in pending:
         waiting = ", ".join(pending) or "none"
@@ -201,9 +211,24 @@ def decide_pending(
         by=decision.by,
         reason=decision.reason,
     )
-    state.decisions[call_id] = decision
+    state.decisions[call_id] = replace(decision, at=event.at)
     state.next_seq = seq + 1
     return event, state
+
+
+def already_decided(run_id: str, call_id: str, decision: Decision) -> str:
+    """One line for the person who came second: who decided, what, when, and why."""
+    verdict = "approved" if decision.approved else "denied"
+    when = (
+        f" at {datetime.fromtimestamp(decision.at, UTC):%Y-%m-%d %H:%M:%S} UTC"
+        if decision.at is not None
+        else ""
+    )
+    why = f": {decision.reason}" if decision.reason else ""
+    return (
+        f"call {call_id} of run {run_id} was already {verdict} by {decision.by}{when}{why}; "
+        "a decision is final"
+    )
 
 
 def new_lease_owner() -> str:

@@ -190,7 +190,10 @@ class Store:
     def decide(
         self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
     ) -> ApprovalDecided:
-        """Record a person's decision on a pending call of a paused run; returns the event."""
+        """Record a person's decision on a pending call of a paused run; returns the event.
+        Final: the state is read and written in one BEGIN IMMEDIATE transaction (the worker's),
+        so of racing deciders, in this process or others, one wins and the others get
+        AlreadyDecided (`decide_pending`)."""
 
         def write(conn: sqlite3.Connection) -> ApprovalDecided:
             row = conn.execute("SELECT status, state FROM runs WHERE run_id = ?", (run_id,))

@@ -46,6 +46,7 @@ from keel.messages import (
     ToolCall,
     ToolResult,
     Usage,
+    wire_call_ids,
 )
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
@@ -109,12 +110,14 @@ def _messages(items: Iterable[Item], volatile: Iterable[str], marked: set[int]) 
     """Turns in history order, the items at the `marked` indexes ending in a cache breakpoint.
     An assistant turn with nothing to send (no text, no calls) is left out: the API accepts no
     empty message, and the merge keeps the roles alternating."""
+    items = tuple(items)
+    ids = wire_call_ids(items)
     messages: list[_Turn] = []
     for index, item in enumerate(items):
         if isinstance(item, AssistantMessage):
-            role, blocks = "assistant", _assistant_blocks(item)
+            role, blocks = "assistant", _assistant_blocks(item, ids)
         elif isinstance(item, ToolResult):
-            role, blocks = "user", [_tool_result_block(item)]
+            role, blocks = "user", [_tool_result_block(item, ids)]
         else:
             role, blocks = "user", [{"type": "text", "text": item.text}]
         if index in marked:
@@ -148,26 +151,26 @@ def _append(messages: list[_Turn], role: str, blocks: list[_Block]) -> None:
         messages.append({"role": role, "content": blocks})
 
 
-def _assistant_blocks(message: AssistantMessage) -> list[_Block]:
+def _assistant_blocks(message: AssistantMessage, ids: Mapping[str, str]) -> list[_Block]:
     blocks: list[_Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
     if message.text and message.text.strip():
         blocks.append({"type": "text", "text": message.text})
-    blocks.extend(_tool_use_block(call) for call in message.tool_calls)
+    blocks.extend(_tool_use_block(call, ids[call.id]) for call in message.tool_calls)
     return blocks
 
 
-def _tool_use_block(call: ToolCall) -> _Block:
+def _tool_use_block(call: ToolCall, wire_id: str) -> _Block:
     # Unparseable (or non-object) arguments go out as {} under the same id, so the call still
     # pairs with its error result and the history stays valid.
     arguments = call.arguments if call.parse_error is None else None
     payload = arguments if isinstance(arguments, dict) else {}
-    return {"type": "tool_use", "id": call.id, "name": call.name, "input": payload}
+    return {"type": "tool_use", "id": wire_id, "name": call.name, "input": payload}
 
 
-def _tool_result_block(result: ToolResult) -> _Block:
+def _tool_result_block(result: ToolResult, ids: Mapping[str, str]) -> _Block:
     block: _Block = {
         "type": "tool_result",
-        "tool_use_id": result.call_id,
+        "tool_use_id": ids.get(result.call_id, result.call_id),
         "content": result.content,
     }
     if result.is_error:

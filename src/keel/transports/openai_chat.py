@@ -10,8 +10,10 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
 - The system prompt is the first message; volatile controls are appended last, one user message
   each, after the history.
 - Assistant turns replay with ``content`` (null when the turn had no text) and ``tool_calls``;
-  results replay as ``tool`` messages paired by ``tool_call_id``. Error results have no wire
-  flag, so their text is marked (see `_openai_common.ERROR_MARKER`).
+  results replay as ``tool`` messages paired by ``tool_call_id``: the provider's call ids, except
+  where a provider repeated one (then Keel's, `messages.wire_call_ids`), so no two calls of a
+  request share an id. Error results have no wire flag, so their text is marked (see
+  `_openai_common.ERROR_MARKER`).
 - The output limit goes out as ``max_completion_tokens`` to OpenAI (its newer models refuse
   ``max_tokens``) and as ``max_tokens`` to any other server, which all understand that one.
 - ``prompt_cache_key`` (the run's key, `ModelRequest.cache_key`) goes to OpenAI only, so that
@@ -37,7 +39,7 @@ import httpx2
 import openai
 from pydantic import JsonValue
 
-from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage
+from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
 from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.wire import Shape, TokenCount, parse
@@ -131,6 +133,8 @@ def to_wire(
 
 
 def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
+    items = tuple(items)
+    ids = wire_call_ids(items)
     out: list[dict[str, Any]] = []
     for item in items:
         if item.kind == "user":
@@ -140,7 +144,7 @@ def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
             if item.tool_calls:
                 message["tool_calls"] = [
                     {
-                        "id": call.id,
+                        "id": ids[call.id],
                         "type": "function",
                         "function": {"name": call.name, "arguments": call.raw_arguments},
                     }
@@ -151,7 +155,11 @@ def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
             out.append(message)
         else:
             out.append(
-                {"role": "tool", "tool_call_id": item.call_id, "content": tool_output_text(item)}
+                {
+                    "role": "tool",
+                    "tool_call_id": ids.get(item.call_id, item.call_id),
+                    "content": tool_output_text(item),
+                }
             )
     return out
 

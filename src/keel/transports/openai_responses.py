@@ -8,7 +8,8 @@ around one SDK call. The choices that are not obvious from the API reference:
   another machine sends exactly what the first would have.
 - Because nothing is stored, item ids (``msg_...``, ``fc_...``, ``rs_...``) cannot be resolved
   by the server and are not sent back: assistant text replays as an assistant-role message,
-  calls as ``function_call`` items keyed by ``call_id``. Reasoning items are the exception:
+  calls as ``function_call`` items keyed by ``call_id`` (the provider's, unless it repeated one:
+  `messages.wire_call_ids`). Reasoning items are the exception:
   they replay whole, but only when they carry ``encrypted_content`` (a bare ``rs_`` id fails
   with "Items are not persisted when store is set to false"). The API returns that content by
   default (SDK 3.57 documents it so); ``include: ["reasoning.encrypted_content"]`` is not sent,
@@ -34,6 +35,7 @@ text and the calls from the AssistantMessage itself, so Keel's own fields stay a
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterable, Mapping
 from typing import Annotated, Any
 
@@ -51,6 +53,7 @@ from keel.messages import (
     ToolCall,
     ToolDefinition,
     Usage,
+    wire_call_ids,
 )
 from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
@@ -138,28 +141,35 @@ def _user(text: str) -> dict[str, Any]:
 
 
 def _input(items: Iterable[Item]) -> list[dict[str, Any]]:
+    items = tuple(items)
+    ids = wire_call_ids(items)
     out: list[dict[str, Any]] = []
     for item in items:
         if item.kind == "user":
             out.append(_user(item.text))
         elif item.kind == "assistant":
-            out.extend(_assistant(item))
+            out.extend(_assistant(item, ids))
         else:
             out.append(
                 {
                     "type": "function_call_output",
-                    "call_id": item.call_id,
+                    "call_id": ids.get(item.call_id, item.call_id),
                     "output": tool_output_text(item),
                 }
             )
     return out
 
 
-def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
-    """One assistant turn as input items, in the order the model produced them."""
+def _assistant(message: AssistantMessage, ids: Mapping[str, str]) -> list[dict[str, Any]]:
+    """One assistant turn as input items, in the order the model produced them. The layout
+    names calls by the provider's ids, which a provider may repeat: each entry takes the next
+    call not yet placed that has its id, so every call goes out once."""
     details = message.provider_details.get(PROVIDER_KEY)
     layout: list[Any] = details.get("output", []) if isinstance(details, Mapping) else []
-    calls = {call.id: call for call in message.tool_calls}
+    unplaced: dict[str, deque[ToolCall]] = {}
+    for call in message.tool_calls:
+        unplaced.setdefault(call.provider_call_id, deque()).append(call)
+    placed: set[str] = set()
     out: list[dict[str, Any]] = []
     text_sent = False
     for entry in layout:
@@ -169,11 +179,13 @@ def _assistant(message: AssistantMessage) -> list[dict[str, Any]]:
         elif kind == "message" and not text_sent and message.text:
             out.append(_assistant_text(message.text, entry.get("phase")))
             text_sent = True
-        elif kind == "function_call" and (call := calls.pop(entry.get("call_id"), None)):
-            out.append(_function_call(call))
+        elif kind == "function_call" and (queue := unplaced.get(entry.get("call_id"))):
+            call = queue.popleft()
+            placed.add(call.id)
+            out.append(_function_call(call, ids[call.id]))
     if message.text and not text_sent:
         out.insert(0, _assistant_text(message.text, None))
-    out.extend(_function_call(call) for call in calls.values())
+    out.extend(_function_call(c, ids[c.id]) for c in message.tool_calls if c.id not in placed)
     return out
 
 
@@ -184,10 +196,10 @@ def _assistant_text(text: str, phase: Any) -> dict[str, Any]:
     return item
 
 
-def _function_call(call: ToolCall) -> dict[str, Any]:
+def _function_call(call: ToolCall, wire_id: str) -> dict[str, Any]:
     return {
         "type": "function_call",
-        "call_id": call.id,
+        "call_id": wire_id,
         "name": call.name,
         "arguments": call.raw_arguments,
     }

@@ -165,7 +165,7 @@ def highest_call_number(items: Iterable[Item]) -> int:
     for item in items:
         if isinstance(item, AssistantMessage):
             for call in item.tool_calls:
-                match = _CALL_NUMBER.fullmatch(call.id)
+                match = _CALL_NUMBER.fullmatch(call.provider_call_id)
                 if match:
                     highest = max(highest, int(match.group(1)))
     return highest

@@ -253,7 +253,7 @@ def _highest_xml_id(items: Iterable[Item]) -> int:
     for item in items:
         if isinstance(item, AssistantMessage):
             for call in item.tool_calls:
-                match = _XML_ID.fullmatch(call.id)
+                match = _XML_ID.fullmatch(call.provider_call_id)
                 if match:
                     highest = max(highest, int(match.group(1)))
     return highest

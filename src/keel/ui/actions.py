@@ -45,7 +45,8 @@ def decide(
 ) -> bool:
     """Record one decision; True when the run has no undecided call left (resume it now).
 
-    Raises ConfigError (from the store) when the call is not pending."""
+    Raises AlreadyDecided when someone decided the call first (decisions are final), and
+    ConfigError (from the store) when it is not pending."""
     store = open_store(target)
     try:
         who = clean(by).strip()[:MAX_BY] or approvals.who()

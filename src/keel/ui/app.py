@@ -22,7 +22,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from keel import approvals
-from keel.errors import ConfigError, StoreError
+from keel.errors import AlreadyDecided, ConfigError, StoreError
 from keel.store import open_store
 from keel.store.locate import is_url
 from keel.ui import live
@@ -138,7 +138,7 @@ class _Ui:
                 by=form.get("by", ""),
                 reason=reason or None,
             )
-        except ConfigError as exc:  # not pending (any more), or no such run
+        except (ConfigError, AlreadyDecided) as exc:  # decided first by another, or no run
             return self.error(409, "Not recorded", str(exc))
         if ready:  # queued (Postgres) before the page that says so is shown
             await asyncio.to_thread(self.resume, run_id)
