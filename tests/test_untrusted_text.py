@@ -6,6 +6,7 @@ enters, on SQLite and on Postgres, and the run ends as the rules say."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -165,3 +166,21 @@ async def test_any_error_of_the_store_during_a_step_is_a_classified_failure(
     assert result.status == "failed" and result.failure is not None
     assert result.failure.kind == "StoreUnavailable"
     assert "surrogates not allowed" in result.failure.message
+
+
+def test_a_decision_by_a_name_that_is_not_utf8_is_recorded(tmp_path: Path) -> None:
+    """`keel deny RUN CALL --by $'\\xff'`: argv hands Python a lone surrogate (surrogateescape);
+    the decision is recorded with U+FFFD, and the denied call is answered."""
+    db = tmp_path / "runs.sqlite"
+    (tmp_path / "repo").mkdir()
+    write = ToolCall.from_arguments("w1", "write_file", {"path": "a.txt", "content": "x"})
+    store = keel.Store(db)
+    tools = keel.write_tools(tmp_path / "repo")
+    agent = keel.Agent(Hostile(ModelResponse(None, (write,))), tools=tools, store=store)
+    paused = asyncio.run(agent.arun("Write it."))
+    call_id = paused.pending_approvals[0].call_id
+    agent.deny(paused.run_id, call_id, reason="no \udcff", by="ana\udcff")
+    record = store.get_run(paused.run_id)
+    assert record is not None
+    assert record.state.decisions[call_id].by == f"ana{SHOWN}"
+    assert record.state.decisions[call_id].reason == f"no {SHOWN}"

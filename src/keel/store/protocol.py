@@ -27,6 +27,7 @@ from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
 from keel.errors import AlreadyDecided, ConfigError
+from keel.inbound import clean_text
 from keel.records import (
     ApprovalDecided,
     Decision,
@@ -189,6 +190,8 @@ def decide_pending(
     from `next_seq`) and the state that records the decision, for the store to write both."""
     status, state_json = row
     state = RunState.decode(json.loads(state_json))
+    by, reason = clean_text(decision.by), decision.reason  # a name from argv: maybe not UTF-8
+    decision = replace(decision, by=by, reason=None if reason is None else clean_text(reason))
     earlier = state.decisions.get(call_id)
     if earlier is not None:
         raise AlreadyDecided(already_decided(run_id, call_id, earlier))
