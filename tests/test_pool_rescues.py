@@ -4,12 +4,14 @@ a worker's run as U+FFFD, never as a crash that the next worker repeats."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from hostile_model import HostileModel, Turn
 from keel.pool.dispatch import MAX_RESCUES
 from pool import Pool, call
 
@@ -65,3 +67,43 @@ def test_a_lone_surrogate_in_a_workers_run_is_stored_and_the_run_completes(pool:
     assert run["status"] == "completed"
     assert run["answer"] == "The notes say leases expire \ufffd."
 
+
+
+def test_two_calls_sharing_a_provider_id_on_a_worker_each_need_their_own_approval(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """A provider that reuses a call id within one batch, through a worker: two approvals
+    are asked (Keel's own ids), one approval runs one write, and each write runs once."""
+    turns: list[Turn] = [
+        [
+            ("call_1", "write_file", {"path": "a.txt", "content": "a\n"}),
+            ("call_1", "write_file", {"path": "b.txt", "content": "b\n"}),
+        ],
+        "Both notes written.",
+    ]
+    pool = Pool(tmp_path, pg_url, {"turns": []})
+    with HostileModel(turns) as server:
+        try:
+            done = pool.keel(
+                "submit", "Write two notes.", "--model", "openai-chat:hostile", "--base-url",
+                server.base_url, "--repo", str(pool.repo), "--allow-writes", "--json",
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            run_id = json.loads(done.stdout)["run_id"]
+            pool.worker("a")
+            pool.wait_for([run_id], {"awaiting_approval"})
+            events = pool.show(run_id)["events"]
+            asked = [e["call_id"] for e in events if e["type"] == "approval_requested"]
+            assert len(asked) == 2 and len(set(asked)) == 2, asked
+            first = pool.keel("approve", run_id, asked[0], "--by", "ana")
+            assert first.returncode == 0, first.stderr
+            time.sleep(1.0)
+            assert pool.status(run_id) == "awaiting_approval"  # the other call still waits
+            assert not (pool.repo / "a.txt").exists() and not (pool.repo / "b.txt").exists()
+            second = pool.keel("approve", run_id, asked[1], "--by", "ana")
+            assert second.returncode == 0, second.stderr
+            pool.wait_for([run_id], {"completed"}, timeout=90)
+            assert (pool.repo / "a.txt").read_text() == "a\n"
+            assert (pool.repo / "b.txt").read_text() == "b\n"
+        finally:
+            pool.stop_all()
