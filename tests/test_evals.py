@@ -28,8 +28,10 @@ BUILTIN = [
     "budget_synthesis",
     "changing_page",
     "denial",
+    "edit_and_reread",
     "evidence_reset_cap",
     "loop",
+    "repeated_failing_call",
     "repeated_research",
     "resume_at_threshold",
 ]
@@ -68,7 +70,7 @@ def only_row(report: dict[str, Any]) -> dict[str, Any]:
 # --- the built-in scenarios pass -------------------------------------------------------------
 
 
-def test_builtin_scenarios_are_the_seven_of_the_issue() -> None:
+def test_builtin_scenarios_are_the_seven_of_the_issue_and_the_two_of_the_replay() -> None:
     assert builtin_names() == BUILTIN
 
 
@@ -119,7 +121,7 @@ def never_synthesize(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def never_reset(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(IdenticalCallBreaker, "observe", lambda self, key, digest: False)
+    monkeypatch.setattr(IdenticalCallBreaker, "settle", lambda self, key, digest, **_: None)
 
 
 def no_hard_breaker(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -18,6 +18,7 @@ from keel.cli.app import app
 from keel.errors import ConfigError, StoreError
 from keel.records import RunConfig, RunStarted, RunState
 from keel.store import Checkpoint, Store
+from keel.store.schema import VERSION
 
 OWNER = "host:1:me"
 
@@ -64,14 +65,14 @@ async def test_a_store_from_a_newer_keel_is_refused_by_name_and_left_untouched(
         conn.execute("ALTER TABLE runs ADD COLUMN priority INTEGER")
         conn.execute("PRAGMA user_version=99")
     before = fingerprint(path)
-    newer = r"written by a newer Keel \(schema 99; this one knows 2\): upgrade Keel"
+    newer = rf"written by a newer Keel \(schema 99; this one knows {VERSION}\): upgrade Keel"
     with pytest.raises(StoreError, match=newer):
         Store(path)
     with pytest.raises(StoreError, match=newer):
         Store(path, read_only=True)
     for command in (["runs"], ["show", "run_0"], ["approve", "run_0", "--all"]):
         code, _, err = cli(*command, "--store", str(path))
-        assert code == 2 and "newer Keel (schema 99; this one knows 2)" in err, err
+        assert code == 2 and f"newer Keel (schema 99; this one knows {VERSION})" in err, err
     assert fingerprint(path) == before
 
 

@@ -126,10 +126,11 @@ class IdenticalCallBreaker:
         return self.settle(key, digest, observation=True, side_effect=False) is not None
 
     def synthesis_key(self) -> str | None:
-        """A key standing at threshold-1 or above: the next turn must be synthesis-only. A key
-        whose world moved since its last call does not stand there: its next call restarts."""
-        near = [k for k in self._near if not self._world_moved(self.counters[k])]
-        return min(near) if near else None
+        """A key standing at threshold-1 or above: the next turn must be synthesis-only. The
+        same under every policy: a world that moved restarts a key only when it is called
+        again (`record`), so a counter that stands at T-1 after a batch still brings the
+        synthesis turn."""
+        return min(self._near) if self._near else None
 
     def count(self, key: str) -> int:
         counter = self.counters.get(key)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import sqlite3
 
 from keel.store.failures import newer_schema
@@ -67,6 +68,20 @@ def _statements(script: str) -> list[str]:
     return [part.strip() for part in script.split(";") if part.strip()]
 
 
+_ADD_COLUMN = re.compile(r"ALTER TABLE (\w+) ADD COLUMN (\w+)", re.IGNORECASE)
+
+
+def _already_there(conn: sqlite3.Connection, statement: str) -> bool:
+    """A column a migration adds to a table that is not there yet: SCHEMA creates the table
+    whole afterwards (a file of the first schema had only `runs`)."""
+    found = _ADD_COLUMN.match(statement)
+    if found is None:
+        return False
+    table, column = found.groups()
+    columns = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+    return not columns or column in columns
+
+
 def check_version(conn: sqlite3.Connection, path: str) -> int:
     """The file's schema version; a newer one than this Keel knows is refused by name, for
     reading as for writing (its meaning may have changed)."""
@@ -86,7 +101,8 @@ def prepare(conn: sqlite3.Connection, path: str) -> None:
         if exists[0] and current < VERSION:
             for migration in MIGRATIONS[max(current, 1) - 1 :]:
                 for statement in _statements(migration):
-                    conn.execute(statement)
+                    if not _already_there(conn, statement):
+                        conn.execute(statement)
         for statement in _statements(SCHEMA):
             conn.execute(statement)
         conn.execute(f"PRAGMA user_version={VERSION}")
