@@ -107,6 +107,7 @@ def test_events_into_a_pipe_whose_reader_left_end_quietly_and_the_run_completes(
         stderr=subprocess.PIPE,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
     )
     assert proc.stdout is not None and proc.stderr is not None
     first = json.loads(proc.stdout.readline())
@@ -134,6 +135,7 @@ def test_output_to_a_full_disk_is_one_line_on_stderr_and_the_run_is_stored(
             stderr=subprocess.PIPE,
             text=True,
             env=keel.env(),
+            cwd=keel.tmp,
             timeout=60,
         )
     no_traceback(proc.stderr)
@@ -153,6 +155,7 @@ def test_a_closed_stdout_says_where_the_result_went(keel: Keel, form: str) -> No
         stderr=subprocess.PIPE,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
         timeout=60,
     )
     no_traceback(proc.stderr)
@@ -184,6 +187,7 @@ def test_a_signal_mid_run_cancels_it_records_it_and_exits_1(
         stderr=subprocess.PIPE,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
     )
     try:
         wait_for(lambda: keel.stored() == ["running"], "the run's start")
@@ -215,6 +219,7 @@ def test_a_signal_before_the_run_started_exits_1_in_one_line(
         stderr=subprocess.PIPE,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
     )
     try:
         wait_for(started.exists, "the MCP server's start")
@@ -425,6 +430,7 @@ def test_a_misspelt_keel_toml_key_is_named_with_the_closest_valid_key(keel: Keel
         capture_output=True,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr  # a warning, not an error
@@ -435,6 +441,30 @@ def test_a_misspelt_keel_toml_key_is_named_with_the_closest_valid_key(keel: Keel
     assert json.loads(proc.stdout)["status"] == "completed"
 
 
+def test_a_trusted_working_directory_file_is_checked_too(keel: Keel) -> None:
+    (keel.tmp / "keel.toml").write_text('model = "local"\nbase_ulr = "http://127.0.0.1:1"\n')
+    trusted = subprocess.run(
+        [sys.executable, "-m", "keel", "trust"],
+        capture_output=True,
+        text=True,
+        env=keel.env(),
+        cwd=keel.tmp,
+        timeout=60,
+    )
+    assert trusted.returncode == 0, trusted.stderr
+    proc = subprocess.run(
+        [sys.executable, "-m", "keel", "models"],
+        capture_output=True,
+        text=True,
+        env=keel.env(),
+        cwd=keel.tmp,
+        timeout=60,
+    )
+    (line,) = keel_lines(proc.stderr)
+    assert str(keel.tmp / "keel.toml") in line, line
+    assert "'base_ulr'" in line and "'base_url'" in line, line
+
+
 def test_an_unknown_keel_toml_key_with_no_close_match_lists_the_valid_keys(keel: Keel) -> None:
     config = keel.config / "keel" / "keel.toml"
     config.write_text('durability = "power"\nzzz = 1\n')
@@ -443,6 +473,7 @@ def test_an_unknown_keel_toml_key_with_no_close_match_lists_the_valid_keys(keel:
         capture_output=True,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
@@ -455,12 +486,14 @@ def test_known_keys_and_mcp_tables_raise_no_warning(keel: Keel) -> None:
     config.write_text(
         'model = "local"\nbase_url = "http://127.0.0.1:1/v1"\nloop_policy = "adr"\n'
         'durability = "power"\nstore = "/tmp/x.sqlite"\n'
+        '[[mcp]]\nname = "glossary"\ncommand = ["python", "glossary.py"]\n'
     )
     proc = subprocess.run(
         [sys.executable, "-m", "keel", "models"],
         capture_output=True,
         text=True,
         env=keel.env(),
+        cwd=keel.tmp,
         timeout=60,
     )
     assert proc.returncode == 0, proc.stderr
