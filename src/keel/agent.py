@@ -57,10 +57,13 @@ class RunHandle:
 
     def cancel(self) -> None:
         """Stop at once: in-flight calls are cancelled, the run ends `cancelled`, nothing
-        recorded is lost."""
+        recorded is lost. Before the run is open (created or taken over in the store), it is
+        only asked to stop: it opens, then ends `cancelled` at once, so a cancel that comes
+        early (a signal while the model loads) still leaves a record of the run."""
         if not self._task.done():
             self._loop.cancel_requested = True
-            self._task.cancel()
+            if self._loop.opened:
+                self._task.cancel()
 
     def __await__(self) -> Generator[Any, None, RunResult]:
         return self._task.__await__()

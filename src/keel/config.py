@@ -8,12 +8,18 @@ repository's choosing. So a working-directory file is read only once the user ha
 untrusted again until the user looks at it anew. An untrusted file is ignored with a warning
 that says how to trust it.
 
+A key Keel does not know is named on stderr with the closest valid one (`unknown_keys`), not
+refused: the same file is read by older and newer Keels (dotfiles, a repository trusted on
+several machines), and a key a newer Keel added must not stop every command of an older one.
+A value Keel cannot use is still an error, where it is read.
+
 `public_url` is what may be stored or printed of an endpoint: no user, password or
 secret-looking query parameter.
 """
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
 import os
@@ -30,6 +36,7 @@ from keel.limits import LOOP_POLICIES, LoopPolicy
 
 __all__ = [
     "CONFIG_NAME",
+    "KEYS",
     "ConfigFile",
     "choose_loop_policy",
     "config_files",
@@ -37,6 +44,7 @@ __all__ = [
     "public_url",
     "trust",
     "trust_state",
+    "unknown_keys",
 ]
 
 CONFIG_NAME = "keel.toml"
@@ -45,6 +53,11 @@ SECRET_PARAMETERS = frozenset(
     {"key", "api-key", "api_key", "apikey", "token", "access_token", "auth", "password",
      "secret", "sig", "signature", "code", "x-api-key"}
 )  # fmt: skip
+
+KEYS = ("model", "base_url", "loop_policy", "durability", "store", "mcp")
+"""Every key a keel.toml may hold: `model` and `base_url` (models.py), `loop_policy` (here),
+`durability` (durability.py), `store` (store/locate.py), `[[mcp]]` tables
+(tools/mcp_servers.py, which refuses unknown keys inside a table)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +134,25 @@ def config_files(cwd: Path | None = None) -> tuple[list[ConfigFile], list[str]]:
     if mine.is_file():
         files.append(ConfigFile(mine, _read(mine)))
     return files, warnings
+
+
+def unknown_keys(cwd: Path | None = None) -> list[str]:
+    """A warning for each top-level key of a believed keel.toml that Keel does not read, with
+    the closest valid key. A file that cannot be read gives none here: the command that reads
+    it says why."""
+    try:
+        files, _ = config_files(cwd)
+    except ConfigError:
+        return []
+    warnings = []
+    for found in files:
+        for key in found.data:
+            if key in KEYS:
+                continue
+            close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)
+            hint = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(KEYS)}"
+            warnings.append(f"{found.path}: unknown key {key!r} ignored ({hint})")
+    return warnings
 
 
 def http_url(url: str, what: str, example: str) -> httpx.URL:

@@ -14,7 +14,9 @@ result size cap), and it is released as the consumer catches up (ADR 0024). Leav
 early does not stop the run: `cancel()` does.
 
 `stream_lines` is the command line's `--events`: one JSON object per line, the final line
-the result, written from a thread so a slow reader of stdout never blocks the run either.
+the result, written from a thread so a slow reader of stdout never blocks the run either. A
+reader that goes away (`| head -1`) or a disk that fills only ends the lines: the thread keeps
+taking them and drops them, and the run goes on.
 """
 
 from __future__ import annotations
@@ -24,15 +26,23 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Generator
-from typing import IO, Any
+from typing import Any, Protocol
 
 from keel.present.timeline import event_json
 from keel.records import Event
 from keel.result import RunResult
 
-__all__ = ["RunStream", "result_line", "stream_lines"]
+__all__ = ["LineSink", "RunStream", "result_line", "stream_lines"]
 
 _END = None
+
+
+class LineSink(Protocol):
+    """Where `--events` lines go: stdout, or anything that writes text."""
+
+    def write(self, text: str, /) -> object: ...
+
+    def flush(self) -> object: ...
 
 
 class RunStream:
@@ -90,15 +100,23 @@ def result_line(result: RunResult) -> str:
     return json.dumps({"type": "result", **result.to_dict()}, ensure_ascii=False)
 
 
-def stream_lines(out: IO[str]) -> tuple[Callable[[Event], None], Callable[[RunResult], None]]:
+def stream_lines(out: LineSink) -> tuple[Callable[[Event], None], Callable[[RunResult], None]]:
     """A listener writing each event as a JSON line to `out` from a thread of its own, and a
-    function that writes the result line once every event line is out, then stops the thread."""
+    function that writes the result line once every event line is out, then stops the thread.
+    The first write that fails (OSError, or ValueError on a closed stream) ends the writing;
+    later lines are taken and dropped."""
     lines: queue.SimpleQueue[str | None] = queue.SimpleQueue()
 
     def write() -> None:
+        broken = False
         while (line := lines.get()) is not None:
-            out.write(line + "\n")
-            out.flush()
+            if broken:
+                continue
+            try:
+                out.write(line + "\n")
+                out.flush()
+            except (OSError, ValueError):
+                broken = True
 
     writer = threading.Thread(target=write, name="keel-events", daemon=True)
     writer.start()

@@ -118,6 +118,9 @@ class RunLoop:
         """What observers may read of this run besides its events."""
         self.batch: Batch | None = resume.batch if resume else None
         self.cancel_requested = False
+        self.opened = False
+        """The run is in the store and this loop holds its lease: from here a cancel cancels
+        the task; before, it is only noted, and honoured once the run is open."""
         self.stop_requested = False
         """Stop after the current step, the run left running and its lease released, for
         another process to continue (a worker shutting down)."""
@@ -128,10 +131,12 @@ class RunLoop:
 
     async def run(self) -> RunResult:
         await self._open()
-        outcome: StepOutcome | None
+        self.opened = True
+        outcome: StepOutcome | None = None
         try:
-            async with self.lease.kept():
-                outcome = await self._advance()
+            if not self.cancel_requested:  # a cancel that came before the run was open
+                async with self.lease.kept():
+                    outcome = await self._advance()
         except asyncio.CancelledError:
             task = asyncio.current_task()
             if not self.cancel_requested or task is None:

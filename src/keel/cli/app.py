@@ -1,14 +1,13 @@
 """The `keel` command: a thin layer over the library.
 
-Exit codes: 0 completed, 1 failed or cancelled, 2 bad usage or configuration (including a run
-another live process is advancing), 3 awaiting approval.
+Exit codes: 0 completed, 1 failed or cancelled (also: stopped by SIGINT, SIGTERM or SIGHUP
+before the run started), 2 bad usage or configuration (including a run another live process is
+advancing), 3 awaiting approval. Output that cannot be written changes none of them.
 """
 
 from __future__ import annotations
 
-import asyncio
 import functools
-import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -21,7 +20,9 @@ from keel import approvals
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
 from keel.cli.integrations import RunExtras, mcp_settings
-from keel.config import choose_loop_policy, config_files, public_url, trust
+from keel.cli.output import Stdout, keep_standard_fds
+from keel.cli.signals import Signals, stoppable
+from keel.config import choose_loop_policy, config_files, public_url, trust, unknown_keys
 from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
@@ -95,6 +96,7 @@ DurabilityOption = Annotated[
 
 
 @app.command()
+@stoppable(EXIT_CODES, err)
 def run(
     question: Annotated[str, typer.Argument(help="What to research.")],
     model: Annotated[
@@ -240,6 +242,7 @@ app.command("worker")(worker_command)
 
 
 @app.command()
+@stoppable(EXIT_CODES, err)
 def resume(
     run_id: Annotated[str, typer.Argument(help="The run to continue.")],
     as_json: JsonOption = False,
@@ -454,35 +457,30 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
     with extras, agent:
         if not extras.quiet:
             watch_local_model(agent, err)
-        result = _guard(lambda: asyncio.run(_with_signals(start)))
+        result = _guard(lambda: Signals.active().run(start))
         summary = one_line(result, agent.store.events(result.run_id))
         show = show_command(result.run_id, agent.store.path, default_store_path())
     if not extras.wrote(result):
-        _print_result(result, extras.as_json)
+        _print_result(result, extras.as_json, extras.out)
+    if extras.out.failure is not None:  # the run is stored: say where, in one line
+        err.print(
+            f"keel: {extras.out.failure}; the rest of the output was dropped; run "
+            f"{result.run_id} ended {result.status}: {show}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     if not extras.quiet:
         err.print(f"{summary}\nopen it with: {show}", highlight=False, markup=False)
     raise typer.Exit(EXIT_CODES[result.status])
 
 
-async def _with_signals(start: Callable[[], RunHandle]) -> RunResult:
-    """Ctrl-C or SIGTERM cancels the run cooperatively; the store keeps what happened."""
-    handle = start()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, handle.cancel)
-    try:
-        return await handle
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
-
-
-def _print_result(result: RunResult, as_json: bool) -> None:
+def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
     if as_json:
-        typer.echo(json_text(result.to_dict()))
+        out.line(json_text(result.to_dict()))
         return
     if result.answer is not None:
-        typer.echo(safe_text(result.answer))
+        out.line(safe_text(result.answer))
     status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
@@ -547,6 +545,9 @@ def _usage_error(message: str) -> NoReturn:
 
 
 def main() -> None:
+    keep_standard_fds()
+    for warning in unknown_keys():  # once per command, whichever reads the file
+        err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)
     try:
         app()
     except ConfigError as exc:

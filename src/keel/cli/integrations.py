@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keel._run.recorder import Listener
+from keel.cli.output import Stdout
 from keel.errors import ConfigError
 from keel.events import stream_lines
 from keel.records import JsonObject, JsonValue
@@ -44,7 +45,9 @@ class RunExtras:
         self.as_json = as_json
         self.otel = otel or otel_content
         self.otel_content = otel_content
-        self._lines = stream_lines(sys.stdout) if events else None
+        self.out = Stdout()
+        """stdout: the result, or the event lines; writes that fail are dropped, and noted."""
+        self._lines = stream_lines(self.out) if events else None
         self._mcp: McpToolset | None = None
         self._stop_export: Callable[[], None] | None = None
 

@@ -4,8 +4,10 @@ Every call in a batch gets exactly one `ExecutedCall`, returned in request order
 model or a tool does raises out of `ToolExecutor.run_batch`: arguments that are not JSON, a
 tool that does not exist, arguments that break the schema, a tool that raises and a tool that
 runs out of time are all answered with an error result the model can read and act on. A tool
-that raises `keel.errors.ToolError` is answered with its message as it stands. Only
-`asyncio.CancelledError` propagates, because cancelling the run must stop the run.
+that raises `keel.errors.ToolError` is answered with its message as it stands; one that raises
+`KeyboardInterrupt`, `SystemExit` or any other `BaseException` is a failed call like any other
+(a tool is not the process: it must not end the run). Only the run's own cancellation
+propagates, because cancelling the run must stop the run, whatever the tool answers it with.
 
 Concurrency follows the effects. The batch is cut, in request order, into segments:
 
@@ -18,10 +20,13 @@ a time in the order the model asked for them, and a read placed after a write se
 Calls answered without running (bad JSON, unknown tool, invalid arguments) take no part.
 
 Each dispatched call gets ``min(tool.timeout, deadline - now)`` seconds; a call with no time
-left at all is not dispatched. A timeout is reported as what is known, nothing more: an async
-tool is cancelled, so it was stopped; a plain function runs in a thread that cannot be stopped,
-so it is abandoned and its result discarded. A side_effecting call that timed out may have
-taken effect either way, so it is answered "effect unknown" (`uncertain`), never "try again".
+left at all is not dispatched. The tool runs as a task of its own, so its time is kept however
+it behaves: at the limit it is cancelled, and one that has not stopped `STOP_GRACE` seconds
+later (it swallowed the cancellation) is abandoned, its coroutine closed where it waits, like
+a stuck thread. A timeout is reported as what is known, nothing more: an async tool that ended
+on its cancellation was stopped; a plain function runs in a thread that cannot be stopped, so
+it is abandoned and its result discarded. A side_effecting call that timed out may have taken
+effect either way, so it is answered "effect unknown" (`uncertain`), never "try again".
 
 Results longer than the size cap are shown truncated with a marker that names the full result's
 digest; the whole text travels in `ExecutedCall.full_content` so the run's store can keep it.
@@ -42,9 +47,12 @@ from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.telemetry import traced_tool
 from keel.tools.base import Effect, Tool, ToolArgumentError
 
-__all__ = ["ExecutedCall", "OnDispatch", "ToolExecutor"]
+__all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor"]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
+
+STOP_GRACE = 0.5
+"""Seconds a cancelled tool has to stop before it is abandoned."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,25 +202,26 @@ class ToolExecutor:
         by_deadline = deadline is not None and deadline < limit_at
         if deadline is not None:
             limit_at = min(limit_at, deadline)
-        timer = asyncio.timeout_at(limit_at)
-        try:
-            async with timer:
-                with traced_tool(ready.call):
-                    content = await tool.invoke(ready.validated)
-        except TimeoutError as exc:
+        with traced_tool(ready.call):
+            work = asyncio.ensure_future(_contained(tool, ready.validated))
+            try:
+                await asyncio.wait((work,), timeout=max(0.0, limit_at - loop.time()))
+            except asyncio.CancelledError:  # the run is cancelled: so is the call
+                await _stop(work)
+                raise
             elapsed = loop.time() - started
-            if not timer.expired():
-                return _Outcome(_raised(name, exc), True, _ms(elapsed), dispatched=True)
-            why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
-            return _timed_out(tool, elapsed, why)
-        except ToolError as exc:
-            text = str(exc).strip() or f"Error: {name} failed (no message)"
-            uncertain = isinstance(exc, EffectUnknown) and tool.effect is Effect.SIDE_EFFECTING
-            elapsed = _ms(loop.time() - started)
-            return _Outcome(text, True, elapsed, dispatched=True, uncertain=uncertain)
-        except Exception as exc:
-            return _Outcome(_raised(name, exc), True, _ms(loop.time() - started), dispatched=True)
-        return _Outcome(content, False, _ms(loop.time() - started), dispatched=True)
+            if not work.done():
+                stopped = await _stop(work)
+                why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
+                return _timed_out(tool, elapsed, why, stopped)
+        raised = work.result()  # `_contained` returns what the tool raised, never raises it
+        if not isinstance(raised, BaseException):
+            return _Outcome(raised, False, _ms(elapsed), dispatched=True)
+        if isinstance(raised, ToolError):
+            text = str(raised).strip() or f"Error: {name} failed (no message)"
+            uncertain = isinstance(raised, EffectUnknown) and tool.effect is Effect.SIDE_EFFECTING
+            return _Outcome(text, True, _ms(elapsed), dispatched=True, uncertain=uncertain)
+        return _Outcome(_raised(name, raised), True, _ms(elapsed), dispatched=True)
 
     def _finish(self, call: ToolCall, outcome: _Outcome) -> ExecutedCall:
         """Apply the size cap and build the result the model will see: text the store, a
@@ -248,13 +257,51 @@ class ToolExecutor:
         )
 
 
-def _timed_out(tool: Tool, elapsed: float, why: str) -> _Outcome:
+async def _contained(tool: Tool, validated: pydantic.BaseModel) -> str | BaseException:
+    """The tool's text, or what it raised: nothing it raises may leave its task, where
+    KeyboardInterrupt and SystemExit would stop the event loop itself. Only a cancellation of
+    this task goes on as one (a CancelledError the tool raised on its own is a failure)."""
+    try:
+        return await tool.invoke(validated)
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return exc
+    except GeneratorExit:  # closed by `_stop`: the frame must end
+        raise
+    except BaseException as exc:
+        return exc
+
+
+async def _stop(work: asyncio.Task[str | BaseException]) -> bool:
+    """Cancel the call; True if it stopped within STOP_GRACE. One that did not (it swallowed
+    the cancellation) is abandoned: its coroutine is closed where it waits, so it never runs
+    again and no event loop waits for it at exit."""
+    work.cancel()
+    await asyncio.wait((work,), timeout=STOP_GRACE)
+    if work.done():
+        if not work.cancelled():
+            work.exception()  # retrieved: whatever it was, its call is answered already
+        return True
+    work.add_done_callback(lambda t: t.cancelled() or t.exception())
+    try:
+        work.get_coro().close()
+    except RuntimeError:  # it swallowed GeneratorExit too: left to itself, like a stuck thread
+        return False
+    work.cancel()  # wakes the task, which ends at once on its closed coroutine
+    return False
+
+
+def _timed_out(tool: Tool, elapsed: float, why: str, stopped: bool) -> _Outcome:
     """What a timeout means depends on whether the tool could be stopped and on its effect."""
     head = f"{tool.name} timed out after {elapsed:.1f}s ({why})"
     if tool.runs_in_thread:
         fate = "it could not be stopped, so it was abandoned and its result will be discarded"
-    else:
+    elif stopped:
         fate = "it was stopped"
+    else:
+        fate = "it did not stop when cancelled, so it was abandoned and its result discarded"
     if tool.effect is Effect.SIDE_EFFECTING:
         text = (
             f"Effect unknown: {head}; {fate}. It may or may not have taken effect. Check its "

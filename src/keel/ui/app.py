@@ -27,6 +27,7 @@ from keel.store import open_store
 from keel.store.locate import is_url
 from keel.ui import live
 from keel.ui.actions import decide, going_on
+from keel.ui.chart import ChartFold
 from keel.ui.pages import PAGE_SIZE, STATUSES, Pages, RunsPage, RunView
 from keel.ui.security import FormError, Guard, new_token, parse_form, token_matches
 
@@ -50,6 +51,8 @@ class _Ui:
         self.pages = Pages(self.csrf, approvals.who(), then=self.resumer.then)
         self.origins = frozenset(f"http://{h}" for h in hosts)
         self.poll = live.POLL_SECONDS
+        self.live = live.LiveRuns(self.pages)
+        """The chart folds the open pages of a run share (see `live`)."""
         self.stopping = False
         """Set when the server is asked to stop: live streams close at their next poll."""
 
@@ -93,6 +96,7 @@ class _Ui:
             self.resumer.note,
             stopping=lambda: self.stopping,
             poll=self.poll,
+            live=self.live,
         )
         return StreamingResponse(
             stream,
@@ -101,10 +105,17 @@ class _Ui:
         )
 
     def _view(self, run_id: str) -> RunView | None:
+        """The whole run, for its page; a live run's fold seeds the page's own stream."""
         record = self.store.get_run(run_id)
         if record is None:
             return None
-        return RunView(record, self.store.events(run_id), self.resumer.note(run_id))
+        events = self.store.events(run_id)
+        threshold = record.config.limits.loop_threshold
+        fold = ChartFold().add(events)
+        view = RunView(record, events, self.resumer.note(run_id), fold.chart_set(threshold))
+        if view.live:
+            self.live.seed(run_id, threshold, fold, view.last_seq)
+        return view
 
     # -- decisions -------------------------------------------------------------------------
 

@@ -6,6 +6,10 @@ The counters are computed from the run's typed events, the same way the breaker 
 `tool_call` event adds one to its key, an `evidence_reset` sets its key back to 1 (the page
 progressed). The geometry is computed here; the SVG is drawn by a template, so every label (a
 call key is model-written text) is escaped like the rest of the page.
+
+What the charts need of the events is folded one event at a time (`ChartFold`): a page that
+follows a run adds the run's new events to its fold instead of reading and counting the whole
+run again at every change, and holds no event once it is folded.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from keel.records import (
     ToolCallRequested,
 )
 
-__all__ = ["Chart", "ChartSet", "KeySeries", "charts", "counter_series"]
+__all__ = ["Chart", "ChartFold", "ChartSet", "KeySeries", "charts", "counter_series"]
 
 WIDTH, HEIGHT = 640, 150
 LEFT, RIGHT, TOP, BOTTOM = 34, 14, 12, 24
@@ -52,16 +56,48 @@ class KeySeries:
 
 def counter_series(events: Sequence[Event]) -> dict[str, KeySeries]:
     """Every call key's counter over the steps, in order of first call."""
-    series: dict[str, KeySeries] = {}
-    for event in events:
-        if isinstance(event, ToolCallRequested):
-            one = series.setdefault(event.call_key, KeySeries(event.call_key))
-            one.set(event.step, (one.points[-1][1] if one.points else 0) + 1)
-        elif isinstance(event, EvidenceReset):
-            one = series.setdefault(event.call_key, KeySeries(event.call_key))
-            one.set(event.step, 1)
-            one.resets.append(event.step)
-    return series
+    return ChartFold().add(events).series
+
+
+@dataclass(slots=True)
+class ChartFold:
+    """Everything the charts are drawn from, event by event: the counters, the last step, the
+    key that tripped the breaker, the synthesis turns."""
+
+    series: dict[str, KeySeries] = field(default_factory=dict)
+    last_step: int = 0
+    tripped: tuple[str, int, int] = ("", 0, 0)
+    """(key, count, step) of the last loop failure that tripped the hard breaker."""
+    synthesis: list[tuple[int, str]] = field(default_factory=list)
+    """(step, reason) of each synthesis-only request (its first attempt)."""
+
+    def add(self, events: Sequence[Event]) -> ChartFold:
+        """Fold `events`, the run's next ones in order; returns self."""
+        series = self.series
+        for event in events:
+            self.last_step = max(self.last_step, event.step)
+            if isinstance(event, ToolCallRequested):
+                one = series.setdefault(event.call_key, KeySeries(event.call_key))
+                one.set(event.step, (one.points[-1][1] if one.points else 0) + 1)
+            elif isinstance(event, EvidenceReset):
+                one = series.setdefault(event.call_key, KeySeries(event.call_key))
+                one.set(event.step, 1)
+                one.resets.append(event.step)
+            elif isinstance(event, ModelRequestSent):
+                if event.synthesis is not None and event.attempt == 1:
+                    self.synthesis.append((event.step, event.synthesis))
+            elif isinstance(event, RunFailed):
+                self.tripped = _tripped(event) or self.tripped
+        return self
+
+    def chart_set(self, threshold: int) -> ChartSet:
+        """The charts of the keys that repeated (or were reset), most repeated first."""
+        return _draw(self, threshold)
+
+
+def charts(events: Sequence[Event], threshold: int) -> ChartSet:
+    """The charts of the keys that repeated (or were reset), most repeated first."""
+    return ChartFold().add(events).chart_set(threshold)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +145,9 @@ class ChartSet:
     bottom: int = HEIGHT - BOTTOM
 
 
-def charts(events: Sequence[Event], threshold: int) -> ChartSet:
-    """The charts of the keys that repeated (or were reset), most repeated first."""
-    series = counter_series(events)
-    last_step = max((e.step for e in events), default=1) or 1
-    tripped = _tripped(events)
+def _draw(fold: ChartFold, threshold: int) -> ChartSet:
+    series, tripped = fold.series, fold.tripped
+    last_step = fold.last_step or 1
     wanted = sorted(
         (s for s in series.values() if s.peak >= 2 or s.resets or s.key == tripped[0]),
         key=lambda s: -max(s.peak, tripped[1] if s.key == tripped[0] else 0),
@@ -140,11 +174,6 @@ def charts(events: Sequence[Event], threshold: int) -> ChartSet:
         if one.key == tripped[0]:
             trip = Mark(x(tripped[2]), y(tripped[1]), tripped[2], tripped[1])
         drawn.append(Chart(one.key, one.peak, "".join(path), marks, resets, trip))
-    synthesis = tuple(
-        (e.step, x(e.step), e.synthesis)
-        for e in events
-        if isinstance(e, ModelRequestSent) and e.synthesis is not None and e.attempt == 1
-    )
     return ChartSet(
         threshold=threshold,
         last_step=last_step,
@@ -152,26 +181,21 @@ def charts(events: Sequence[Event], threshold: int) -> ChartSet:
         others=len(series) - len(drawn),
         y_threshold=y(threshold),
         y_near=y(threshold - 1),
-        synthesis=synthesis,
+        synthesis=tuple((step, x(step), reason) for step, reason in fold.synthesis),
         x_ticks=tuple((s, x(s)) for s in _ticks(last_step)),
         y_ticks=tuple((c, y(c)) for c in _y_ticks(threshold)),
     )
 
 
-def _tripped(events: Sequence[Event]) -> tuple[str, int, int]:
-    """(key, count, step) of the key that tripped the hard breaker, or ("", 0, 0). A tool
-    request in a synthesis turn (details with a "reason") tripped nothing: its key stood at
-    T-1."""
-    for event in reversed(events):
-        if (
-            isinstance(event, RunFailed)
-            and event.kind == "ToolLoopDetected"
-            and "reason" not in event.details
-        ):
-            key, count = event.details.get("call_key"), event.details.get("count")
-            if isinstance(key, str) and isinstance(count, int):
-                return key, count, event.step
-    return "", 0, 0
+def _tripped(event: RunFailed) -> tuple[str, int, int] | None:
+    """(key, count, step) of the key that tripped the hard breaker, or None. A tool request in
+    a synthesis turn (details with a "reason") tripped nothing: its key stood at T-1."""
+    if event.kind != "ToolLoopDetected" or "reason" in event.details:
+        return None
+    key, count = event.details.get("call_key"), event.details.get("count")
+    if isinstance(key, str) and isinstance(count, int):
+        return key, count, event.step
+    return None
 
 
 def _y_ticks(threshold: int) -> list[int]:

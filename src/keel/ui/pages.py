@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from urllib.parse import quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
@@ -49,10 +49,12 @@ class RunView:
     events: list[Event]
     note: str | None = None
     """What the UI's last background resume of this run said, when it failed."""
-    chart_set: ChartSet = field(init=False)
+    chart_set: ChartSet | None = None
+    """Drawn from `events` unless given (from a fold the caller keeps)."""
 
     def __post_init__(self) -> None:
-        self.chart_set = charts(self.events, self.record.config.limits.loop_threshold)
+        if self.chart_set is None:
+            self.chart_set = charts(self.events, self.record.config.limits.loop_threshold)
 
     @property
     def live(self) -> bool:
@@ -120,13 +122,16 @@ class Pages:
     def error(self, title: str, message: str) -> str:
         return self.env.get_template("error.html").render(title=title, message=message)
 
-    def fragments(self, view: RunView, new: Sequence[Event]) -> dict[str, str]:
-        """What a live page replaces (summary, charts) and appends (rows for `new`)."""
-        return {
-            "summary": self._part("_summary.html", view=view),
-            "charts": self._part("_charts.html", view=view),
-            "rows": self._part("_rows.html", events=new),
-        }
+    # -- what a live page replaces (summary, charts) and appends (rows) -----------------------
+
+    def summary(self, view: RunView) -> str:
+        return self._part("_summary.html", view=view)
+
+    def charts(self, chart_set: ChartSet) -> str:
+        return self._part("_charts.html", chart_set=chart_set)
+
+    def rows(self, events: Sequence[Event]) -> str:
+        return self._part("_rows.html", events=events)
 
     def _part(self, name: str, **context: object) -> str:
         return self.env.get_template(name).render(**context)

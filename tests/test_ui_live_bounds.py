@@ -1,0 +1,268 @@
+"""`keel ui`'s live views are bounded (tracker issue 20): a big paused run's open page costs
+nothing while nothing changes, holds none of the run's events, and leaves nothing behind when
+it closes. The attack: a run of thousands of events, paused, with many tabs open on it.
+
+The figures on a run of 20,000 events (benchmarks/ui_live.py) are in the issue's report; here
+a 2,000-step run keeps the suite quick while the margins stay wide.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import subprocess
+import sys
+import threading
+import time
+import tracemalloc
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import keel
+from keel.records import Event
+from keel.store import RunRecord, Store
+from keel.ui.live import follow
+from keel.ui.pages import Pages
+
+STEPS = 2_000
+KEYS = 100
+
+
+@pytest.fixture(scope="module")
+def big_paused_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
+    """STEPS calls over KEYS keys (each repeated, so the page draws charts), then a call that
+    waits for approval."""
+
+    @keel.tool
+    def note(topic: str) -> str:
+        """Read a note."""
+        return f"note on {topic}: " + "words of evidence " * 10
+
+    @keel.tool(effect="side_effecting", requires_approval=True)
+    def publish(text: str) -> str:
+        """Publish the notes."""
+        return "published"
+
+    turns: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "note", "arguments": {"topic": f"t{i % KEYS}"}}]}
+        for i in range(STEPS)
+    ]
+    turns.append({"tool_calls": [{"name": "publish", "arguments": {"text": "all"}}]})
+    path = tmp_path_factory.mktemp("big") / "runs.sqlite"
+    store = keel.Store(path)
+    limits = keel.Limits(
+        max_model_calls=STEPS + 5,
+        max_tool_calls=STEPS + 5,
+        context_tokens=20_000,
+        loop_threshold=STEPS // KEYS + 2,
+    )
+    agent = keel.Agent(
+        keel.ScriptedTransport.from_dict({"turns": turns}),
+        tools=[note, publish],
+        limits=limits,
+        store=store,
+    )
+    result = asyncio.run(agent.arun("Read every note, then publish."))
+    store.close()
+    assert result.status == "awaiting_approval"
+    return path, result.run_id
+
+
+class CountingStore:
+    """A read-only store that counts what the live stream reads."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+        self.get_runs = 0
+        self.events_read = 0
+
+    def get_run(self, run_id: str) -> RunRecord | None:
+        self.get_runs += 1
+        return self.store.get_run(run_id)
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        found = self.store.events(run_id, after)
+        self.events_read += len(found)
+        return found
+
+
+class CountingPages(Pages):
+    def __init__(self) -> None:
+        super().__init__("token", "root")
+        self.renders = 0
+
+    def _part(self, name: str, **context: object) -> str:
+        self.renders += 1
+        return super()._part(name, **context)
+
+
+class Tab:
+    """An open page's stream, read as the browser reads it, by a task of its own."""
+
+    def __init__(self, stream: AsyncIterator[str]) -> None:
+        self.stream = stream
+        self.got: list[str] = []
+        self.task = asyncio.ensure_future(self._read())
+
+    async def _read(self) -> None:
+        async for message in self.stream:
+            self.got.append(message)
+
+    async def close(self) -> None:
+        """What a closed tab comes to: the server cancels the response (Starlette)."""
+        self.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self.task
+        await self.stream.aclose()
+
+
+def test_a_paused_runs_open_page_renders_nothing_while_nothing_changes(
+    big_paused_run: tuple[Path, str],
+) -> None:
+    path, run_id = big_paused_run
+    reader = Store(path, read_only=True)
+    store, pages = CountingStore(reader), CountingPages()
+    last = reader.events(run_id)[-1].seq
+
+    async def watch() -> tuple[int, int, int, list[str]]:
+        tab = Tab(follow(store, pages, run_id, last, lambda _: None, poll=0.02))  # type: ignore[arg-type]
+        await asyncio.sleep(0.5)  # the first rounds: the page's baseline
+        renders, events, reads = pages.renders, store.events_read, store.get_runs
+        await asyncio.sleep(3.0)
+        assert not tab.task.done(), "the stream of a paused run ended"
+        counts = pages.renders - renders, store.events_read - events, store.get_runs - reads
+        await tab.close()
+        return (*counts, tab.got)
+
+    try:
+        renders, events, reads, sent = asyncio.run(watch())
+    finally:
+        reader.close()
+    assert sent == [], sent  # the page is up to date: nothing to send
+    assert renders == 0, f"{renders} fragments rendered in 3 s for a run that did not change"
+    assert events == 0, f"{events} events read again in 3 s"
+    assert reads <= 5, f"{reads} reads in 3 s (poll 0.02 s) of a run nobody acts on"
+
+
+def test_an_open_page_holds_none_of_the_runs_events_and_closing_frees_it(
+    big_paused_run: tuple[Path, str],
+) -> None:
+    path, run_id = big_paused_run
+    reader = Store(path, read_only=True)
+    pages = Pages("token", "root")
+    last = reader.events(run_id)[-1].seq
+
+    async def settled() -> int:
+        """Memory traced once reads in flight have landed; the store's worker holds its last
+        answer until its next job, so a small read comes first."""
+        await asyncio.sleep(0.3)
+        await asyncio.to_thread(reader.get_run, run_id)
+        gc.collect()
+        return tracemalloc.get_traced_memory()[0]
+
+    async def held() -> tuple[int, int, int]:
+        warm = Tab(follow(reader, pages, run_id, last - 1, lambda _: None, poll=0.02))
+        await asyncio.sleep(0.3)  # templates compiled, modules imported: not the page's
+        await warm.close()
+        tracemalloc.start()
+        try:
+            events = reader.events(run_id)
+            size = tracemalloc.get_traced_memory()[0]
+            del events
+            base = await settled()
+            tabs = [
+                Tab(follow(reader, pages, run_id, last, lambda _: None, poll=0.02))
+                for _ in range(2)
+            ]
+            await asyncio.sleep(1.0)  # past their first rounds, even traced
+            assert not any(t.task.done() for t in tabs)
+            open_ = await settled() - base
+            for tab in tabs:
+                await tab.close()
+            del tabs
+            closed = await settled() - base
+        finally:
+            tracemalloc.stop()
+        return size - base, open_, closed
+
+    try:
+        size, open_, closed = asyncio.run(held())
+    finally:
+        reader.close()
+    print(f"the run's events: {size / 1e6:.1f} MB; two open pages hold {open_ / 1e6:.2f} MB, "
+          f"closed {closed / 1e6:.2f} MB")  # fmt: skip
+    assert open_ < size / 4, (size, open_)
+    assert closed < size / 50, (size, closed)
+
+
+def rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def cpu_seconds(pid: int) -> float:
+    import os
+
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_twenty_tabs_on_a_big_paused_run_cost_little_and_leave_nothing_when_closed(
+    big_paused_run: tuple[Path, str],
+) -> None:
+    """A real `keel ui`: 20 tabs each load the page and keep its live stream open, idle for
+    4 s, then close."""
+    path, run_id = big_paused_run
+    server = subprocess.Popen(
+        [sys.executable, "-m", "keel", "ui", "--store", str(path), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert server.stdout is not None
+        base = server.stdout.readline().strip()
+        page = f"{base}runs/{run_id}"
+        seq = httpx.get(page, timeout=60).text.split('data-seq="', 1)[1].split('"', 1)[0]
+        time.sleep(0.5)
+        before = rss_mb(server.pid)
+        stop = threading.Event()
+
+        def tab(ready: threading.Event) -> None:
+            httpx.get(page, timeout=120)
+            with httpx.stream("GET", f"{page}/live?after={seq}", timeout=None) as response:
+                assert response.status_code == 200
+                ready.set()
+                stop.wait()
+
+        tabs = []
+        for _ in range(20):
+            ready = threading.Event()
+            thread = threading.Thread(target=tab, args=(ready,), daemon=True)
+            thread.start()
+            assert ready.wait(120)
+            tabs.append(thread)
+        time.sleep(2.5)  # every stream past its first rounds
+        started = cpu_seconds(server.pid)
+        time.sleep(4.0)
+        cpu = (cpu_seconds(server.pid) - started) / 4.0
+        stop.set()
+        for thread in tabs:
+            thread.join(10)
+        time.sleep(3.0)
+        after = rss_mb(server.pid)
+    finally:
+        server.terminate()
+        server.wait(30)
+    print(f"20 idle tabs: {cpu * 100:.1f}% of a core; RSS {before:.0f} MB before, "
+          f"{after:.0f} MB after they closed")  # fmt: skip
+    assert cpu < 0.05, f"20 idle tabs take {cpu * 100:.1f}% of a core"
+    assert after - before < 60, (before, after)
