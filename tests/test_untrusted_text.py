@@ -18,7 +18,13 @@ import keel
 from keel.cli.app import app
 from keel.errors import ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall
-from keel.records import Event, ModelErrorSeen, ToolCallRequested, ToolResultRecorded
+from keel.records import (
+    Event,
+    ModelErrorSeen,
+    ModelResponseReceived,
+    ToolCallRequested,
+    ToolResultRecorded,
+)
 from keel.store import open_store
 
 pytest_plugins = ["postgres"]
@@ -88,7 +94,8 @@ async def test_lone_surrogates_in_tool_names_call_ids_and_arguments_are_answered
     assert result.status == "completed" and result.tool_calls == 2  # both answered
     events = _events(store_target, result.run_id)
     requested = [e for e in events if isinstance(e, ToolCallRequested)]
-    assert requested[0].call_id == f"call{SHOWN}"
+    (response,) = [e for e in events if isinstance(e, ModelResponseReceived) and e.tool_calls]
+    assert response.tool_calls[0].provider_id == f"call{SHOWN}"  # kept for the wire
     assert requested[0].arguments == {"path": f"notes{SHOWN}.md"}
     assert requested[1].name == f"read{SHOWN}file"
     results = [e for e in events if isinstance(e, ToolResultRecorded)]
