@@ -203,6 +203,34 @@ def test_a_signal_mid_run_cancels_it_records_it_and_exits_1(
     assert keel.stored() == ["cancelled"]
 
 
+@pytest.mark.parametrize("gap", [0.0, 0.003, 0.02])
+def test_ctrl_c_pressed_twice_still_prints_the_result_and_exits_1(keel: Keel, gap: float) -> None:
+    """The second SIGINT lands while the run is being cancelled, printed or while the process
+    exits: none of these may change the exit code or lose the result."""
+    proc = subprocess.Popen(
+        keel.run_argv(keel.model(40, latency_ms=100), "--json"),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=keel.env(),
+        cwd=keel.tmp,
+    )
+    try:
+        wait_for(lambda: keel.stored() == ["running"], "the run's start")
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(gap)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    no_traceback(err)
+    assert proc.returncode == 1, (proc.returncode, err)
+    assert json.loads(out)["status"] == "cancelled"
+    assert keel.stored() == ["cancelled"]
+
+
 @pytest.mark.parametrize("sig", SIGNALS, ids=lambda s: s.name)
 def test_a_signal_before_the_run_started_exits_1_in_one_line(
     keel: Keel, sig: signal.Signals
@@ -236,6 +264,40 @@ def test_a_signal_before_the_run_started_exits_1_in_one_line(
     (line,) = keel_lines(err)
     assert sig.name in line and "before the run started" in line, line
     assert "running" not in keel.stored()
+
+
+def test_a_signal_after_the_run_ended_keeps_its_exit_code_though_stdout_is_blocked(
+    keel: Keel,
+) -> None:
+    """The run has completed; its event lines fill a pipe nobody reads, so the command waits
+    to write them. SIGTERM ends it at once, with the run's own code."""
+    turns = [
+        {"tool_calls": [{"name": "list_files", "arguments": {"path": ".", "pattern": f"*{n}"}}]}
+        for n in range(150)
+    ]
+    script = keel.tmp / "many.json"
+    script.write_text(json.dumps({"turns": [*turns, {"text": "Listed."}]}))
+    proc = subprocess.Popen(
+        keel.run_argv(f"script:{script}", "--events", "--max-model-calls", "200",
+                      "--max-tool-calls", "200", "--loop-threshold", "50"),
+        stdout=subprocess.PIPE,  # never read: the pipe fills
+        stderr=subprocess.PIPE,
+        env=keel.env(),
+        cwd=keel.tmp,
+    )  # fmt: skip
+    try:
+        wait_for(lambda: keel.stored() == ["completed"], "the run's end")
+        time.sleep(0.5)
+        assert proc.poll() is None, "the output did not fill the pipe: nothing to test"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.stderr is not None
+        err = proc.stderr.read().decode()
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    no_traceback(err)
+    assert proc.returncode == 0, (proc.returncode, err)
 
 
 async def test_a_run_cancelled_before_its_task_began_is_recorded_cancelled(

@@ -59,8 +59,9 @@ class RunHandle:
         """Stop at once: in-flight calls are cancelled, the run ends `cancelled`, nothing
         recorded is lost. Before the run is open (created or taken over in the store), it is
         only asked to stop: it opens, then ends `cancelled` at once, so a cancel that comes
-        early (a signal while the model loads) still leaves a record of the run."""
-        if not self._task.done():
+        early (a signal while the model loads) still leaves a record of the run. Once is
+        enough: a second cancel (Ctrl-C pressed again) does not interrupt the run's last save."""
+        if not self._task.done() and not self._loop.cancel_requested:
             self._loop.cancel_requested = True
             if self._loop.opened:
                 self._task.cancel()

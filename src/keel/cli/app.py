@@ -21,7 +21,7 @@ from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
 from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
-from keel.cli.signals import Signals, stoppable
+from keel.cli.signals import Signals, own_process, stoppable
 from keel.config import choose_loop_policy, config_files, public_url, trust, unknown_keys
 from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
@@ -545,6 +545,7 @@ def _usage_error(message: str) -> NoReturn:
 
 
 def main() -> None:
+    own_process()
     keep_standard_fds()
     for warning in unknown_keys():  # once per command, whichever reads the file
         err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)

@@ -1,31 +1,36 @@
-"""SIGINT, SIGTERM and SIGHUP to `keel run`/`keel resume`: exit code 1, whenever they come,
-and never a traceback or a run left `running` that no process advances.
+"""SIGINT, SIGTERM and SIGHUP to `keel run`/`keel resume`: the documented exit code whenever
+they come, and never a traceback or a run left `running` that no process advances.
 
 - Before the run exists (MCP servers starting, the store opening), nothing is recorded yet:
-  the command stops at once and says so in one line.
+  the command stops at once, in one line, with exit code 1.
 - While it runs, the run is cancelled cooperatively and recorded `cancelled` (also on SIGHUP:
-  a closed terminal is a person gone, and nobody would resume a run left `running`). A signal
-  while the run is being set up (a model loading) cancels it as soon as it is open.
-- Once it has ended, its outcome stands: the command stops where it is (printing, perhaps to
-  a reader that stopped reading) and exits with the run's own code.
+  a closed terminal is a person gone, and nobody would resume a run left `running`); exit 1.
+  A signal while the run is being set up (a model loading) cancels it as soon as it is open.
+  A second signal changes nothing: the cancellation is under way.
+- Once the run has ended, its outcome stands: the command gets `AFTER_SECONDS` to finish
+  printing (to a reader that stopped reading, it would wait forever), then ends with the run's
+  own code; a signal as it exits ends it there, with the code it has decided.
 
-Outside the event loop a Python handler raises `Stopped`, a BaseException, so no `except
-Exception` on the way can swallow it; inside, the loop's own signal handling cancels the run
-from a callback, never from the middle of whatever the loop was doing. Signals are blocked
-while one handler replaces the other, so none falls between them to the default action.
+One Python handler serves the whole command, so no signal ever meets a default handler in
+between. Before the run it raises `Stopped`, a BaseException, so no `except Exception` on
+the way swallows it; during the run it only schedules the cancel on the event loop
+(`call_soon_threadsafe`), never cancelling from the middle of whatever the loop was doing.
+Ending with `os._exit` is for the command line's own process (`own_process`, set by `main`),
+once nothing is left to clean up; a program that calls the command gets `Stopped` instead.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import atexit
 import functools
+import os
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from contextvars import ContextVar
 from types import FrameType, TracebackType
-from typing import ParamSpec, TypeVar
+from typing import Literal, ParamSpec, TypeVar
 
 import typer
 from rich.console import Console
@@ -33,7 +38,7 @@ from rich.console import Console
 from keel.agent import RunHandle
 from keel.result import RunResult
 
-__all__ = ["STOPPING", "Signals", "Stopped", "stoppable"]
+__all__ = ["AFTER_SECONDS", "STOPPING", "Signals", "Stopped", "own_process", "stoppable"]
 
 STOPPING = tuple(getattr(signal, n) for n in ("SIGINT", "SIGTERM", "SIGHUP") if hasattr(signal, n))
 
@@ -41,6 +46,30 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 _active: ContextVar[Signals | None] = ContextVar("keel_signals", default=None)
+_own_process = False
+
+Phase = Literal["before", "running", "settling", "after"]
+
+AFTER_SECONDS = 1.0
+"""After the run has ended, how long a signalled command may go on printing."""
+
+
+def own_process() -> None:
+    """This process is the `keel` command itself (`main`), not a program that calls it: a
+    signal after the run may end it at once, and its handlers need not be given back.
+
+    The last exit hook (registered first, run last) ignores the stopping signals: by then
+    threads are joined and the other hooks have run, and what is left of the interpreter's
+    exit puts the default handlers back, which would end the process with the signal's own
+    status instead of the code the command decided."""
+    global _own_process
+    _own_process = True
+    atexit.register(_ignore_stopping)
+
+
+def _ignore_stopping() -> None:
+    for sig in STOPPING:
+        signal.signal(sig, signal.SIG_IGN)
 
 
 class Stopped(BaseException):
@@ -52,16 +81,20 @@ class Stopped(BaseException):
 
 
 class Signals:
-    """The stopping signals for one command; leaving it restores the handlers it replaced."""
+    """The stopping signals for one command; leaving it gives back the handlers it replaced
+    (or, in the command line's own process, keeps the exit code it decided)."""
 
     def __init__(self, exit_codes: dict[str, int], err: Console) -> None:
         self.exit_codes = exit_codes
         self.err = err
         self.result: RunResult | None = None
-        """The run's outcome, once it has one: then a signal only ends the command."""
+        """The run's outcome, once it has one."""
+        self._phase: Phase = "before"
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._handle: RunHandle | None = None
+        self._early = False
+        """A signal came while the run was being started: cancel it once it is."""
         self._saved: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
-        self._deferred = False
-        self._pending: int | None = None
 
     @classmethod
     def active(cls) -> Signals:
@@ -73,10 +106,8 @@ class Signals:
 
     def __enter__(self) -> Signals:
         if threading.current_thread() is threading.main_thread():
-            with _blocked():
-                for sig in STOPPING:
-                    self._saved[sig] = signal.getsignal(sig)
-                    signal.signal(sig, self._on_signal)
+            for sig in STOPPING:
+                self._saved[sig] = signal.signal(sig, self._on_signal)
         self._token = _active.set(self)
         return self
 
@@ -84,9 +115,9 @@ class Signals:
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
         _active.reset(self._token)
-        with _blocked():
-            for sig, handler in self._saved.items():
-                signal.signal(sig, handler)
+        code = self._code(exc)
+        for sig, handler in self._saved.items():
+            signal.signal(sig, _ending(code) if _own_process else handler)
         if not isinstance(exc, Stopped):
             return
         if self.result is None:
@@ -97,51 +128,57 @@ class Signals:
                 markup=False,
                 soft_wrap=True,
             )
-            raise typer.Exit(1)
-        raise typer.Exit(self.exit_codes[self.result.status])
+        raise typer.Exit(code)
 
     def run(self, start: Callable[[], RunHandle]) -> RunResult:
         """Start the run and wait for its outcome, a stopping signal cancelling it."""
         try:
             result = asyncio.run(self._follow(start))
-        finally:
-            self._deferred = False
-        self.result = result
-        if self._pending is not None:  # came while the loop was closing: the outcome stands
-            raise Stopped(self._pending)
+        except BaseException:
+            self._phase = "before"  # no outcome came of it
+            raise
+        self.result, self._phase = result, "after"
         return result
 
     async def _follow(self, start: Callable[[], RunHandle]) -> RunResult:
-        loop = asyncio.get_running_loop()
-        handle: RunHandle | None = None
-        early: list[int] = []
-
-        def cancel(signum: int) -> None:
-            if handle is None:
-                early.append(signum)
-            else:
-                handle.cancel()
-
-        with _blocked():
-            for sig in STOPPING:
-                loop.add_signal_handler(sig, cancel, sig)
+        self._loop, self._phase = asyncio.get_running_loop(), "running"
         try:
-            handle = start()
-            if early:
-                handle.cancel()
-            return await handle
+            self._handle = start()
+            if self._early:
+                self._handle.cancel()
+            return await self._handle
         finally:
-            with _blocked():
-                self._deferred = True  # until `run` has the outcome in hand
-                for sig in STOPPING:
-                    loop.remove_signal_handler(sig)
-                    signal.signal(sig, self._on_signal)
+            self._phase = "settling"
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._deferred:
-            self._pending = self._pending or signum
-            return
-        raise Stopped(signum)
+        handle, loop = self._handle, self._loop
+        match self._phase:
+            case "running" if handle is None or loop is None:
+                self._early = True
+            case "running" if handle is not None and loop is not None:
+                loop.call_soon_threadsafe(handle.cancel)
+            case "settling":  # the run has ended: its outcome stands
+                pass
+            case "after" if _own_process and self.result is not None:
+                code = self.exit_codes[self.result.status]
+                timer = threading.Timer(AFTER_SECONDS, os._exit, (code,))
+                timer.daemon = True
+                timer.start()
+                self._phase = "settling"  # one timer is enough
+            case _:
+                raise Stopped(signum)
+
+    def _code(self, exc: BaseException | None) -> int:
+        """The exit code the command ends with, leaving with `exc`."""
+        if isinstance(exc, Stopped):
+            return 1 if self.result is None else self.exit_codes[self.result.status]
+        if isinstance(exc, typer.Exit):
+            return int(exc.exit_code)
+        if exc is None:
+            return 0
+        if isinstance(exc, SystemExit):
+            return exc.code if isinstance(exc.code, int) else 1
+        return 1
 
 
 def stoppable(
@@ -161,16 +198,10 @@ def stoppable(
     return decorate
 
 
-@contextlib.contextmanager
-def _blocked() -> Iterator[None]:
-    """The stopping signals held back (delivered on leaving) while handlers change."""
-    if threading.current_thread() is not threading.main_thread() or not hasattr(
-        signal, "pthread_sigmask"
-    ):
-        yield
-        return
-    previous = signal.pthread_sigmask(signal.SIG_BLOCK, STOPPING)
-    try:
-        yield
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+def _ending(code: int) -> Callable[[int, FrameType | None], None]:
+    """The handler once the command has decided its exit code: end with it, now."""
+
+    def end(signum: int, frame: FrameType | None) -> None:
+        os._exit(code)  # stderr's lines are out already: it is line-buffered
+
+    return end
