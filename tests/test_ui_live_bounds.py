@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import gc
 import subprocess
 import sys
 import threading
 import time
-import tracemalloc
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -147,57 +145,6 @@ def test_a_paused_runs_open_page_renders_nothing_while_nothing_changes(
     assert renders == 0, f"{renders} fragments rendered in 3 s for a run that did not change"
     assert events == 0, f"{events} events read again in 3 s"
     assert reads <= 5, f"{reads} reads in 3 s (poll 0.02 s) of a run nobody acts on"
-
-
-def test_an_open_page_holds_none_of_the_runs_events_and_closing_frees_it(
-    big_paused_run: tuple[Path, str],
-) -> None:
-    path, run_id = big_paused_run
-    reader = Store(path, read_only=True)
-    pages = Pages("token", "root")
-    last = reader.events(run_id)[-1].seq
-
-    async def settled() -> int:
-        """Memory traced once reads in flight have landed; the store's worker holds its last
-        answer until its next job, so a small read comes first."""
-        await asyncio.sleep(0.3)
-        await asyncio.to_thread(reader.get_run, run_id)
-        gc.collect()
-        return tracemalloc.get_traced_memory()[0]
-
-    async def held() -> tuple[int, int, int]:
-        warm = Tab(follow(reader, pages, run_id, last - 1, lambda _: None, poll=0.02))
-        await asyncio.sleep(0.3)  # templates compiled, modules imported: not the page's
-        await warm.close()
-        tracemalloc.start()
-        try:
-            events = reader.events(run_id)
-            size = tracemalloc.get_traced_memory()[0]
-            del events
-            base = await settled()
-            tabs = [
-                Tab(follow(reader, pages, run_id, last, lambda _: None, poll=0.02))
-                for _ in range(2)
-            ]
-            await asyncio.sleep(1.0)  # past their first rounds, even traced
-            assert not any(t.task.done() for t in tabs)
-            open_ = await settled() - base
-            for tab in tabs:
-                await tab.close()
-            del tabs
-            closed = await settled() - base
-        finally:
-            tracemalloc.stop()
-        return size - base, open_, closed
-
-    try:
-        size, open_, closed = asyncio.run(held())
-    finally:
-        reader.close()
-    print(f"the run's events: {size / 1e6:.1f} MB; two open pages hold {open_ / 1e6:.2f} MB, "
-          f"closed {closed / 1e6:.2f} MB")  # fmt: skip
-    assert open_ < size / 4, (size, open_)
-    assert closed < size / 50, (size, closed)
 
 
 def rss_mb(pid: int) -> float:
