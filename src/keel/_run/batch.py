@@ -16,7 +16,7 @@ from keel._run.parts import StepParts
 from keel.errors import ToolError
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
-from keel.records import ApprovalRequested, EvidenceReset, ToolDispatched
+from keel.records import ApprovalRequested, ToolDispatched
 from keel.result import PendingApproval
 from keel.tools.base import Effect, Tool
 from keel.tools.executor import ExecutedCall
@@ -228,11 +228,4 @@ def _apply_evidence_resets(parts: StepParts, executed: list[ExecutedCall]) -> No
             side_effect=tool.effect is Effect.SIDE_EFFECTING,
         )
         if restart is not None:
-            parts.recorder.emit(
-                EvidenceReset(
-                    step=parts.state.step,
-                    call_key=restart.key,
-                    resets=restart.resets,
-                    reason=restart.reason,
-                )
-            )
+            parts.recorder.restarted(restart)

@@ -10,8 +10,17 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from keel._run.breaker import Restart
 from keel.messages import ToolResult
-from keel.records import Event, KeyCounter, ResultElided, RunConfig, RunState, ToolResultRecorded
+from keel.records import (
+    Event,
+    EvidenceReset,
+    KeyCounter,
+    ResultElided,
+    RunConfig,
+    RunState,
+    ToolResultRecorded,
+)
 from keel.store import Checkpoint, RunStore
 
 __all__ = ["Listener", "StepRecorder"]
@@ -54,6 +63,17 @@ class StepRecorder:
                 truncated=result.truncated,
                 uncertain=result.uncertain,
                 duration_ms=round(duration_ms, 3),
+            )
+        )
+
+    def restarted(self, restart: Restart) -> None:
+        """A key's counter restarted at 1 (keel._run.breaker), and why."""
+        self.emit(
+            EvidenceReset(
+                step=self.state.step,
+                call_key=restart.key,
+                resets=restart.resets,
+                reason=restart.reason,
             )
         )
 

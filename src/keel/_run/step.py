@@ -20,7 +20,7 @@ from keel._run.synthesis import Mode
 from keel.errors import BudgetExhausted, RunFailure, ToolLoopDetected
 from keel.failpoints import failpoint
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall
-from keel.records import EvidenceReset, ToolCallRequested
+from keel.records import ToolCallRequested
 
 __all__ = [
     "Completed",
@@ -59,14 +59,7 @@ def _accept_batch(parts: StepParts, response: ModelResponse, mode: Mode) -> batc
     calls = list(response.tool_calls)
     _check_breaker(parts, calls)
     for restart in parts.breaker.record([call.key for call in calls]):
-        parts.recorder.emit(
-            EvidenceReset(
-                step=parts.state.step,
-                call_key=restart.key,
-                resets=restart.resets,
-                reason=restart.reason,
-            )
-        )
+        parts.recorder.restarted(restart)
     for call in calls:
         tool = parts.executor.get(call.name)
         parts.recorder.emit(
