@@ -20,7 +20,6 @@ Figures depend on the machine; compare runs on the same one.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import os
 import socket
 import subprocess
@@ -32,47 +31,14 @@ from pathlib import Path
 
 import httpx
 
-import keel
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from big_runs import paused_run  # the run the web view's tests use, at benchmark size
 
 TICKS = os.sysconf("SC_CLK_TCK")
 PAGES = False
 """Each tab loads the page before its stream (`--pages`)."""
 KEYS = 250
 """Distinct calls of the run: each is repeated steps/KEYS times, so the page draws its charts."""
-
-
-def paused_run(path: Path, steps: int) -> tuple[str, int]:
-    """A run of `steps` distinct calls, then one that waits for approval: (run id, events)."""
-
-    @keel.tool
-    def note(topic: str) -> str:
-        """Read a note."""
-        return f"note on {topic}: " + "words of evidence " * 10
-
-    @keel.tool(effect="side_effecting", requires_approval=True)
-    def publish(text: str) -> str:
-        """Publish the notes."""
-        return "published"
-
-    turns: list[dict[str, object]] = [
-        {"tool_calls": [{"name": "note", "arguments": {"topic": f"t{i % KEYS}"}}]}
-        for i in range(steps)
-    ]
-    turns.append({"tool_calls": [{"name": "publish", "arguments": {"text": "all"}}]})
-    store = keel.Store(path)
-    limits = keel.Limits(
-        max_model_calls=steps + 5,
-        max_tool_calls=steps + 5,
-        context_tokens=20_000,
-        loop_threshold=steps // KEYS + 2,  # each key repeats, charted, and never trips
-    )
-    transport = keel.ScriptedTransport.from_dict({"turns": turns})
-    agent = keel.Agent(transport, tools=[note, publish], limits=limits, store=store)
-    result = asyncio.run(agent.arun("Read every note, then publish."))
-    assert result.status == "awaiting_approval", result.status
-    events = len(store.events(result.run_id))
-    store.close()
-    return result.run_id, events
 
 
 def free_port() -> int:
@@ -129,7 +95,7 @@ def main() -> None:
     PAGES = options.pages
     with tempfile.TemporaryDirectory() as folder:
         store = Path(folder) / "runs.sqlite"
-        run_id, events = paused_run(store, options.steps)
+        run_id, events = paused_run(store, options.steps, KEYS)
         port = free_port()
         server = subprocess.Popen(
             [sys.executable, "-m", "keel", "ui", "--store", str(store), "--port", str(port)],

@@ -1,6 +1,6 @@
 """`keel ui`'s live views are bounded (tracker issue 20): a big paused run's open page costs
-nothing while nothing changes, holds none of the run's events, and leaves nothing behind when
-it closes. The attack: a run of thousands of events, paused, with many tabs open on it.
+nothing while nothing changes, and many open tabs cost little and leave little behind when
+they close. The attack: a run of thousands of events, paused, with many tabs open on it.
 
 The figures on a run of 20,000 events (benchmarks/ui_live.py) are in the issue's report; here
 a 2,000-step run keeps the suite quick while the margins stay wide.
@@ -16,12 +16,11 @@ import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
 
-import keel
+from big_runs import paused_run
 from keel.records import Event
 from keel.store import RunRecord, Store
 from keel.ui.live import follow
@@ -33,42 +32,10 @@ KEYS = 100
 
 @pytest.fixture(scope="module")
 def big_paused_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str]:
-    """STEPS calls over KEYS keys (each repeated, so the page draws charts), then a call that
-    waits for approval."""
-
-    @keel.tool
-    def note(topic: str) -> str:
-        """Read a note."""
-        return f"note on {topic}: " + "words of evidence " * 10
-
-    @keel.tool(effect="side_effecting", requires_approval=True)
-    def publish(text: str) -> str:
-        """Publish the notes."""
-        return "published"
-
-    turns: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "note", "arguments": {"topic": f"t{i % KEYS}"}}]}
-        for i in range(STEPS)
-    ]
-    turns.append({"tool_calls": [{"name": "publish", "arguments": {"text": "all"}}]})
+    """STEPS calls over KEYS keys, then a call that waits for approval (tests/big_runs.py)."""
     path = tmp_path_factory.mktemp("big") / "runs.sqlite"
-    store = keel.Store(path)
-    limits = keel.Limits(
-        max_model_calls=STEPS + 5,
-        max_tool_calls=STEPS + 5,
-        context_tokens=20_000,
-        loop_threshold=STEPS // KEYS + 2,
-    )
-    agent = keel.Agent(
-        keel.ScriptedTransport.from_dict({"turns": turns}),
-        tools=[note, publish],
-        limits=limits,
-        store=store,
-    )
-    result = asyncio.run(agent.arun("Read every note, then publish."))
-    store.close()
-    assert result.status == "awaiting_approval"
-    return path, result.run_id
+    run_id, _ = paused_run(path, STEPS, KEYS)
+    return path, run_id
 
 
 class CountingStore:
