@@ -69,7 +69,9 @@ def rows(replayed: Iterable[Replayed]) -> list[Row]:
         name = " / ".join(part for part in (r.corpus, r.model) if part) or "recordings"
         groups.setdefault(name, Row(name)).add(item)
         pooled.add(item)
-    return [*groups.values(), pooled] if len(groups) > 1 else [*groups.values()] or [pooled]
+    if len(groups) == 1:  # the pooled row would repeat the only one
+        return list(groups.values())
+    return [*groups.values(), pooled]
 
 
 def table(found: list[Row], title: str) -> Table:
