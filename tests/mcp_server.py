@@ -71,11 +71,11 @@ def serve_http(server: MCPServer) -> None:
 
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    sock.listen(64)  # listening before "port N" is printed: a client's first connect queues, never refused
+    sock.listen(64)  # listening before it says so: an early connect queues, never refused
     port = sock.getsockname()[1]
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
-    print(f"port {port}", flush=True); time.sleep(3)
+    print(f"port {port}", flush=True)
     uvicorn.Server(config).run(sockets=[sock])
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ import pytest
 import keel
 from fsyncs import STRACE, trace_runs
 from keel.records import ModelRequestSent
+from keel.store import wal as wal_module
 from keel.store.wal import WAL_LIMIT
 from keel.store.worker import Worker
 from support import call
@@ -123,6 +125,46 @@ async def test_a_reader_holding_old_frames_costs_one_checkpoint_per_limit_not_pe
         for _ in range(100):
             worker.submit("x" * 8_000, write=True).result()
         assert os.path.getsize(path + "-wal") <= 2 * limit + 100 * 12_000
+    finally:
+        reader.close()
+        worker.close()
+
+
+async def test_a_commit_overlapping_the_copy_does_not_postpone_the_restart(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """CI failure (the log reached 8.9 MB in the 1000-step test): a step's commit still held its
+    read mark when the unguarded copy started, so the copy stopped short of the log's end and the
+    keeper waited for a whole `limit` more before trying again. Here a reader lets go during the
+    first copy: the keeper finishes under the gate and restarts the log in the same cycle."""
+    path = str(tmp_path / "runs.sqlite")
+    limit = 256 * 1024
+    reader = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    copies: list[bool] = []
+    real = wal_module._checkpoint
+
+    def copy_then_let_go(conn: sqlite3.Connection) -> bool:
+        copied = real(conn)
+        copies.append(copied)
+        if reader.in_transaction:
+            reader.execute("COMMIT")
+        return copied
+
+    monkeypatch.setattr(wal_module, "_checkpoint", copy_then_let_go)
+    worker = Worker(path, _insert, wal_limit=limit)
+    keeper = worker.wal
+    assert keeper is not None
+    try:
+        worker.submit(lambda c: c.execute("CREATE TABLE filler (body TEXT)"), write=True).result()
+        reader.execute("BEGIN")
+        reader.execute("SELECT count(*) FROM filler").fetchone()  # holds the first frames
+        while keeper.checkpoints == 0:
+            worker.submit("x" * 8_000, write=True).result()
+        deadline = time.monotonic() + 10
+        while (keeper.restarts == 0 or len(copies) < 2) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert copies[0] is False  # the first copy stopped at the reader's mark
+        assert keeper.checkpoints == 1 and keeper.restarts == 1
     finally:
         reader.close()
         worker.close()

@@ -17,8 +17,9 @@ commit crosses its threshold, so Keel turns it off (`wal_autocheckpoint=0`) and 
   log's header first (an fsync more; SQLite ticket ff5be73dee), in whichever commit comes first.
   So the keeper writes that first commit itself: a write of nothing (`user_version` set to its
   own value), while holding the writer's gate so that no step can commit in between. Frames
-  committed during the copy are copied under the gate first. A step that wants to commit just
-  then waits for that short tail (once per `limit` of log), never for the bulk of a checkpoint.
+  committed during the copy, or left by it because a step's commit still held its read mark
+  when the copy began, are copied under the gate first. A step that wants to commit just then
+  waits for that short tail (once per `limit` of log), never for the bulk of a checkpoint.
 - **Back-pressure, only when the disk falls behind.** If the writer outruns a checkpoint by a
   whole `limit` (the log reaches twice the mark that started it), the writer waits for that
   checkpoint to finish before its next commit. On a machine that keeps up this never happens;
@@ -136,11 +137,13 @@ class WalKeeper:
         """Copy the log into the database and restart it; True when the log restarted."""
         before = self._commits()
         self.checkpoints += 1
-        if not _checkpoint(conn):
-            return False  # a reader holds frames: wait for another `limit` of growth
+        copied = _checkpoint(conn)  # the bulk, while steps go on committing
         with self._gate:
-            if self._commits() != before and not _checkpoint(conn):
-                return False  # the tail committed during the copy
+            # A step's commit that overlapped the copy (its frames, or the read mark it still
+            # held when the copy began) has ended now: copy the rest here. Only a reader outside
+            # the gate (another connection) can still stop it.
+            if (not copied or self._commits() != before) and not _checkpoint(conn):
+                return False  # a reader holds frames: wait for another `limit` of growth
             return self._restart(conn)
 
     def _restart(self, conn: sqlite3.Connection) -> bool:
