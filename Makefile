@@ -24,14 +24,14 @@ $(STAMP_DEV): pyproject.toml | $(BIN)/python
 	touch $@ $(STAMP_RUN)
 
 # The first turn must look at the repository (--first-turn-tool); the run prints a summary and
-# the exact `keel show ... --store .venv/demo.sqlite` command that opens it.
+# the exact `keel show` command that opens it. Both targets use the default store (no --store),
+# so `keel runs` and `keel show` find their runs afterwards without one.
 run: $(STAMP_RUN)
-	$(BIN)/keel run "$(QUESTION)" --model local --repo . --store $(VENV)/demo.sqlite \
-		--max-model-calls 8 --first-turn-tool
+	$(BIN)/keel run "$(QUESTION)" --model local --repo . --max-model-calls 8 --first-turn-tool
 
 demo: $(STAMP_RUN)
 	$(BIN)/keel run "Which modules does the run loop depend on, and where does it stop a repeating tool call?" \
-		--model script:examples/repeated_research.json --repo . --store $(VENV)/demo.sqlite
+		--model script:examples/repeated_research.json --repo .
 
 lint: $(STAMP_DEV)
 	$(BIN)/ruff check --no-cache src tests benchmarks

@@ -51,6 +51,7 @@ __all__ = [
     "default_cache_dir",
     "ensure_model",
     "find_parts",
+    "joined_file",
     "sha256_of",
 ]
 
@@ -121,14 +122,19 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("keel")) / "models"
 
 
+def joined_file(model: ModelFile = QWEN25_CODER_05B, cache_dir: Path | None = None) -> Path:
+    """Where `ensure_model` puts (or has put) the joined file; nothing is checked or created."""
+    return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / model.filename
+
+
 def ensure_model(model: ModelFile = QWEN25_CODER_05B, cache_dir: Path | None = None) -> Path:
     """The path of the joined, verified model file, joining the parts first if needed.
 
     Cheap when a verified file is already there (a ``stat`` and a small JSON read). Raises
     ConfigError when the parts are missing or do not join into the pinned digest.
     """
-    folder = Path(cache_dir) if cache_dir is not None else default_cache_dir()
-    target = folder / model.filename
+    target = joined_file(model, cache_dir)
+    folder = target.parent
     if _verified_before(target, model):
         return target
     try:

@@ -1,6 +1,7 @@
 """Model specs: the text after `--model` names a transport and its argument.
 
     local                      the embedded Qwen2.5-Coder 0.5B, in-process, in its own tool format
+    local:PATH                 another GGUF file, in-process the same way (no digest check)
     openai:MODEL               OpenAI Responses API
     openai-chat:MODEL          Chat Completions (any compatible server with --base-url)
     anthropic:MODEL            Anthropic Messages
@@ -32,10 +33,14 @@ __all__ = [
     "check_base_url",
     "choose_model",
     "endpoint",
+    "model_file_line",
     "resolve_model",
 ]
 
-SPEC_HELP = "local, openai:MODEL, openai-chat:MODEL, anthropic:MODEL, xml:SPEC or script:FILE"
+SPEC_HELP = (
+    "local, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, anthropic:MODEL, "
+    "xml:SPEC or script:FILE"
+)
 DEFAULT_OPENAI = "openai:gpt-5-mini"
 DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"
 
@@ -82,10 +87,10 @@ def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
         from keel.transports.xml_fallback import XmlFallbackTransport
 
         return XmlFallbackTransport(resolve_model(rest, base_url=base_url))
-    if scheme == "local" and not rest:
+    if scheme == "local":  # `local:PATH`: another GGUF file, loaded as it is (no digest)
         from keel.transports.local import LocalTransport
 
-        return LocalTransport()
+        return LocalTransport(model_path=str(Path(rest).expanduser()) if rest else None)
     if not (sep and rest):
         raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
     if scheme == "script":
@@ -159,6 +164,11 @@ def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bo
             else "install it: pip install 'keel[local]'",
         ),
         (
+            "local:PATH",
+            importlib.util.find_spec("llama_cpp") is not None,
+            "a GGUF file in Qwen2.5's chat and tool format, loaded as it is",
+        ),
+        (
             "openai:MODEL",
             openai_key,
             "OPENAI_API_KEY is set" if openai_key else "set OPENAI_API_KEY",
@@ -172,3 +182,19 @@ def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bo
         ("xml:SPEC", True, "XML tool calls over any text model"),
         ("script:FILE", True, "a scripted model (tests, demos)"),
     ]
+
+
+def model_file_line(spec: str = "local") -> str:
+    """Where the local model's GGUF file is and how big, for `keel models`: the file a
+    `local:PATH` spec names, else the shipped model's joined file in the cache folder."""
+    from keel.local_model import QWEN25_CODER_05B, joined_file
+
+    _, _, given = spec.partition(":") if spec.startswith("local:") else ("", "", "")
+    path = Path(given).expanduser() if given else joined_file(QWEN25_CODER_05B)
+    try:
+        size = path.stat().st_size
+    except OSError:
+        if given:
+            return f"{path} (not found)"
+        return f"{path} (not joined yet: the first local run joins it from the part packages)"
+    return f"{path} ({size:,} bytes, {size / 2**20:.0f} MiB)"

@@ -27,7 +27,14 @@ from keel.durability import Durability, choose_durability
 from keel.errors import ConfigError, KeelError
 from keel.evals.command import eval_command
 from keel.limits import Limits
-from keel.models import SPEC_HELP, available_models, check_base_url, choose_model, endpoint
+from keel.models import (
+    SPEC_HELP,
+    available_models,
+    check_base_url,
+    choose_model,
+    endpoint,
+    model_file_line,
+)
 from keel.options import check_hosts
 from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.present.progress import watch_local_model
@@ -106,8 +113,12 @@ def run(
     as_json: JsonOption = False,
     store: StoreOption = None,
     repo: Annotated[
-        Path, typer.Option(help="Folder the file tools may read (nothing outside it).")
-    ] = Path("."),
+        Path | None,
+        typer.Option(
+            help="Folder the file tools may read (nothing outside it) [default: the current "
+            "folder, named before the run starts]."
+        ),
+    ] = None,
     allow_host: Annotated[
         list[str] | None,
         typer.Option(help="Let fetch reach this loopback/private host (repeatable)."),
@@ -154,8 +165,11 @@ def run(
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
+    if not question.strip():
+        _usage_error("the question is empty: say what to research")
+    folder = (repo or Path(".")).resolve()
     settings: JsonObject = {
-        "repo": str(repo.resolve()),
+        "repo": str(folder),
         "allow_hosts": cast(list[JsonValue], allow_host or []),
         "allow_writes": allow_writes,
         "browser": browser,
@@ -211,6 +225,14 @@ def run(
     _guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
+        if repo is None:  # the file tools' folder was not chosen: say which one they read
+            err.print(
+                f"repo: {safe_text(str(folder))} (the current folder; --repo DIR to choose)",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+                style="dim",
+            )
     _finish(agent, lambda: agent.start(question), extras)
 
 
@@ -432,6 +454,7 @@ def models() -> None:
         mark = "yes" if usable else "no "
         typer.echo(f"{mark}  {spec:<22} {note}")
     typer.echo(f"\ndefault: {choice.spec} ({choice.source})")
+    typer.echo(f"local model file: {model_file_line(choice.spec)}")
 
 
 # -- helpers ---------------------------------------------------------------------------------
