@@ -108,7 +108,8 @@ async def test_bad_line_ranges_are_clear_errors(
 async def test_long_files_are_read_in_pages(repo: Path) -> None:
     (repo / "long.txt").write_text("".join(f"row {i}\n" for i in range(1, 2501)))
     first = await ok(repo, "read_file", path="long.txt")
-    assert "lines 1-2000 of 2500" in first and "start_line=2001" in first
+    assert "lines 1-2000 of 2500" in first
+    assert 'read_file {"path": "long.txt", "start_line": 2001}' in first
     assert "row 2000" in first and "row 2001" not in first
     rest = await ok(repo, "read_file", path="long.txt", start_line=2001)
     assert "lines 2001-2500 of 2500" in rest and "more remains" not in rest
@@ -224,4 +225,4 @@ def test_file_tool_paths_are_described_to_the_model(repo: Path) -> None:
     """`Annotated[str, Field(description=...)]` reaches the JSON Schema the model reads."""
     for tool in file_tools(repo):
         described = tool.parameters["properties"]["path"].get("description", "")
-        assert "path in the repository" in described, tool.name
+        assert "path relative to the repository root" in described, tool.name

@@ -171,7 +171,7 @@ def test_read_file_stops_at_the_byte_budget_and_says_where_to_go_on(repo: Path) 
     header = text.splitlines()[0]
     budget_lines = files.MAX_READ_BYTES // 1000
     assert f"lines 1-{budget_lines} of 2000" in header
-    assert f"call again with start_line={budget_lines + 1}" in header
+    assert f'read_file {{"path": "wide.txt", "start_line": {budget_lines + 1}}}' in header
     assert len(text) < files.MAX_READ_BYTES + 20_000
 
 

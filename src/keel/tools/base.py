@@ -51,6 +51,11 @@ class ToolArgumentError(ToolError):
     """Arguments the model sent do not fit the schema; the message is for the model."""
 
 
+Shortener = Callable[[dict[str, Any], str, int], "str | None"]
+"""(the call's arguments, the whole result, the most characters to show) -> the part to show,
+ending with the call that reads on, or None to let the executor cut the result plainly."""
+
+
 @dataclass(frozen=True, slots=True, eq=False)
 class Tool:
     name: str
@@ -65,6 +70,9 @@ class Tool:
     """Call `fn` with the validated model itself rather than its fields as keywords."""
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     """JSON Schema of the arguments, derived once from `args_model`."""
+    shorten: Shortener | None = None
+    """Cuts a result longer than the run's result cap where the model can read on, and says
+    which call reads the next part (`read_file` does); None: the executor's plain cut."""
 
     def __post_init__(self) -> None:
         if not self.parameters:

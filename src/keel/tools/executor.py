@@ -223,6 +223,16 @@ class ToolExecutor:
             return _Outcome(text, True, _ms(elapsed), dispatched=True, uncertain=uncertain)
         return _Outcome(_raised(name, raised), True, _ms(elapsed), dispatched=True)
 
+    def _shortened(self, call: ToolCall, outcome: _Outcome, full: str) -> str | None:
+        """The tool's own cut of a long result (one that says how to read on), if it has one."""
+        tool = self._tools.get(call.name)
+        if tool is None or tool.shorten is None or outcome.is_error:
+            return None
+        if not isinstance(call.arguments, dict):
+            return None
+        cut = tool.shorten(call.arguments, full, self.max_result_chars)
+        return cut if cut and len(cut) <= self.max_result_chars + 400 else None
+
     def _finish(self, call: ToolCall, outcome: _Outcome) -> ExecutedCall:
         """Apply the size cap and build the result the model will see: text the store, a
         terminal and JSON can all hold (keel.inbound)."""
@@ -231,10 +241,10 @@ class ToolExecutor:
         truncated = len(full) > self.max_result_chars
         shown = full
         if truncated:
+            head = self._shortened(call, outcome, full) or full[: self.max_result_chars]
             shown = (
-                f"{full[: self.max_result_chars]}\n[truncated: showing {self.max_result_chars} "
-                f"of {len(full)} characters; full result sha256:{digest[:16]} kept in the "
-                "run's store]"
+                f"{head}\n[truncated: showing {len(head)} of {len(full)} characters; full "
+                f"result sha256:{digest[:16]} kept in the run's store]"
             )
         result = ToolResult(
             call_id=call.id,

@@ -11,6 +11,7 @@ them straight back.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import stat
 from collections.abc import Generator
@@ -21,6 +22,7 @@ from pydantic import Field
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.confine import MAX_WALK_DEPTH, Opened, Outside, Root, Walk
 from keel.tools.fileio import SNIFF_BYTES, FileToolError, bounded_lines, file_kind, looks_binary
+from keel.tools.guidance import nearby, next_read, shorten_read
 from keel.tools.search import Pattern, compile_pattern
 
 __all__ = [
@@ -50,8 +52,8 @@ MAX_MATCH_LINE_CHARS = 400
 RepoPath = Annotated[
     str,
     Field(
-        description='A path in the repository, as the question or a listing writes it, such as '
-        '"src/app/main.py"; "." is the root.'
+        description="A path relative to the repository root, folders separated by \"/\", as "
+        "the question or a list_files result writes it; \".\" is the root."
     ),
 ]
 _SKIP_DIRS = frozenset({".git"})
@@ -90,18 +92,26 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
         """
         return _search(base, pattern, path)
 
-    return [
+    tools = [
         make_tool(fn, description=" ".join((fn.__doc__ or "").split()), effect=Effect.READ_ONLY)
         for fn in (list_files, read_file, search_files)
     ]
+    tools[1] = dataclasses.replace(tools[1], shorten=shorten_read)  # says how to read on
+    return tools
+
+
+def _open(base: Root, path: str, missing: str) -> Opened:
+    """`base.open`, with a missing or refused path answered by what exists near it."""
+    try:
+        return base.open(path)
+    except FileNotFoundError:
+        raise FileToolError(f"{missing}: {path!r}.{nearby(base, path)}") from None
+    except Outside as exc:
+        raise FileToolError(f"{exc}.{nearby(base, '.')}") from None
 
 
 def _list(base: Root, path: str) -> str:
-    try:
-        directory = base.open(path)
-    except FileNotFoundError:
-        raise FileToolError(f"no such directory: {path!r}") from None
-    with directory:
+    with _open(base, path, "no such directory") as directory:
         if not directory.is_dir:  # as `ls FILE` does: the file itself, and how to read it
             return f"{directory.rel} ({directory.st.st_size} bytes) is a file: read_file reads it"
         entries = base.entries(directory)
@@ -145,11 +155,7 @@ def _read(base: Root, path: str, start_line: int | None, end_line: int | None) -
         raise FileToolError(f"start_line must be 1 or more, got {start_line}")
     if end_line is not None and end_line < (start_line or 1):
         raise FileToolError(f"end_line ({end_line}) is before start_line ({start_line or 1})")
-    try:
-        opened = base.open(path)
-    except FileNotFoundError:
-        raise FileToolError(f"no such file: {path!r}; use list_files to see what exists") from None
-    with opened:
+    with _open(base, path, "no such file") as opened:
         if opened.is_dir:
             raise FileToolError(f"{path!r} is a directory; use list_files to list it")
         first = start_line or 1
@@ -195,7 +201,7 @@ def _page(handle: BinaryIO, rel: str, first: int, last: int, explicit_end: bool)
     header = f"{rel}: lines {first}-{last_shown} of {'' if complete else 'more than '}{total}"
     if budget_hit or (not explicit_end and last_shown < total):
         why = "the size limit for one read was reached; " if budget_hit else ""
-        header += f" (more remains: {why}call again with start_line={last_shown + 1})"
+        header += f" (more remains: {why}read the next part with {next_read(rel, last_shown + 1)})"
     return "\n".join([header, *(f"({note})" for note in cut), *shown])
 
 
@@ -215,10 +221,7 @@ def _count_rest(handle: BinaryIO, counted: int, scanned: int) -> tuple[int, bool
 
 def _search(base: Root, pattern: str, path: str) -> str:
     compiled = compile_pattern(pattern)
-    try:
-        start = base.open(path)
-    except FileNotFoundError:
-        raise FileToolError(f"no such file or directory: {path!r}") from None
+    start = _open(base, path, "no such file or directory")
     walk = Walk()
     matches: list[str] = []
     searched = files = 0

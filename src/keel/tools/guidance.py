@@ -1,0 +1,124 @@
+"""What the file tools say so that a model can go on (issue 26, ADR 0036).
+
+A small model does what a result tells it and little else: a read cut short that does not name
+the call reading the rest is read again from the top, and a missing path that does not say what
+exists is guessed again. So:
+
+- `next_read` is the exact call that reads on, as the model would write it
+  (``read_file {"path": "src/x.py", "start_line": 228}``);
+- `shorten_read` cuts a `read_file` result that is longer than the run's result cap after the
+  last whole line that fits, and rewrites its header to say which lines it shows and which call
+  reads the next part (the executor's own cut would end mid-line, under a header claiming the
+  whole file);
+- `nearby` names the deepest folder of a missing or refused path that does exist, what it
+  holds, and the names closest to the one that was not there.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import re
+import stat
+from pathlib import PurePosixPath
+from typing import Any
+
+from keel.tools.confine import Root
+from keel.tools.fileio import FileToolError
+
+__all__ = ["nearby", "next_read", "shorten_read"]
+
+_HEADER = re.compile(r"^(?P<rel>.*): lines (?P<first>\d+)-(?P<last>\d+) of (?P<total>[^(]*\d)")
+_NUMBERED = re.compile(r"^\s*(\d+)\t")
+_SHOWN_ENTRIES = 12
+_HEADER_ROOM = 300
+"""Characters kept free for the rewritten header within the cap."""
+
+
+def next_read(rel: str, start_line: int, end_line: int | None = None) -> str:
+    """The call that reads a file on from `start_line`, in the form the model sends calls."""
+    arguments: dict[str, Any] = {"path": rel, "start_line": start_line}
+    if end_line is not None:
+        arguments["end_line"] = end_line
+    return f"read_file {json.dumps(arguments, ensure_ascii=False)}"
+
+
+def shorten_read(arguments: dict[str, Any], full: str, limit: int) -> str | None:
+    """`full` (a read_file result) cut to at most about `limit` characters after a whole line,
+    under a header naming the lines shown and the call that reads the next part; None when not
+    even one numbered line fits (the executor then cuts it plainly)."""
+    header, _, body = full.partition("\n")
+    found = _HEADER.match(header)
+    if found is None:
+        return None
+    kept: list[str] = []
+    used = 0
+    last = None
+    for line in body.split("\n"):
+        if used + len(line) + 1 > limit - _HEADER_ROOM:
+            break
+        kept.append(line)
+        used += len(line) + 1
+        numbered = _NUMBERED.match(line)
+        if numbered:
+            last = int(numbered.group(1))
+    if last is None:
+        return None
+    rel, first, total = found["rel"], found["first"], found["total"]
+    end = arguments.get("end_line")
+    reads_on = next_read(rel, last + 1, end if isinstance(end, int) and end > last else None)
+    head = (
+        f"{rel}: lines {first}-{last} of {total} (the rest did not fit in one result; "
+        f"read the next part with {reads_on})"
+    )
+    return "\n".join([head, *kept])
+
+
+def nearby(base: Root, requested: str) -> str:
+    """What exists near a path that does not: the deepest folder of it that does, with its
+    entries and the names closest to the missing one. Empty when nothing useful can be said."""
+    try:
+        names = [n for n in base.components(requested, slash_is_root=True) if n not in ("", ".")]
+    except FileToolError:
+        return ""
+    if ".." in names:
+        names = []
+    for depth in range(len(names), -1, -1):
+        folder = "/".join(names[:depth]) or "."
+        entries = _entries(base, folder)
+        if entries is None:
+            continue
+        missing = names[depth] if depth < len(names) else ""
+        return _describe(folder, entries, missing)
+    return ""
+
+
+def _entries(base: Root, folder: str) -> list[str] | None:
+    try:
+        opened = base.open(folder)
+    except (FileNotFoundError, FileToolError, OSError):
+        return None
+    with opened:
+        if not opened.is_dir:
+            return None
+        listed = base.entries(opened)
+    return [
+        name + ("/" if stat.S_ISDIR(st.st_mode) else "")
+        for name, st in listed
+        if name != ".git"
+    ]
+
+
+def _describe(folder: str, entries: list[str], missing: str) -> str:
+    where = "the repository's top folder" if folder == "." else f"the folder {folder}"
+    if not entries:
+        return f" {where[0].upper()}{where[1:]} exists and is empty."
+    shown = ", ".join(entries[:_SHOWN_ENTRIES])
+    more = f" and {len(entries) - _SHOWN_ENTRIES} more" if len(entries) > _SHOWN_ENTRIES else ""
+    text = f" {where[0].upper()}{where[1:]} exists and holds: {shown}{more}."
+    plain = [e.rstrip("/") for e in entries]
+    close = difflib.get_close_matches(missing, plain, n=3, cutoff=0.6) if missing else []
+    if close:
+        paths = [str(PurePosixPath(folder) / c) if folder != "." else c for c in close]
+        text += f" Closest to {missing!r}: {', '.join(paths)}."
+    return text
