@@ -38,7 +38,7 @@ from keel.models import (
 from keel.options import check_hosts
 from keel.pool.commands import after_decision, submit_run, worker_command
 from keel.present.progress import watch_local_model
-from keel.present.summary import one_line, show_command
+from keel.present.summary import one_line, resume_command, show_command
 from keel.present.terminal import describe_call, safe_text
 from keel.present.timeline import event_json, json_text, run_json, timeline
 from keel.records import JsonObject, JsonValue
@@ -278,7 +278,8 @@ def resume(
     otel_content: OtelContentOption = False,
     durability: DurabilityOption = None,
 ) -> None:
-    """Continue a run that has not ended: after a pause for approval, or a crash."""
+    """Continue a run that has not ended: after a pause for approval, an interruption (Ctrl-C:
+    the run is `cancelled`) or a crash."""
     db = _open_store(store, durability=_guard(lambda: choose_durability(durability)))
     record = _guard(lambda: _known_run(db, run_id))
     config = record.config
@@ -402,6 +403,14 @@ def show(
         highlight=False,
         markup=False,
     )
+    if record.status == "cancelled":
+        out.print(
+            f"interrupted at step {record.state.step}; continue it with: "
+            f"{_resume_line(record.run_id, db)}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
@@ -439,6 +448,12 @@ def runs(
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
             f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
         )
+    interrupted = [r.run_id for r in records if r.status == "cancelled"]
+    if interrupted:
+        typer.echo(
+            f"\ncancelled runs were interrupted, not ended; continue one with: "
+            f"{_resume_line(interrupted[0], db)}"
+        )
 
 
 app.command("eval")(eval_command)
@@ -471,6 +486,11 @@ def _header(spec: str, base_url: str | None, source: str) -> None:
     )
 
 
+def _resume_line(run_id: str, db: RunStore) -> str:
+    """`keel resume RUN_ID`, with `--store` when the run is not in the default store."""
+    return resume_command(run_id, db.path, default_store_path())
+
+
 def _text(value: JsonValue) -> str | None:
     return None if value is None else str(value)
 
@@ -483,6 +503,8 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
         result = _guard(lambda: Signals.active().run(start))
         summary = one_line(result, agent.store.events(result.run_id))
         show = show_command(result.run_id, agent.store.path, default_store_path())
+        if result.status == "cancelled":  # an interruption: say how to go on
+            show += f"\ncontinue it with: {_resume_line(result.run_id, agent.store)}"
     if not extras.wrote(result):
         _print_result(result, extras.as_json, extras.out)
     if extras.out.failure is not None:  # the run is stored: say where, in one line
@@ -494,7 +516,7 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
             soft_wrap=True,
         )
     if not extras.quiet:
-        err.print(f"{summary}\nopen it with: {show}", highlight=False, markup=False)
+        err.print(f"{summary}\nopen it with: {show}", highlight=False, markup=False, soft_wrap=True)
     raise typer.Exit(EXIT_CODES[result.status])
 
 

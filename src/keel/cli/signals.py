@@ -5,6 +5,8 @@ they come, and never a traceback or a run left `running` that no process advance
   the command stops at once, in one line, with exit code 1.
 - While it runs, the run is cancelled cooperatively and recorded `cancelled` (also on SIGHUP:
   a closed terminal is a person gone, and nobody would resume a run left `running`); exit 1.
+  A cancelled run was interrupted, not ended: stderr says so at once, and `keel resume`
+  continues it (ADR 0036).
   A signal while the run is being set up (a model loading) cancels it as soon as it is open.
   A second signal changes nothing: the cancellation is under way.
 - Once the run has ended, its outcome stands: the command gets `AFTER_SECONDS` to finish
@@ -93,6 +95,7 @@ class Signals:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._handle: RunHandle | None = None
         self._early = False
+        self._told = False
         """A signal came while the run was being started: cancel it once it is."""
         self._saved: dict[int, Callable[[int, FrameType | None], object] | int | None] = {}
 
@@ -156,7 +159,7 @@ class Signals:
             case "running" if handle is None or loop is None:
                 self._early = True
             case "running" if handle is not None and loop is not None:
-                loop.call_soon_threadsafe(handle.cancel)
+                loop.call_soon_threadsafe(self._interrupt, signum, handle)
             case "settling":  # the run has ended: its outcome stands
                 pass
             case "after" if _own_process and self.result is not None:
@@ -167,6 +170,19 @@ class Signals:
                 self._phase = "settling"  # one timer is enough
             case _:
                 raise Stopped(signum)
+
+    def _interrupt(self, signum: int, handle: RunHandle) -> None:
+        """On the loop: say what happens (once), then cancel the run."""
+        if not self._told:
+            self._told = True
+            self.err.print(
+                f"keel: {signal.Signals(signum).name}: interrupting run {handle.run_id}; "
+                "`keel resume` continues it",
+                highlight=False,
+                markup=False,
+                soft_wrap=True,
+            )
+        handle.cancel()
 
     def _code(self, exc: BaseException | None) -> int:
         """The exit code the command ends with, leaving with `exc`."""

@@ -3,8 +3,8 @@
 ``keel run`` prints both after the answer (on stderr), so a newcomer sees at a glance whether
 the model researched (which tools it called, how often), whether the answer came from a
 synthesis turn, and how to look at the whole run: ``keel show RUN_ID``, with ``--store PATH``
-when the run was saved somewhere other than the default store (``make run`` keeps its runs in
-``.venv/demo.sqlite``).
+when the run was saved somewhere other than the default store; an interrupted (cancelled) run
+gets the ``keel resume`` command that continues it.
 """
 
 from __future__ import annotations
@@ -16,8 +16,9 @@ from pathlib import Path
 
 from keel.records import Event, ToolCallRequested
 from keel.result import RunResult
+from keel.store.locate import is_url
 
-__all__ = ["one_line", "show_command"]
+__all__ = ["one_line", "resume_command", "show_command"]
 
 
 def one_line(result: RunResult, events: Iterable[Event]) -> str:
@@ -34,6 +35,8 @@ def one_line(result: RunResult, events: Iterable[Event]) -> str:
             end += ", cut off at the output limit"
     elif result.failure is not None:
         end = f"failed: {result.failure.kind}"
+    elif result.status == "cancelled":
+        end = "interrupted (cancelled): it can be resumed"
     else:
         end = result.status.replace("_", " ")
     return f"tools called: {tools or 'none'} · {end}"
@@ -41,7 +44,18 @@ def one_line(result: RunResult, events: Iterable[Event]) -> str:
 
 def show_command(run_id: str, store: str | Path, default: Path) -> str:
     """The ``keel show`` command for this run, as a shell line: ``--store`` only when needed."""
-    words = ["keel", "show", run_id]
-    if str(store) != ":memory:" and Path(store).resolve() != default.resolve():
+    return _command("show", run_id, store, default)
+
+
+def resume_command(run_id: str, store: str | Path, default: Path) -> str:
+    """The ``keel resume`` command that continues an interrupted run, as a shell line."""
+    return _command("resume", run_id, store, default)
+
+
+def _command(verb: str, run_id: str, store: str | Path, default: Path) -> str:
+    words = ["keel", verb, run_id]
+    if str(store) == ":memory:":
+        return shlex.join(words)
+    if is_url(str(store)) or Path(store).resolve() != default.resolve():
         words += ["--store", str(store)]
     return shlex.join(words)
