@@ -191,6 +191,15 @@ class ResultElided(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class ToolChoiceIgnored(_EventBase):
+    """The request insisted on a tool call (tool_choice "required") and the answer has none:
+    the server ignored the setting. The run goes on with the answer, and says so (ADR 0036)."""
+
+    type: ClassVar[str] = "tool_choice_ignored"
+    requested: str = "required"
+
+
+@dataclass(slots=True, kw_only=True)
 class EvidenceReset(_EventBase):
     """A key's identical-call counter restarted at 1 (keel._run.breaker)."""
 
@@ -266,6 +275,7 @@ Event: TypeAlias = (
     | ToolResultRecorded
     | ResultElided
     | EvidenceReset
+    | ToolChoiceIgnored
     | ApprovalRequested
     | ApprovalDecided
     | RunCompleted
@@ -287,6 +297,7 @@ _KINDS: dict[str, type[Any]] = {
         ToolResultRecorded,
         ResultElided,
         EvidenceReset,
+        ToolChoiceIgnored,
         ApprovalRequested,
         ApprovalDecided,
         RunCompleted,

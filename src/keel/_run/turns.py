@@ -17,7 +17,13 @@ from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderEr
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
 from keel.messages import ModelResponse, with_keel_ids
-from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
+from keel.records import (
+    ModelErrorSeen,
+    ModelRequestSent,
+    ModelResponseReceived,
+    RecordedCall,
+    ToolChoiceIgnored,
+)
 from keel.telemetry import traced_attempt
 
 __all__ = ["current_mode", "next_turn"]
@@ -76,6 +82,9 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         parts.recorder.emit(_response_event(state.step, response))
         failpoint("after_model_response")
         if not response.is_empty:
+            if request.tool_choice == "required" and not response.tool_calls:
+                # the server ignored it: never pass the answer off as researched (ADR 0036)
+                parts.recorder.emit(ToolChoiceIgnored(step=state.step, requested="required"))
             return response, mode
         empty += 1
         if empty >= 2:

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Iterable
 from pathlib import Path
 
-from keel.records import Event, ToolCallRequested
+from keel.records import Event, ToolCallRequested, ToolChoiceIgnored
 from keel.result import RunResult
 from keel.store.locate import is_url
 
@@ -23,7 +23,9 @@ __all__ = ["one_line", "resume_command", "show_command"]
 
 def one_line(result: RunResult, events: Iterable[Event]) -> str:
     """``tools: read_file x2, list_files · answer: synthesized (repeated_tool)``, and the like."""
+    events = list(events)
     called = Counter(e.name for e in events if isinstance(e, ToolCallRequested))
+    ignored = [e.step for e in events if isinstance(e, ToolChoiceIgnored)]
     tools = ", ".join(f"{name} x{n}" if n > 1 else name for name, n in called.items())
     if result.status == "completed":
         end = (
@@ -39,7 +41,14 @@ def one_line(result: RunResult, events: Iterable[Event]) -> str:
         end = "interrupted (cancelled): it can be resumed"
     else:
         end = result.status.replace("_", " ")
-    return f"tools called: {tools or 'none'} · {end}"
+    line = f"tools called: {tools or 'none'} · {end}"
+    if ignored:
+        steps = ", ".join(str(s) for s in ignored)
+        line += (
+            f" · tool_choice \"required\" ignored by the model's server (step {steps}): "
+            "an answer without a tool call"
+        )
+    return line
 
 
 def show_command(run_id: str, store: str | Path, default: Path) -> str:

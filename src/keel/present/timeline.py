@@ -26,6 +26,7 @@ from keel.records import (
     RunResumed,
     RunStarted,
     ToolCallRequested,
+    ToolChoiceIgnored,
     ToolDispatched,
     ToolResultRecorded,
     UnknownEvent,
@@ -154,6 +155,8 @@ def _label(event: Event) -> str:
             return "[bold yellow]synthesis turn[/]"
         case ToolResultRecorded(uncertain=True):
             return "[bold red]effect unknown[/]"
+        case ToolChoiceIgnored():
+            return "[bold red]tool_choice ignored[/]"
         case RunFailed():
             return "[bold red]failed[/]"
         case RunCompleted():
@@ -198,6 +201,8 @@ def _detail(event: Event) -> str:
             return f"{_size(event.size)} of {event.call_key[:80]} → pointer"
         case EvidenceReset():
             return f"page changed: {event.call_key[:80]} (reset {event.resets})"
+        case ToolChoiceIgnored():
+            return f"asked tool_choice={event.requested}; the answer came without a tool call"
         case ApprovalRequested():
             return f"{event.call_id} · " + "\n".join(describe_call(event.name, event.arguments))
         case ApprovalDecided():
