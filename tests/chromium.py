@@ -18,5 +18,5 @@ except ImportError:
 needs_chromium = pytest.mark.skipif(
     find_chromium() is None or not HAS_PLAYWRIGHT,
     reason="needs Chromium (apt-get install chromium) and playwright (pip install "
-    "'keel[browser]'); CI installs both",
+    "'keel-runtime[browser]'); CI installs both",
 )

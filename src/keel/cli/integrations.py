@@ -141,7 +141,7 @@ def start_export(enabled: bool) -> Callable[[], None] | None:
         )
     except ImportError:
         raise ConfigError(
-            "--otel needs the OpenTelemetry SDK and exporter: pip install 'keel[otel]'"
+            "--otel needs the OpenTelemetry SDK and exporter: pip install 'keel-runtime[otel]'"
         ) from None
     exporter: SpanExporter
     if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
@@ -150,7 +150,9 @@ def start_export(enabled: bool) -> Callable[[], None] | None:
         try:
             from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         except ImportError:
-            raise ConfigError("--otel needs the OTLP exporter: pip install 'keel[otel]'") from None
+            raise ConfigError(
+                "--otel needs the OTLP exporter: pip install 'keel-runtime[otel]'"
+            ) from None
         exporter = OTLPSpanExporter()
     resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "keel")})
     provider = TracerProvider(resource=resource, shutdown_on_exit=False)

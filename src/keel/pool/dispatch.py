@@ -118,7 +118,9 @@ class Dispatch:
             try:
                 from dbos import DBOSClient
             except ImportError:
-                raise ConfigError("workers need DBOS: pip install 'keel[postgres]'") from None
+                raise ConfigError(
+                    "workers need DBOS: pip install 'keel-runtime[postgres]'"
+                ) from None
             try:
                 self._client = DBOSClient(
                     system_database_url=self._url,

@@ -82,7 +82,7 @@ def browser_tools(
         import playwright.async_api  # noqa: F401
     except ImportError:
         raise ConfigError(
-            "the browser tools need the playwright package (pip install 'keel[browser]'); "
+            "the browser tools need the playwright package (pip install 'keel-runtime[browser]'); "
             "observe_page still reads pages over HTTP without it"
         ) from None
     exe = str(executable_path) if executable_path is not None else find_chromium()

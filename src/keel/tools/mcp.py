@@ -22,13 +22,13 @@ def mcp_tools(*servers: McpServer | str) -> McpToolset:
     """The tools of these MCP servers, once the toolset is entered (`with` or `async with`).
 
     A string is a server too: an http(s):// URL, or else a command started over stdio. Needs
-    the `mcp` package (`pip install 'keel[mcp]'`); `import keel` alone never loads it.
+    the `mcp` package (`pip install 'keel-runtime[mcp]'`); `import keel` alone never loads it.
     """
     specs = [s if isinstance(s, McpServer) else McpServer.parse(s) for s in servers]
     try:
         from keel.tools.mcp_tools import McpToolset
     except ImportError as exc:
         raise ConfigError(
-            f"MCP servers need the mcp package ({exc}): pip install 'keel[mcp]'"
+            f"MCP servers need the mcp package ({exc}): pip install 'keel-runtime[mcp]'"
         ) from None
     return McpToolset(specs)

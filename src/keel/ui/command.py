@@ -51,7 +51,7 @@ def ui_command(
     try:
         from keel.ui.server import serve
     except ImportError as exc:
-        _fail(f"the web view needs its extra: pip install 'keel[ui]' ({exc})")
+        _fail(f"the web view needs its extra: pip install 'keel-runtime[ui]' ({exc})")
     from keel.ui.security import is_loopback
 
     if not is_loopback(host):
