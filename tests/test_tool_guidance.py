@@ -83,6 +83,18 @@ async def test_a_missing_path_says_what_exists_nearby(repo: Path) -> None:
     assert "Closest to 'scr': src." in searched
 
 
+async def test_a_path_missing_its_first_folder_names_the_path_that_exists(repo: Path) -> None:
+    """The local model asked for `list_files {"path": "/keel/_run/loop.py"}` four times (the
+    repository's `src/` dropped); the answer now names the path one folder down."""
+    (repo / ".cache").mkdir()
+    executor = ToolExecutor(keel.file_tools(repo))
+    text = await call(executor, "read_file", path="/pkg/loop.py")
+    assert "Did you mean 'src/pkg/loop.py'?" in text
+    assert "holds: README.md, src/, .cache/." in text  # dot-folders last
+    listed = await call(executor, "list_files", path="src/pkg/loop.py")
+    assert 'is a file: read it with read_file {"path": "src/pkg/loop.py"}' in listed
+
+
 async def test_a_refused_path_says_what_exists(repo: Path) -> None:
     executor = ToolExecutor(keel.file_tools(repo))
     text = await call(executor, "read_file", path="../outside.txt")

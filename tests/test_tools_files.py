@@ -218,7 +218,9 @@ def test_list_files_of_a_file_names_the_file_as_ls_does(repo: Path) -> None:
     it, instead of an error the model repeats."""
     listing = {t.name: t.fn for t in file_tools(repo)}["list_files"]
     size = os.stat(repo / "README.md").st_size
-    assert listing(path="README.md") == f"README.md ({size} bytes) is a file: read_file reads it"
+    assert listing(path="README.md") == (
+        f'README.md ({size} bytes) is a file: read it with read_file {{"path": "README.md"}}'
+    )
 
 
 def test_file_tool_paths_are_described_to_the_model(repo: Path) -> None:

@@ -113,7 +113,8 @@ def _open(base: Root, path: str, missing: str) -> Opened:
 def _list(base: Root, path: str) -> str:
     with _open(base, path, "no such directory") as directory:
         if not directory.is_dir:  # as `ls FILE` does: the file itself, and how to read it
-            return f"{directory.rel} ({directory.st.st_size} bytes) is a file: read_file reads it"
+            size, read = directory.st.st_size, next_read(directory.rel)
+            return f"{directory.rel} ({size} bytes) is a file: read it with {read}"
         entries = base.entries(directory)
     lines: list[str] = []
     outside = 0

@@ -31,13 +31,17 @@ __all__ = ["nearby", "next_read", "shorten_read"]
 _HEADER = re.compile(r"^(?P<rel>.*): lines (?P<first>\d+)-(?P<last>\d+) of (?P<total>[^(]*\d)")
 _NUMBERED = re.compile(r"^\s*(\d+)\t")
 _SHOWN_ENTRIES = 12
+_LOOKED_INTO = 50
+"""Folders `nearby` looks into for the missing part of a path."""
 _HEADER_ROOM = 300
 """Characters kept free for the rewritten header within the cap."""
 
 
-def next_read(rel: str, start_line: int, end_line: int | None = None) -> str:
-    """The call that reads a file on from `start_line`, in the form the model sends calls."""
-    arguments: dict[str, Any] = {"path": rel, "start_line": start_line}
+def next_read(rel: str, start_line: int | None = None, end_line: int | None = None) -> str:
+    """The call that reads a file (on from `start_line`), in the form the model sends calls."""
+    arguments: dict[str, Any] = {"path": rel}
+    if start_line is not None:
+        arguments["start_line"] = start_line
     if end_line is not None:
         arguments["end_line"] = end_line
     return f"read_file {json.dumps(arguments, ensure_ascii=False)}"
@@ -89,8 +93,26 @@ def nearby(base: Root, requested: str) -> str:
         if entries is None:
             continue
         missing = names[depth] if depth < len(names) else ""
-        return _describe(folder, entries, missing)
+        found = _one_level_down(base, folder, entries, names[depth:]) if missing else None
+        return _describe(folder, entries, missing) + (
+            f" Did you mean {found!r}?" if found else ""
+        )
     return ""
+
+
+def _one_level_down(base: Root, folder: str, entries: list[str], rest: list[str]) -> str | None:
+    """The path that exists when one folder is put in front of the missing part (a model that
+    drops the leading "src/" is common), or None."""
+    for entry in entries[:_LOOKED_INTO]:
+        if not entry.endswith("/"):
+            continue
+        candidate = "/".join(([] if folder == "." else [folder]) + [entry.rstrip("/"), *rest])
+        try:
+            base.lookup(candidate)
+        except (FileNotFoundError, FileToolError, OSError):
+            continue
+        return candidate
+    return None
 
 
 def _entries(base: Root, folder: str) -> list[str] | None:
@@ -102,11 +124,9 @@ def _entries(base: Root, folder: str) -> list[str] | None:
         if not opened.is_dir:
             return None
         listed = base.entries(opened)
-    return [
-        name + ("/" if stat.S_ISDIR(st.st_mode) else "")
-        for name, st in listed
-        if name != ".git"
-    ]
+    named = [name + ("/" if stat.S_ISDIR(st.st_mode) else "") for name, st in listed]
+    shown = [n for n in named if not n.startswith(".")]
+    return shown + [n for n in named if n.startswith(".") and n != ".git/"]  # dot-files last
 
 
 def _describe(folder: str, entries: list[str], missing: str) -> str:
