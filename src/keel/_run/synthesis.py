@@ -13,7 +13,8 @@ answer. Only the first turn, only when the run has tools, and never over synthes
 must be synthesis-only stays synthesis-only (ADR 0027).
 
 Controls are platform text for one request only. They never quote tool arguments or retrieved
-text, and they never enter the store or the frozen prefix.
+text, and they never enter the store or the frozen prefix. They are worded so that nothing in
+them is worth repeating: imperatives about the answer, never a statement the answer could echo.
 """
 
 from __future__ import annotations
@@ -32,17 +33,16 @@ __all__ = [
 ]
 
 REPEATED_TOOL_CONTROL = (
-    "Research has stopped because it was repeating the same tool request, so no tools are "
-    "available for this reply. Write the best answer the evidence already gathered supports. "
-    "Name the gaps that remain open, say plainly that research stopped because it was "
-    "repeating, and do not claim that unfinished work is complete."
+    "Answer the question now, from the tool results above and nothing else. Name what they "
+    "leave unknown. Do not call a tool again, and do not present unfinished work as done."
 )
+"""Imperatives only, about the answer (ADR 0036): no sentence about Keel's own state ("research
+stopped because it was repeating...") and none asking the model to say one, which a small
+model copied into its answers. The result's `synthesized` field says why the turn came."""
 
 BUDGET_CONTROL = (
-    "This run's budget is nearly spent, so this is the last reply and no tools are available "
-    "for it. Write the best answer the evidence already gathered supports. Name the gaps that "
-    "remain open, say that research stopped at the budget, and do not claim that unfinished "
-    "work is complete."
+    "Answer the question now, in this last reply, from the tool results above and nothing "
+    "else. Name what they leave unknown. Do not present unfinished work as done."
 )
 
 
