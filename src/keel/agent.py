@@ -56,8 +56,9 @@ class RunHandle:
         self._loop.stop_requested = True
 
     def cancel(self) -> None:
-        """Stop at once: in-flight calls are cancelled, the run ends `cancelled`, nothing
-        recorded is lost. Before the run is open (created or taken over in the store), it is
+        """Stop at once: in-flight calls are cancelled, the run is recorded `cancelled` (an
+        interruption: `resume` continues it, ADR 0036), nothing recorded is lost. Before the
+        run is open (created or taken over in the store), it is
         only asked to stop: it opens, then ends `cancelled` at once, so a cancel that comes
         early (a signal while the model loads) still leaves a record of the run. Once is
         enough: a second cancel (Ctrl-C pressed again) does not interrupt the run's last save."""

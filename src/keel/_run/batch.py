@@ -56,9 +56,10 @@ def denial_text(call: ToolCall, by: str, reason: str | None, again: bool) -> str
 
 def uncertain_text(call: ToolCall) -> str:
     return (
-        f"Effect unknown: {call.name} was dispatched, but the process stopped before its result "
-        "was recorded. It was not run again, so it may or may not have taken effect. Check its "
-        "effect before relying on it, and do not repeat it blindly."
+        f"Effect unknown: {call.name} was dispatched, but the run stopped (a crash or an "
+        "interruption) before its result was recorded. It was not run again, so it may or may "
+        "not have taken effect. Check its effect before relying on it, and do not repeat it "
+        "blindly."
     )
 
 
