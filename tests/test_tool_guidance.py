@@ -89,7 +89,9 @@ async def test_a_path_missing_its_first_folder_names_the_path_that_exists(repo: 
     (repo / ".cache").mkdir()
     executor = ToolExecutor(keel.file_tools(repo))
     text = await call(executor, "read_file", path="/pkg/loop.py")
-    assert "Did you mean 'src/pkg/loop.py'?" in text
+    assert text.endswith('It is: read_file {"path": "src/pkg/loop.py"}')
+    listed_dir = await call(executor, "list_files", path="/pkg")
+    assert listed_dir.endswith('It is: list_files {"path": "src/pkg"}')
     assert "holds: README.md, src/, .cache/." in text  # dot-folders last
     listed = await call(executor, "list_files", path="src/pkg/loop.py")
     assert 'is a file: read it with read_file {"path": "src/pkg/loop.py"}' in listed

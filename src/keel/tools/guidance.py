@@ -94,24 +94,24 @@ def nearby(base: Root, requested: str) -> str:
             continue
         missing = names[depth] if depth < len(names) else ""
         found = _one_level_down(base, folder, entries, names[depth:]) if missing else None
-        return _describe(folder, entries, missing) + (
-            f" Did you mean {found!r}?" if found else ""
-        )
+        return _describe(folder, entries, missing) + (f" It is: {found}" if found else "")
     return ""
 
 
 def _one_level_down(base: Root, folder: str, entries: list[str], rest: list[str]) -> str | None:
-    """The path that exists when one folder is put in front of the missing part (a model that
-    drops the leading "src/" is common), or None."""
+    """The call that reads (or lists) the path that exists when one folder is put in front of
+    the missing part (a model that drops the leading "src/" is common), or None."""
     for entry in entries[:_LOOKED_INTO]:
         if not entry.endswith("/"):
             continue
         candidate = "/".join(([] if folder == "." else [folder]) + [entry.rstrip("/"), *rest])
         try:
-            base.lookup(candidate)
+            st = base.lookup(candidate)
         except (FileNotFoundError, FileToolError, OSError):
             continue
-        return candidate
+        if stat.S_ISDIR(st.st_mode):
+            return f"list_files {json.dumps({'path': candidate}, ensure_ascii=False)}"
+        return next_read(candidate)
     return None
 
 
@@ -126,7 +126,8 @@ def _entries(base: Root, folder: str) -> list[str] | None:
         listed = base.entries(opened)
     named = [name + ("/" if stat.S_ISDIR(st.st_mode) else "") for name, st in listed]
     shown = [n for n in named if not n.startswith(".")]
-    return shown + [n for n in named if n.startswith(".") and n != ".git/"]  # dot-files last
+    hidden = [n for n in named if n.startswith(".") and n.rstrip("/") != ".git"]
+    return shown + hidden  # dot-files last, .git never
 
 
 def _describe(folder: str, entries: list[str], missing: str) -> str:
