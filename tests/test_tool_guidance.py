@@ -59,6 +59,19 @@ async def test_a_read_cut_by_the_result_cap_names_the_call_that_reads_the_next_p
         assert arguments["path"] == "src/pkg/loop.py"
         assert header.startswith(f"src/pkg/loop.py: lines {numbered[0].split(chr(9))[0].strip()}-")
     assert seen == list(range(1, 401))
+    assert header.endswith("of 400 (the end of the file: nothing more to read)")
+
+
+async def test_a_read_that_reaches_the_last_line_says_nothing_more_remains(repo: Path) -> None:
+    """The local model read the last line of loop.py three more times: the header said only
+    `lines 246-246 of 246`."""
+    executor = ToolExecutor(keel.file_tools(repo))
+    text = await call(executor, "read_file", path="src/pkg/loop.py", start_line=400)
+    assert text.split("\n")[0] == (
+        "src/pkg/loop.py: lines 400-400 of 400 (the end of the file: nothing more to read)"
+    )
+    middle = await call(executor, "read_file", path="src/pkg/loop.py", start_line=1, end_line=5)
+    assert middle.split("\n")[0] == "src/pkg/loop.py: lines 1-5 of 400"
 
 
 async def test_a_cut_read_with_an_end_line_keeps_it_in_the_next_call(repo: Path) -> None:

@@ -78,7 +78,7 @@ async def test_listing_a_missing_directory_is_an_error(repo: Path) -> None:
 async def test_read_file_numbers_every_line(repo: Path) -> None:
     text = await ok(repo, "read_file", path="src/pkg/core.py")
     lines = text.splitlines()
-    assert lines[0] == "src/pkg/core.py: lines 1-6 of 6"
+    assert lines[0] == "src/pkg/core.py: lines 1-6 of 6 (the end of the file: nothing more to read)"
     assert lines[1] == "     1\tdef alpha():"
     assert lines[6] == "     6\t    return alpha() + 1"
 
@@ -86,7 +86,7 @@ async def test_read_file_numbers_every_line(repo: Path) -> None:
 async def test_read_file_line_ranges_are_one_based_and_inclusive(repo: Path) -> None:
     text = await ok(repo, "read_file", path="src/pkg/core.py", start_line=5, end_line=6)
     assert text.splitlines() == [
-        "src/pkg/core.py: lines 5-6 of 6",
+        "src/pkg/core.py: lines 5-6 of 6 (the end of the file: nothing more to read)",
         "     5\tdef beta():",
         "     6\t    return alpha() + 1",
     ]

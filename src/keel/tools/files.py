@@ -203,6 +203,8 @@ def _page(handle: BinaryIO, rel: str, first: int, last: int, explicit_end: bool)
     if budget_hit or (not explicit_end and last_shown < total):
         why = "the size limit for one read was reached; " if budget_hit else ""
         header += f" (more remains: {why}read the next part with {next_read(rel, last_shown + 1)})"
+    elif complete and last_shown == total:
+        header += " (the end of the file: nothing more to read)"
     return "\n".join([header, *(f"({note})" for note in cut), *shown])
 
 
