@@ -59,7 +59,9 @@ def test_a_local_models_results_are_cut_to_fit_its_window(tmp_path: Path) -> Non
     cap = budget * CHARS_PER_TOKEN // RESULTS_PER_WINDOW
     shown = next(e for e in events if isinstance(e, ToolResultRecorded))
     assert shown.truncated
-    assert cap < len(shown.content) < cap + 200  # the cut plus its marker
+    head = shown.content.rsplit("\n[truncated:", 1)[0]
+    assert cap - 400 < len(head) <= cap  # cut after a whole line, within the cap (ADR 0036)
+    assert len(shown.content) < cap + 200  # the cut plus its marker
 
 
 def test_without_a_window_results_keep_the_runs_limit(tmp_path: Path) -> None:
