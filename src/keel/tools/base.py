@@ -65,6 +65,9 @@ class Tool:
     """Call `fn` with the validated model itself rather than its fields as keywords."""
     parameters: dict[str, Any] = dataclasses.field(default_factory=dict)
     """JSON Schema of the arguments, derived once from `args_model`."""
+    source: str = ""
+    """Where the tool comes from, for messages (``MCP server 'uvx mcp-server-fetch'``,
+    ``Keel's built-in tools``); empty for a tool given in code."""
 
     def __post_init__(self) -> None:
         if not self.parameters:

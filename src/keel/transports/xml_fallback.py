@@ -159,6 +159,7 @@ def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> Mo
         stop_reason=response.stop_reason,
         provider_details=response.provider_details,
         response_id=response.response_id,
+        model=response.model,
     )
 
 
