@@ -30,7 +30,14 @@ from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import LocalModel, PinnedSampling, Resumable, Transport, server_of
+from keel.transports.base import (
+    CountsTokens,
+    LocalModel,
+    PinnedSampling,
+    Resumable,
+    Transport,
+    server_of,
+)
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -363,6 +370,8 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     its tokenizer and its input window. Loads the model: it is needed for the run anyway."""
     if isinstance(transport, LocalModel):
         return transport.token_counter(), transport.input_token_limit
+    if isinstance(transport, CountsTokens):  # the XML fallback over a server
+        return transport.token_counter(), None
     return None, None
 
 

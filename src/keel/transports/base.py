@@ -10,6 +10,8 @@ with ``isinstance``, never by probing attribute names:
   input window, so the context budget matches the real prompt;
 - `PinnedSampling`: its sampling settings are fixed and known (the local model's temperature,
   top_p, seed...); the run records them, so `keel show` says how to reproduce it;
+- `CountsTokens`: it can lend the run a token counter closer to its prompts than Keel's
+  byte estimate, without a window (the XML fallback over a server: `CalibratedCounter`);
 - `RemoteServer`: it sends its requests to a server at a known host and port, which traces
   name (``server.address``, ``server.port``); `server_of` finds it under a wrapper too.
 
@@ -25,6 +27,7 @@ from keel.tokens import TokenCounter
 
 __all__ = [
     "TOOL_CHOICES",
+    "CountsTokens",
     "LocalModel",
     "PinnedSampling",
     "RemoteServer",
@@ -85,6 +88,13 @@ class LocalModel(Protocol):
     def token_counter(self) -> TokenCounter:
         """A counter using the model's own tokenizer; may load the model."""
         ...
+
+
+@runtime_checkable
+class CountsTokens(Protocol):
+    """A transport that offers a token counter for its prompts (and no window of its own)."""
+
+    def token_counter(self) -> TokenCounter: ...
 
 
 @runtime_checkable
