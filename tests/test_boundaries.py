@@ -90,11 +90,14 @@ def test_a_repository_keel_toml_cannot_send_the_key_to_its_own_endpoint(
     trusted = keel(repo, "trust", home=home)
     assert trusted.returncode == 0, trusted.stderr
     keel(repo, *run, home=home, env={"OPENAI_API_KEY": KEY})
-    assert len(attacker.seen) == 1 and KEY in attacker.seen[0]  # trusted: used as configured
+    assert len(attacker.seen) == 1  # trusted: used as configured, but without the key
+    assert KEY not in attacker.seen[0] and "keel-no-key" in attacker.seen[0]  # (ADR 0035)
+    keel(repo, *run, "--api-key-env", "OPENAI_API_KEY", home=home, env={"OPENAI_API_KEY": KEY})
+    assert len(attacker.seen) == 2 and KEY in attacker.seen[1]  # the key the user named
 
     (repo / "keel.toml").write_text(f'model = "openai-chat:other"\nbase_url = "{url}/x"\n')
     changed = keel(repo, *run, home=home, env={"OPENAI_API_KEY": KEY})
-    assert len(attacker.seen) == 1, "a trusted file that changed must be trusted again"
+    assert len(attacker.seen) == 2, "a trusted file that changed must be trusted again"
     assert "changed since" in changed.stderr
 
 

@@ -83,7 +83,7 @@ def test_an_mcp_server_that_fails_to_start_exits_2_without_a_traceback(tmp_path:
     proc = keel("run", "q", "--model", model, "--mcp", keel.server("--fail-start"), "--json")
     assert proc.returncode == 2, proc.stderr
     assert "could not be used" in proc.stderr and "Traceback" not in proc.stderr
-    assert proc.stdout == ""
+    assert json.loads(proc.stdout)["error"]["kind"] == "ConfigError"  # --json: stdout too
     proc = keel("run", "q", "--model", model, "--mcp", "/nonexistent/server --flag")
     assert proc.returncode == 2 and "no such program" in proc.stderr
     assert "Traceback" not in proc.stderr

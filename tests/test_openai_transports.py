@@ -280,14 +280,15 @@ def test_responses_failed_status_is_a_provider_error(code: str, retryable: bool)
 # --- requests: Chat Completions --------------------------------------------------------------
 
 
-def test_chat_assistant_turn_with_text_and_calls_sends_both_and_null_without_text() -> None:
+def test_chat_assistant_turn_with_text_and_calls_sends_both_and_empty_text_without_text() -> None:
+    """"" and not null: llama-cpp-python's server answers 500 to null (ADR 0035)."""
     messages = openai_chat.to_wire(
         request(AssistantMessage("Reading.", (CALL_1,)), AssistantMessage(None, (CALL_2,))),
         model="m",
     )["messages"]
     assert messages[1]["content"] == "Reading."
     assert [c["id"] for c in messages[1]["tool_calls"]] == ["call_1"]
-    assert messages[2]["content"] is None
+    assert messages[2]["content"] == ""
     assert messages[2]["tool_calls"][0] == {
         "id": "call_2",
         "type": "function",

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import json
 import math
 import os
 import subprocess
@@ -181,7 +182,7 @@ def test_a_bad_base_url_is_a_configuration_error_at_once(url: str, tmp_path: Pat
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
     assert done.stderr.startswith("keel: base URL") and "Traceback" not in done.stderr
-    assert done.stdout == ""
+    assert json.loads(done.stdout)["error"]["kind"] == "ConfigError"  # --json: on stdout too
 
 
 def test_a_question_with_bytes_that_are_not_utf8_is_refused_by_the_command_line(

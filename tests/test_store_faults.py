@@ -120,7 +120,8 @@ def test_keel_run_paused_past_its_lease_and_taken_over_exits_2_with_one_line(
     assert proc.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("keel: "), err
-    assert "taken over" in lines[0] and out == ""
+    assert "taken over" in lines[0]
+    assert json.loads(out)["error"]["message"] in lines[0]  # --json: the same error on stdout
 
 
 def _count(db: Path, sql: str) -> int:
@@ -163,7 +164,9 @@ async def test_a_store_with_overwritten_pages_is_refused_naming_the_file(tmp_pat
     for command in (["runs"], ["show", "run_1"], ["show", "run_1", "--json"]):
         code, out, err = cli(*command, "--store", str(path))
         assert code == 2 and err.startswith("keel: ") and str(path) in err, (command, err)
-        assert "damaged" in err and out == ""
+        assert "damaged" in err
+        shown = json.loads(out)["error"]["message"] if "--json" in command else out
+        assert shown == "" if "--json" not in command else "damaged" in shown
 
 
 # -- a full disk ------------------------------------------------------------------------------

@@ -16,7 +16,7 @@ import pytest
 import keel
 from keel.messages import ModelRequest, ModelResponse
 from keel.models import resolve_model
-from keel.tokens import EstimatingCounter, TokenCounter
+from keel.tokens import CalibratedCounter, EstimatingCounter, TokenCounter
 from keel.transports.base import LocalModel, Resumable, Transport
 from keel.transports.local import LocalTransport
 from keel.transports.scripted import ScriptedTransport
@@ -156,8 +156,12 @@ def test_xml_over_a_local_model_lends_the_run_its_tokenizer_and_window() -> None
 
 
 def test_a_transport_without_a_local_model_keeps_the_estimate_and_the_budget() -> None:
+    """Over a server the XML fallback lends its calibrated estimate (ADR 0035), no window."""
     limits = keel.Limits(context_tokens=100_000)
+    with keel.Agent(Plain(), limits=limits, store=":memory:") as agent:
+        plain = agent._setup().context
     with keel.Agent(XmlFallbackTransport(Plain()), limits=limits, store=":memory:") as agent:
-        context = agent._setup().context
-    assert isinstance(context.counter, EstimatingCounter)
-    assert context.budget == 100_000
+        xml = agent._setup().context
+    assert isinstance(plain.counter, EstimatingCounter)
+    assert isinstance(xml.counter, CalibratedCounter)
+    assert plain.budget == xml.budget == 100_000

@@ -30,7 +30,14 @@ from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import LocalModel, PinnedSampling, Resumable, Transport
+from keel.transports.base import (
+    CountsTokens,
+    LocalModel,
+    PinnedSampling,
+    Resumable,
+    Transport,
+    server_of,
+)
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -220,7 +227,13 @@ class Agent:
                 "(bytes that are not UTF-8?)"
             ) from None
         run_id = new_run_id()
-        traced = RunTrace.begin(run_id, self._model_name, question, content=self.trace_content)
+        traced = RunTrace.begin(
+            run_id,
+            self._model_name,
+            question,
+            content=self.trace_content,
+            server=server_of(self.transport),
+        )
         extra = () if traced is None else (traced,)
         setup = self._setup(
             listeners=(*listeners, *extra), settings=traced.settings() if traced else None
@@ -245,6 +258,7 @@ class Agent:
             record.question,
             settings=record.config.settings,
             content=self.trace_content,
+            server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
         setup = self._setup(
@@ -259,7 +273,11 @@ class Agent:
             found = record.status if record else "no such run"
             raise ConfigError(f"run {run_id} is not waiting to start ({found})")
         traced = RunTrace.begin(
-            run_id, self._model_name, record.question, content=self.trace_content
+            run_id,
+            self._model_name,
+            record.question,
+            content=self.trace_content,
+            server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
         setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
@@ -353,6 +371,8 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     its tokenizer and its input window. Loads the model: it is needed for the run anyway."""
     if isinstance(transport, LocalModel):
         return transport.token_counter(), transport.input_token_limit
+    if isinstance(transport, CountsTokens):  # the XML fallback over a server
+        return transport.token_counter(), None
     return None, None
 
 

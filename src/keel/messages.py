@@ -200,6 +200,9 @@ class ModelResponse:
     provider_details: dict[str, Any] = field(default_factory=dict)
     response_id: str | None = None
     """The provider's id for this response, when it gives one (for traces; never sent back)."""
+    model: str | None = None
+    """The model that answered, as the provider names it (``gen_ai.response.model`` in traces;
+    never stored or sent back)."""
 
     @property
     def is_empty(self) -> bool:

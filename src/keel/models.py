@@ -22,7 +22,7 @@ from pathlib import Path
 
 from keel.config import config_files, http_url, public_url
 from keel.errors import ConfigError
-from keel.transports.base import Transport
+from keel.transports.base import ServerToolChoice, Transport
 
 __all__ = [
     "DEFAULT_ANTHROPIC",
@@ -43,6 +43,8 @@ SPEC_HELP = (
 )
 DEFAULT_OPENAI = "openai:gpt-5-mini"
 DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"
+PROVIDER_SCHEMES = frozenset({"openai", "openai-chat", "anthropic"})
+"""The specs that speak to a provider's server (and so take a key and a tool_choice)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +80,25 @@ def endpoint(spec: str, base_url: str | None = None) -> str:
     return "this process (llama.cpp)" if scheme == "local" else "an unknown endpoint"
 
 
-def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
-    """Turn a model spec such as ``openai-chat:qwen`` into a transport."""
+def resolve_model(
+    spec: str,
+    *,
+    base_url: str | None = None,
+    api_key: str | None = None,
+    tool_choice: ServerToolChoice | None = None,
+) -> Transport:
+    """Turn a model spec such as ``openai-chat:qwen`` into a transport. `api_key` and
+    `tool_choice` (`keel run --api-key-env`, ``--tool-choice``) are for the provider specs
+    only: anything else refuses them rather than ignore them."""
     if base_url is not None:
         check_base_url(base_url)
     scheme, sep, rest = spec.partition(":")
+    if (api_key or tool_choice) and scheme not in PROVIDER_SCHEMES:
+        what = "a tool_choice (--tool-choice)" if tool_choice else "an API key (--api-key-env)"
+        raise ConfigError(
+            f"{what} is for openai:, openai-chat: and anthropic: specs, not {spec!r}"
+            + (" (the XML fallback sends no tools)" if scheme == "xml" else "")
+        )
     if scheme == "xml" and sep and rest:
         from keel.transports.xml_fallback import XmlFallbackTransport
 
@@ -100,15 +116,19 @@ def resolve_model(spec: str, *, base_url: str | None = None) -> Transport:
     if scheme == "openai":
         from keel.transports.openai_responses import OpenAIResponsesTransport
 
-        return OpenAIResponsesTransport(rest, base_url=base_url)
+        return OpenAIResponsesTransport(
+            rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice
+        )
     if scheme == "openai-chat":
         from keel.transports.openai_chat import OpenAIChatTransport
 
-        return OpenAIChatTransport(rest, base_url=base_url)
+        return OpenAIChatTransport(
+            rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice
+        )
     if scheme == "anthropic":
         from keel.transports.anthropic import AnthropicTransport
 
-        return AnthropicTransport(rest, base_url=base_url)
+        return AnthropicTransport(rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice)
     raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
 
 

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from opentelemetry import context, trace
 from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as gen_ai
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
+from opentelemetry.semconv.attributes.server_attributes import SERVER_ADDRESS, SERVER_PORT
 from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from keel.errors import ProviderError
@@ -112,15 +113,23 @@ def _request_model(model: str) -> str:
 class RunTrace:
     """The spans of one run. Built by `begin`, which is None when nothing records them."""
 
-    def __init__(self, tracer: trace.Tracer, root: trace.Span, model: str, content: bool) -> None:
+    def __init__(
+        self,
+        tracer: trace.Tracer,
+        root: trace.Span,
+        model: str,
+        content: bool,
+        server: tuple[str, int] | None = None,
+    ) -> None:
         self.tracer = tracer
         self.root = root
         self.content = content
         self._chat_name = f"{CHAT} {_request_model(model)}"
-        self._chat_attributes = {
+        self._chat_attributes: dict[str, Any] = {
             gen_ai.GEN_AI_OPERATION_NAME: CHAT,
             gen_ai.GEN_AI_PROVIDER_NAME: provider_name(model),
             gen_ai.GEN_AI_REQUEST_MODEL: _request_model(model),
+            **_server_attributes(server),
         }
         self._request: ModelRequestSent | None = None
         self._calls: dict[str, ToolCallRequested] = {}
@@ -137,8 +146,10 @@ class RunTrace:
         *,
         settings: Mapping[str, Any] | None = None,
         content: bool = False,
+        server: tuple[str, int] | None = None,
     ) -> RunTrace | None:
-        """Start the run's span; `settings`: a resumed run's saved settings (its trace)."""
+        """Start the run's span; `settings`: a resumed run's saved settings (its trace);
+        `server`: the host and port the model's requests go to (`transports.base.server_of`)."""
         tracer = trace.get_tracer("keel")
         parent = _saved_parent(settings)
         attributes: dict[str, Any] = {
@@ -149,6 +160,7 @@ class RunTrace:
             gen_ai.GEN_AI_REQUEST_MODEL: _request_model(model),
             "keel.run_id": run_id,
             "keel.resumed": settings is not None,
+            **_server_attributes(server),
         }
         if content and settings is None:
             attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = _messages("user", question)
@@ -157,7 +169,7 @@ class RunTrace:
         )
         if not root.is_recording():
             return None
-        return cls(tracer, root, model, content)
+        return cls(tracer, root, model, content, server)
 
     def settings(self) -> JsonObject:
         """Saved with a new run, so its resumption continues this trace."""
@@ -237,6 +249,8 @@ class RunTrace:
         }
         if response.response_id:
             answered[gen_ai.GEN_AI_RESPONSE_ID] = response.response_id
+        if response.model:
+            answered[gen_ai.GEN_AI_RESPONSE_MODEL] = response.model
         if response.stop_reason:
             answered[gen_ai.GEN_AI_RESPONSE_FINISH_REASONS] = (response.stop_reason,)
         if self.content:
@@ -344,6 +358,13 @@ class RunTrace:
             _failed(root, error)
         else:
             root.end()
+
+
+def _server_attributes(server: tuple[str, int] | None) -> dict[str, Any]:
+    """``server.address`` and ``server.port``, recommended on GenAI client spans."""
+    if server is None:
+        return {}
+    return {SERVER_ADDRESS: server[0], SERVER_PORT: server[1]}
 
 
 def _failed(span: trace.Span, error: str, end: int | None = None) -> None:

@@ -14,6 +14,7 @@ from keel.messages import AssistantMessage, Item, ToolResult, UserMessage
 
 __all__ = [
     "MESSAGE_OVERHEAD",
+    "CalibratedCounter",
     "EstimatingCounter",
     "TokenCounter",
     "item_tokens",
@@ -40,6 +41,51 @@ class EstimatingCounter:
             return 0
         size = len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
         return int(size / self.bytes_per_token) + 1
+
+
+_LETTERS = bytes(range(65, 91)) + bytes(range(97, 123))
+_DIGITS = bytes(range(48, 58))
+_SPACES = b" \t"
+_NEWLINES = b"\n"
+_HIGH = bytes(range(128, 256))
+
+
+class CalibratedCounter:
+    """An offline estimate by kind of character, fitted to Qwen2.5's tokenizer (the embedded
+    model's; ADR 0035): the XML fallback's counter when no tokenizer comes with the model.
+
+    Bytes alone miss what a BPE vocabulary does with digits (Qwen writes each digit as a token of
+    its own), so a result full of numbers, ids and URLs counted 2,301 tokens by bytes where the
+    server counted 5,157. Fitted by least squares on 646 chunks of 4,000 characters (this
+    repository's code, docs and data, and JSON listings of URLs and sizes); on the held-out
+    quarter its mean error is 3.7% (bytes / 3.6: 14.6%), its worst undercount 10% (51%)."""
+
+    LETTER = 0.2475
+    DIGIT = 1.2346
+    PUNCTUATION = 0.406
+    SPACE = 0.11
+    NEWLINE = 0.2621
+    NON_ASCII_BYTE = 0.3938
+
+    def count(self, text: str) -> int:
+        if not text:
+            return 0
+        data = text.encode("utf-8", "surrogatepass")
+        size = len(data)
+        letters = size - len(data.translate(None, _LETTERS))
+        digits = size - len(data.translate(None, _DIGITS))
+        spaces = size - len(data.translate(None, _SPACES))
+        newlines = size - len(data.translate(None, _NEWLINES))
+        high = size - len(data.translate(None, _HIGH))
+        other = size - letters - digits - spaces - newlines - high
+        return 1 + int(
+            letters * self.LETTER
+            + digits * self.DIGIT
+            + other * self.PUNCTUATION
+            + spaces * self.SPACE
+            + newlines * self.NEWLINE
+            + high * self.NON_ASCII_BYTE
+        )
 
 
 def item_tokens(counter: TokenCounter, item: Item) -> int:

@@ -107,7 +107,7 @@ def _contract_breach(response: ModelResponse) -> str | None:
         count = getattr(usage, name, None)
         if type(count) is not int or not 0 <= count <= MAX_REPORTED_TOKENS:
             return f"reports usage.{name} as {count!r:.40}, not a token count"
-    for name in ("text", "stop_reason", "response_id"):
+    for name in ("text", "stop_reason", "response_id", "model"):
         value = getattr(response, name)
         if value is not None and not isinstance(value, str):
             return f"has a {name} of type {type(value).__name__}, not a string"

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+import os
 from collections.abc import Collection
 from pathlib import Path
 from typing import cast
@@ -14,6 +16,7 @@ from keel.cli.integrations import RunExtras
 from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.limits import Limits
+from keel.models import resolve_model
 from keel.present.progress import ProgressPrinter
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
@@ -21,13 +24,17 @@ from keel.tools.base import Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
+from keel.transports.base import TOOL_CHOICES, Transport
 
 __all__ = ["agent_for_record", "command_agent"]
 
 SETTINGS = (
-    "repo", "allow_hosts", "allow_writes", "base_url", "base_url_redacted", "browser", "mcp"
+    "repo", "allow_hosts", "allow_writes", "base_url", "base_url_redacted", "browser", "mcp",
+    "without_tools", "tool_choice", "api_key_env",
 )
-"""What the command line saves with a run to rebuild its tools anywhere."""
+"""What the command line saves with a run to rebuild its tools and transport anywhere (the
+name of a key's variable, never the key)."""
+BUILTIN_SOURCE = "Keel's built-in tools"
 
 
 def command_agent(
@@ -55,11 +62,14 @@ def command_agent(
         from keel.tools.browser import browser_tools
 
         tools += browser_tools(allow_hosts=allow_hosts)
+    tools = _without(tools, cast(list[str], settings.get("without_tools") or []))
+    base_url = base_url or _text(settings.get("base_url"))
+    transport = _transport(model, base_url, settings)  # before any MCP server starts
     tools += extras.mcp_tools(settings)  # last: it starts servers, stopped by `extras`
     try:
         return Agent(
-            model,
-            base_url=base_url or _text(settings.get("base_url")),
+            transport or model,
+            base_url=None if transport else base_url,
             tools=tools,
             limits=limits,
             system_prompt=system_prompt,
@@ -94,6 +104,34 @@ def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
             f"({', '.join(sorted(missing))}); resume it from your program with Agent.resume"
         )
     return agent
+
+
+def _without(tools: list[Tool], names: list[str]) -> list[Tool]:
+    """The built-in tools but those `--without-tool` names, each marked as built-in so that a
+    clash with an MCP server's tool says which is which."""
+    unknown = set(names) - {t.name for t in tools}
+    if unknown:
+        raise ConfigError(
+            f"--without-tool {', '.join(sorted(unknown))}: no such built-in tool here "
+            f"(built-in: {', '.join(t.name for t in tools)})"
+        )
+    return [dataclasses.replace(t, source=BUILTIN_SOURCE) for t in tools if t.name not in names]
+
+
+def _transport(model: str, base_url: str | None, settings: JsonObject) -> Transport | None:
+    """The transport when `--tool-choice` or `--api-key-env` shape it; None: the spec alone.
+    The key is read from the named variable now and never saved."""
+    choice, key_env = settings.get("tool_choice"), settings.get("api_key_env")
+    if not (choice or key_env):
+        return None
+    if choice not in (None, *TOOL_CHOICES):
+        raise ConfigError(f"--tool-choice must be one of {', '.join(TOOL_CHOICES)}, not {choice}")
+    key = None
+    if key_env:
+        key = os.environ.get(str(key_env))
+        if not key:
+            raise ConfigError(f"--api-key-env {key_env}: that environment variable is not set")
+    return resolve_model(model, base_url=base_url, api_key=key, tool_choice=choice)
 
 
 def _text(value: JsonValue) -> str | None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Callable
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, NoReturn, TypeVar, cast, get_args
 
@@ -76,6 +77,21 @@ BaseUrlOption = Annotated[
     str | None,
     typer.Option(help="Server for openai-chat:/openai:/anthropic: (e.g. a local llama.cpp)."),
 ]
+ApiKeyEnvOption = Annotated[
+    str | None,
+    typer.Option(
+        help="Send the key in this environment variable to --base-url (a provider's own key "
+        "from the environment goes only to the provider's own host) [default: a placeholder]."
+    ),
+]
+ToolChoiceOption = Annotated[
+    str | None,
+    typer.Option(
+        help="tool_choice to send on ordinary turns: auto, required or none (servers that "
+        "ignore tools without it, e.g. llama-cpp-python's chatml-function-calling) "
+        "[default: not sent]."
+    ),
+]
 EventsOption = Annotated[
     bool, typer.Option("--events", help="Print each event as a JSON line; the last: the result.")
 ]
@@ -102,7 +118,28 @@ DurabilityOption = Annotated[
 ]
 
 
+_JSON_ERRORS: ContextVar[bool] = ContextVar("keel_json_errors", default=False)
+"""The command running now was given `--json`: its exit-2 errors go to stdout as JSON too."""
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def json_errors(command: F) -> F:
+    """Let `command`'s ``as_json`` decide how its usage errors are written (`_usage_error`)."""
+
+    @functools.wraps(command)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        token = _JSON_ERRORS.set(bool(kwargs.get("as_json")))
+        try:
+            return command(*args, **kwargs)
+        finally:
+            _JSON_ERRORS.reset(token)
+
+    return cast(F, wrapped)
+
+
 @app.command()
+@json_errors
 @stoppable(EXIT_CODES, err)
 def run(
     question: Annotated[str, typer.Argument(help="What to research.")],
@@ -110,6 +147,8 @@ def run(
         str | None, typer.Option(help=f"Model spec: {SPEC_HELP} [default: see `keel models`].")
     ] = None,
     base_url: BaseUrlOption = None,
+    api_key_env: ApiKeyEnvOption = None,
+    tool_choice: ToolChoiceOption = None,
     as_json: JsonOption = False,
     store: StoreOption = None,
     repo: Annotated[
@@ -129,6 +168,10 @@ def run(
     approve_tools: Annotated[
         str, typer.Option(help="Comma-separated tools whose calls are pre-approved.")
     ] = "",
+    without_tool: Annotated[
+        list[str] | None,
+        typer.Option(help="Leave out this built-in tool (e.g. fetch, for an MCP one; repeatable)."),
+    ] = None,
     browser: Annotated[
         bool, typer.Option(help="Offer browser_observe/browser_act (headless Chromium).")
     ] = False,
@@ -150,10 +193,15 @@ def run(
         int, typer.Option(help="Context budget; older large results are elided past it.")
     ] = 100_000,
     mcp: Annotated[
-        list[str] | None, typer.Option(help='An MCP server to start: "CMD ARGS" (repeatable).')
+        list[str] | None,
+        typer.Option(
+            help='An MCP server to start: "CMD ARGS", or "prefix=NAME_:CMD ARGS" to put NAME_ '
+            "before its tool names (repeatable)."
+        ),
     ] = None,
     mcp_url: Annotated[
-        list[str] | None, typer.Option(help="An MCP server at this streamable HTTP URL.")
+        list[str] | None,
+        typer.Option(help='An MCP server at this streamable HTTP URL (or "prefix=NAME_:URL").'),
     ] = None,
     events: EventsOption = False,
     otel: OtelOption = False,
@@ -175,6 +223,13 @@ def run(
         "browser": browser,
         "mcp": _guard(lambda: mcp_settings(mcp or [], mcp_url or [])),
     }
+    for key, value in (
+        ("without_tools", without_tool),
+        ("tool_choice", tool_choice),
+        ("api_key_env", api_key_env),
+    ):
+        if value:  # saved only when given: a run without them stores what it always did
+            settings[key] = cast(JsonValue, value)
 
     policy = _guard(lambda: choose_loop_policy(loop_policy))
 
@@ -264,6 +319,7 @@ app.command("worker")(worker_command)
 
 
 @app.command()
+@json_errors
 @stoppable(EXIT_CODES, err)
 def resume(
     run_id: Annotated[str, typer.Argument(help="The run to continue.")],
@@ -363,6 +419,7 @@ def deny(
 
 
 @app.command()
+@json_errors
 def show(
     run_id: Annotated[str, typer.Argument(help="The run's id, as `keel runs` lists it.")],
     as_json: JsonOption = False,
@@ -581,12 +638,21 @@ def _guard(action: Callable[[], T]) -> T:
     try:
         return action()
     except (ConfigError, KeelError) as exc:
-        _usage_error(str(exc))
+        _usage_error(str(exc), type(exc).__name__)
 
 
-def _usage_error(message: str) -> NoReturn:
+def _usage_error(message: str, kind: str = "UsageError") -> NoReturn:
+    """One line on stderr, exit code 2; under `--json` also the error as one JSON object on
+    stdout, so a program reading the JSON always has something to parse. `kind`: the error's
+    class name (``ConfigError``, ``LeaseHeld``), like a failed run's ``failure.kind``."""
     err.print(f"keel: {message}", highlight=False, markup=False, soft_wrap=True)
+    _json_error(kind, message)
     raise typer.Exit(2)
+
+
+def _json_error(kind: str, message: str) -> None:
+    if _JSON_ERRORS.get():
+        typer.echo(json_text({"error": {"kind": kind, "message": message}}))
 
 
 def main() -> None:

@@ -73,6 +73,9 @@ class Tool:
     shorten: Shortener | None = None
     """Cuts a result longer than the run's result cap where the model can read on, and says
     which call reads the next part (`read_file` does); None: the executor's plain cut."""
+    source: str = ""
+    """Where the tool comes from, for messages (``MCP server 'uvx mcp-server-fetch'``,
+    ``Keel's built-in tools``); empty for a tool given in code."""
 
     def __post_init__(self) -> None:
         if not self.parameters:

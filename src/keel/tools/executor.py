@@ -47,7 +47,7 @@ from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.telemetry import traced_tool
 from keel.tools.base import Effect, Tool, ToolArgumentError
 
-__all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor"]
+__all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
 
@@ -91,6 +91,17 @@ class _Outcome:
     uncertain: bool = False
 
 
+def name_clash(first: Tool, second: Tool) -> str:
+    """Why two tools cannot share a name, naming where each comes from and the ways out."""
+    where = [tool.source or "a tool given in code" for tool in (first, second)]
+    return (
+        f"two tools are named {first.name!r}: one from {where[0]}, one from {where[1]}; tool "
+        "names must be unique. Give the MCP server a prefix (keel run --mcp "
+        '"prefix=web_:CMD", prefix = "web_" in its [[mcp]] table, or McpServer(prefix=...)), '
+        f"or leave the other one out (keel run --without-tool {first.name})"
+    )
+
+
 class ToolExecutor:
     """Validates and runs the model's tool calls against a fixed set of tools."""
 
@@ -100,7 +111,7 @@ class ToolExecutor:
         by_name: dict[str, Tool] = {}
         for tool in tools:
             if tool.name in by_name:
-                raise ConfigError(f"two tools are named {tool.name!r}; tool names must be unique")
+                raise ConfigError(name_clash(by_name[tool.name], tool))
             by_name[tool.name] = tool
         self._tools = by_name
         self.max_result_chars = max_result_chars

@@ -13,6 +13,7 @@ programs on this machine (ADR 0022).
 
 from __future__ import annotations
 
+import re
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
@@ -198,8 +199,32 @@ def _number(value: Any, key: str, where: str) -> float:
 
 
 def servers_from_flags(commands: Sequence[str], urls: Sequence[str]) -> list[McpServer]:
-    """`--mcp "CMD ARGS"` and `--mcp-url URL`, in the order given (commands first)."""
-    return [McpServer.stdio(c) for c in commands] + [McpServer.http(u) for u in urls]
+    """`--mcp "CMD ARGS"` and `--mcp-url URL`, in the order given (commands first); either may
+    begin ``prefix=NAME:`` to put NAME before each of that server's tool names."""
+    servers: list[McpServer] = []
+    for text in commands:
+        prefix, command = _flag_prefix(text)
+        servers.append(McpServer.stdio(command, prefix=prefix))
+    for text in urls:
+        prefix, url = _flag_prefix(text)
+        servers.append(McpServer.http(url, prefix=prefix))
+    return servers
+
+
+_FLAG_PREFIX = re.compile(r"prefix=([A-Za-z0-9_-]*):(.*)", re.DOTALL)
+
+
+def _flag_prefix(text: str) -> tuple[str, str]:
+    """``prefix=web_:uvx mcp-server-fetch`` as ("web_", "uvx mcp-server-fetch")."""
+    if not text.startswith("prefix="):
+        return "", text
+    match = _FLAG_PREFIX.fullmatch(text)
+    if match is None or not match.group(2).strip():
+        raise ConfigError(
+            f"--mcp {text!r}: write the prefix as prefix=NAME:COMMAND (letters, digits, _ and -), "
+            'e.g. "prefix=web_:python -m mcp_server_fetch"'
+        )
+    return match.group(1), match.group(2).strip()
 
 
 def user_config_file() -> Path:

@@ -149,7 +149,8 @@ class McpToolset:
                     raise ConfigError(
                         f"the tool name {tool.name!r} is offered by two MCP servers, "
                         f"{offered[tool.name]!r} and {server.name!r}; give one of them a prefix "
-                        '(prefix = "..." in its [[mcp]] table, or McpServer(prefix=...))'
+                        '(keel run --mcp "prefix=NAME_:CMD", prefix = "..." in its [[mcp]] '
+                        "table, or McpServer(prefix=...))"
                     )
                 offered[tool.name] = server.name
                 tools.append(tool)
@@ -195,6 +196,7 @@ def _keel_tool(server: McpServer, remote: RemoteTool, call: Any) -> Tool:
         timeout=server.timeout,
         pass_model=True,
         parameters=schema,
+        source=f"MCP server {server.name!r}",
     )
 
 

@@ -28,24 +28,28 @@ import openai
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelResponse, ToolResult
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
+from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.wire import decode_json
 
 __all__ = [
     "ERROR_MARKER",
     "LOCAL_PLACEHOLDER_KEY",
+    "OPENAI_HOST",
     "PROVIDER",
     "build_client",
     "decode_body",
     "map_error",
     "post",
     "resolve_api_key",
+    "server_address",
     "tool_output_text",
 ]
 
-LOCAL_PLACEHOLDER_KEY = "keel-no-key"
-"""Sent to an explicit `base_url` when no key is configured: local servers (llama.cpp, vLLM)
-ignore the Authorization header, but the SDK insists on having one."""
+LOCAL_PLACEHOLDER_KEY = PLACEHOLDER_KEY
+"""Sent to a user-chosen `base_url` when the user gave no key for it (`keel.transports.keys`):
+local servers (llama.cpp, vLLM) ignore the Authorization header, but the SDK insists on one."""
+OPENAI_HOST = "api.openai.com"
 
 PROVIDER = "OpenAI API"
 """How messages about either OpenAI transport's answers begin."""
@@ -58,20 +62,16 @@ its text. Results that already start with "error" (Keel's own error texts do) ar
 def resolve_api_key(
     api_key: str | None, base_url: str | None, env: Mapping[str, str] | None = None
 ) -> str:
-    """The key to send: the argument, else OPENAI_API_KEY, else a placeholder for a local server.
-
-    Without a key and without a `base_url` the request could only fail with a 401 after a round
-    trip, so it is refused up front with a message that says what to set.
+    """The key to send: the argument; else, to OpenAI itself, OPENAI_API_KEY; else, to a
+    server the user chose, a placeholder, never the environment's key (`keel.transports.keys`).
     """
-    env = os.environ if env is None else env
-    key = api_key or env.get("OPENAI_API_KEY")
-    if key:
-        return key
-    if base_url:
-        return LOCAL_PLACEHOLDER_KEY
-    raise ConfigError(
-        "set OPENAI_API_KEY (or pass api_key=...) to use the OpenAI API, or pass base_url=... "
-        "to use a compatible server that needs no key"
+    return endpoint_key(
+        api_key,
+        base_url,
+        env_name="OPENAI_API_KEY",
+        provider_host=OPENAI_HOST,
+        provider="the OpenAI API",
+        env=env,
     )
 
 
@@ -123,6 +123,12 @@ async def post(
     return await attempt(
         send, foreign=openai.OpenAIError, to_error=map_error, secret=client.api_key
     )
+
+
+def server_address(client: openai.AsyncOpenAI) -> tuple[str, int]:
+    """Where `client` sends requests, for traces: host and port (the scheme's default)."""
+    url = client.base_url
+    return url.host, url.port or (443 if url.scheme == "https" else 80)
 
 
 def tool_output_text(result: ToolResult) -> str:

@@ -48,11 +48,14 @@ from keel.messages import (
     Usage,
     wire_call_ids,
 )
+from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
+from keel.transports.keys import endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.wire import Opaque, Shape, TokenCount, decode_json, parse
 
 __all__ = [
+    "ANTHROPIC_HOST",
     "CACHE_BREAKPOINT",
     "PROVIDER",
     "THINKING_KEY",
@@ -71,6 +74,10 @@ _OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 CACHE_BREAKPOINT: dict[str, str] = {"type": "ephemeral"}
 """The ``cache_control`` value of a breakpoint (the default five-minute cache)."""
 
+_TOOL_CHOICE = {"none": "none", "required": "any", "auto": "auto"}
+"""Keel's tool choices in the Messages API's words."""
+ANTHROPIC_HOST = "api.anthropic.com"
+
 _Block = dict[str, Any]
 _Turn = dict[str, Any]
 
@@ -78,9 +85,16 @@ _Turn = dict[str, Any]
 # --- to the wire -----------------------------------------------------------------------------
 
 
-def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, Any]:
+def to_wire(
+    request: ModelRequest,
+    *,
+    model: str,
+    max_tokens: int,
+    tool_choice: ServerToolChoice | None = None,
+) -> dict[str, Any]:
     """The Messages API body for `request`: system apart, roles alternating, controls last,
-    cache breakpoints on the frozen prefix and the history (see the module docstring)."""
+    cache breakpoints on the frozen prefix and the history (see the module docstring).
+    `tool_choice` is sent when the request asks for none itself."""
     marked = {request.settled_items - 1, len(request.items) - 1} - {-1}
     body: dict[str, Any] = {
         "model": model,
@@ -99,10 +113,9 @@ def to_wire(request: ModelRequest, *, model: str, max_tokens: int) -> dict[str, 
         ]
         body["tools"][-1]["cache_control"] = CACHE_BREAKPOINT
         # Without tools the model cannot call one anyway, so neither needs a key then.
-        if request.tool_choice == "none":
-            body["tool_choice"] = {"type": "none"}
-        elif request.tool_choice == "required":
-            body["tool_choice"] = {"type": "any"}
+        choice = request.tool_choice or tool_choice
+        if choice is not None:
+            body["tool_choice"] = {"type": _TOOL_CHOICE[choice]}
     return body
 
 
@@ -203,6 +216,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
         stop_reason=message.stop_reason,
         provider_details={THINKING_KEY: opaque} if opaque else {},
         response_id=message.id,
+        model=message.model,
     )
 
 
@@ -265,6 +279,7 @@ class _Usage(Shape):
 
 class _Message(Shape):
     id: str | None = None
+    model: str | None = None
     content: list[_Content] | None = None
     stop_reason: str | None = None
     usage: _Usage | None = None
@@ -320,9 +335,12 @@ class AnthropicTransport:
     """One Messages API call per `request`, through the official SDK (no SDK retries).
 
     Pass either a ready `client` or the parts to build one: `http_client` (httpx or httpx2),
-    `base_url` and `api_key` (default: ``ANTHROPIC_API_KEY``). The key is handed to the SDK
-    and kept nowhere else. `max_response_bytes` bounds every answer, decompressed; the SDK
-    sends through the given (or its default) HTTP client, bounded (`keel.transports.bounded`).
+    `base_url` (default: ``ANTHROPIC_BASE_URL``, else Anthropic's) and `api_key` (default:
+    ``ANTHROPIC_API_KEY`` for Anthropic itself; a server the user chose gets a placeholder
+    unless given a key, `keel.transports.keys`). The key is handed to the SDK and kept nowhere
+    else. `tool_choice`: sent on turns with tools that ask for nothing themselves.
+    `max_response_bytes` bounds every answer, decompressed; the SDK sends through the given (or
+    its default) HTTP client, bounded (`keel.transports.bounded`).
     """
 
     def __init__(
@@ -335,6 +353,7 @@ class AnthropicTransport:
         api_key: str | None = None,
         max_tokens: int = 4096,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tool_choice: ServerToolChoice | None = None,
     ) -> None:
         if not model:
             raise ConfigError("AnthropicTransport needs a model name, e.g. 'claude-sonnet-4-6'")
@@ -350,12 +369,14 @@ class AnthropicTransport:
             )
             self._client = client.with_options(max_retries=0, http_client=bounded)
         else:
-            key = api_key or os.environ.get("ANTHROPIC_API_KEY")
-            if not key:
-                raise ConfigError(
-                    "the Anthropic transport needs an API key: set ANTHROPIC_API_KEY "
-                    "or pass api_key"
-                )
+            base_url = base_url or os.environ.get("ANTHROPIC_BASE_URL") or None
+            key = endpoint_key(
+                api_key,
+                base_url,
+                env_name="ANTHROPIC_API_KEY",
+                provider_host=ANTHROPIC_HOST,
+                provider="the Anthropic API",
+            )
             inner = http_client if http_client is not None else anthropic.DefaultAsyncHttpxClient()
             self._client = anthropic.AsyncAnthropic(
                 api_key=key,
@@ -365,13 +386,21 @@ class AnthropicTransport:
             )
         self.model = model
         self.max_tokens = max_tokens
+        self.tool_choice = tool_choice
         self.name = f"anthropic:{model}"
 
     def __repr__(self) -> str:
         return f"AnthropicTransport(model={self.model!r})"
 
+    @property
+    def server_address(self) -> tuple[str, int]:
+        url = self._client.base_url
+        return url.host, url.port or (443 if url.scheme == "https" else 80)
+
     async def request(self, request: ModelRequest) -> ModelResponse:
-        body = to_wire(request, model=self.model, max_tokens=self.max_tokens)
+        body = to_wire(
+            request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
+        )
         return await attempt(
             lambda: self._send(body),
             foreign=anthropic.AnthropicError,

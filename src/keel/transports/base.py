@@ -9,19 +9,39 @@ with ``isinstance``, never by probing attribute names:
 - `LocalModel`: it runs a model in this process and can lend the run that model's tokenizer and
   input window, so the context budget matches the real prompt;
 - `PinnedSampling`: its sampling settings are fixed and known (the local model's temperature,
-  top_p, seed...); the run records them, so `keel show` says how to reproduce it.
+  top_p, seed...); the run records them, so `keel show` says how to reproduce it;
+- `CountsTokens`: it can lend the run a token counter closer to its prompts than Keel's
+  byte estimate, without a window (the XML fallback over a server: `CalibratedCounter`);
+- `RemoteServer`: it sends its requests to a server at a known host and port, which traces
+  name (``server.address``, ``server.port``); `server_of` finds it under a wrapper too.
 
 A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Literal, Protocol, runtime_checkable
 
 from keel.messages import ModelRequest, ModelResponse
 from keel.tokens import TokenCounter
 
-__all__ = ["LocalModel", "PinnedSampling", "Resumable", "Transport"]
+__all__ = [
+    "TOOL_CHOICES",
+    "CountsTokens",
+    "LocalModel",
+    "PinnedSampling",
+    "RemoteServer",
+    "Resumable",
+    "ServerToolChoice",
+    "Transport",
+    "server_of",
+]
+
+ServerToolChoice = Literal["auto", "required", "none"]
+"""What a provider transport sends as ``tool_choice`` on a turn where Keel itself asks for
+nothing (``keel run --tool-choice``): some compatible servers ignore the tools unless it is
+sent. A turn that asks (synthesis "none", a first turn's "required") still sends its own."""
+TOOL_CHOICES: tuple[ServerToolChoice, ...] = ("auto", "required", "none")
 
 
 @runtime_checkable
@@ -71,6 +91,13 @@ class LocalModel(Protocol):
 
 
 @runtime_checkable
+class CountsTokens(Protocol):
+    """A transport that offers a token counter for its prompts (and no window of its own)."""
+
+    def token_counter(self) -> TokenCounter: ...
+
+
+@runtime_checkable
 class PinnedSampling(Protocol):
     """A transport whose sampling is fixed and known, recorded with every run it serves."""
 
@@ -78,3 +105,25 @@ class PinnedSampling(Protocol):
     def sampling(self) -> dict[str, float | int]:
         """The settings, as JSON-ready numbers (e.g. temperature, top_p, top_k, seed)."""
         ...
+
+
+@runtime_checkable
+class RemoteServer(Protocol):
+    """A transport whose requests go to one server, named in traces (GenAI conventions)."""
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        """The server's host and port (the scheme's default when the URL gives none)."""
+        ...
+
+
+def server_of(transport: object) -> tuple[str, int] | None:
+    """The host and port `transport` sends to, looking through wrappers (``.inner``); None
+    for a model in this process or a script."""
+    for _ in range(8):  # wrappers nest a level or two; never loop on a cycle
+        if isinstance(transport, RemoteServer):
+            return transport.server_address
+        transport = getattr(transport, "inner", None)
+        if transport is None:
+            return None
+    return None

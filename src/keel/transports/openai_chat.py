@@ -6,10 +6,13 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
 - A request without tools sends neither ``tools`` nor ``tool_choice``: the XML fallback sends
   tool-less requests through this transport, and servers reject ``tool_choice`` without tools.
 - ``tool_choice`` is otherwise left out unless the request says "none" (ADR 0002) or
-  "required" (a run insisting on evidence first, ADR 0027).
+  "required" (a run insisting on evidence first, ADR 0027), or the transport was given one to
+  send on every other turn (`tool_choice`, ``--tool-choice``): llama-cpp-python's
+  ``chatml-function-calling`` ignores the tools unless it is sent (ADR 0035).
 - The system prompt is the first message; volatile controls are appended last, one user message
   each, after the history.
-- Assistant turns replay with ``content`` (null when the turn had no text) and ``tool_calls``;
+- Assistant turns replay with ``content`` (``""`` when the turn had no text: the official API
+  accepts both, llama-cpp-python's server answers 500 to null, ADR 0035) and ``tool_calls``;
   results replay as ``tool`` messages paired by ``tool_call_id``: the provider's call ids, except
   where a provider repeated one (then Keel's, `messages.wire_call_ids`), so no two calls of a
   request share an id. Error results have no wire flag, so their text is marked (see
@@ -40,13 +43,20 @@ import openai
 from pydantic import JsonValue
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    OPENAI_HOST,
+    PROVIDER,
+    build_client,
+    post,
+    server_address,
+    tool_output_text,
+)
+from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.wire import Shape, TokenCount, parse
 
 __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
 
-OPENAI_HOST = "api.openai.com"
 
 
 class OpenAIChatTransport:
@@ -62,14 +72,17 @@ class OpenAIChatTransport:
         api_key: str | None = None,
         max_tokens: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tool_choice: ServerToolChoice | None = None,
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
-        SDK's own retries off. Without `base_url` the key defaults to OPENAI_API_KEY
-        (ConfigError when missing); with one, a server that needs no key works without one.
-        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`)."""
+        SDK's own retries off. The key: `api_key`, else OPENAI_API_KEY for OpenAI itself; a
+        server the user chose gets a placeholder unless given a key (`keel.transports.keys`).
+        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`).
+        `tool_choice`: sent on turns with tools that ask for nothing themselves."""
         self.name = f"openai-chat:{model}"
         self.model = model
         self.max_tokens = max_tokens
+        self.tool_choice = tool_choice
         self._client = build_client(
             client=client,
             http_client=http_client,
@@ -80,6 +93,10 @@ class OpenAIChatTransport:
         self._at_openai = self._client.base_url.host == OPENAI_HOST
         self._limit_field = "max_completion_tokens" if self._at_openai else "max_tokens"
 
+    @property
+    def server_address(self) -> tuple[str, int]:
+        return server_address(self._client)
+
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(
             request,
@@ -87,6 +104,7 @@ class OpenAIChatTransport:
             max_tokens=self.max_tokens,
             limit_field=self._limit_field,
             send_cache_key=self._at_openai,
+            tool_choice=self.tool_choice,
         )
         create = self._client.chat.completions.with_raw_response.create
         return await post(self._client, create, body, from_wire)
@@ -102,9 +120,11 @@ def to_wire(
     max_tokens: int | None = None,
     limit_field: str = "max_tokens",
     send_cache_key: bool = False,
+    tool_choice: ServerToolChoice | None = None,
 ) -> dict[str, Any]:
     """The JSON body for ``POST /v1/chat/completions``; `send_cache_key` adds the request's
-    ``prompt_cache_key`` (OpenAI's own servers only, see the module docstring)."""
+    ``prompt_cache_key`` (OpenAI's own servers only, see the module docstring); `tool_choice`
+    is sent when the request asks for none itself."""
     messages: list[dict[str, Any]] = []
     if request.system:
         messages.append({"role": "system", "content": request.system})
@@ -123,8 +143,9 @@ def to_wire(
             }
             for tool in request.tools
         ]
-        if request.tool_choice is not None:
-            body["tool_choice"] = request.tool_choice  # "none" or "required"
+        choice = request.tool_choice or tool_choice
+        if choice is not None:
+            body["tool_choice"] = choice
     if max_tokens is not None:
         body[limit_field] = max_tokens
     if send_cache_key and request.cache_key:
@@ -140,7 +161,8 @@ def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
         if item.kind == "user":
             out.append({"role": "user", "content": item.text})
         elif item.kind == "assistant":
-            message: dict[str, Any] = {"role": "assistant", "content": item.text}
+            # "" rather than null without text: every compatible server accepts a string
+            message: dict[str, Any] = {"role": "assistant", "content": item.text or ""}
             if item.tool_calls:
                 message["tool_calls"] = [
                     {
@@ -150,8 +172,6 @@ def _messages(items: Iterable[Item]) -> list[dict[str, Any]]:
                     }
                     for call in item.tool_calls
                 ]
-            elif item.text is None:
-                message["content"] = ""  # neither text nor calls: null alone is rejected
             out.append(message)
         else:
             out.append(
@@ -191,6 +211,7 @@ def from_wire(
         usage=_usage(completion.usage),
         stop_reason=choice.finish_reason,
         response_id=completion.id,
+        model=completion.model,
     )
 
 
@@ -266,5 +287,6 @@ class _Usage(Shape):
 
 class _Completion(Shape):
     id: str | None = None
+    model: str | None = None
     choices: list[_Choice] | None = None
     usage: _Usage | None = None

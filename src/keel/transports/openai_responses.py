@@ -55,7 +55,14 @@ from keel.messages import (
     Usage,
     wire_call_ids,
 )
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    PROVIDER,
+    build_client,
+    post,
+    server_address,
+    tool_output_text,
+)
+from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.wire import Opaque, Shape, TokenCount, parse
 
@@ -81,13 +88,17 @@ class OpenAIResponsesTransport:
         api_key: str | None = None,
         max_output_tokens: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
+        tool_choice: ServerToolChoice | None = None,
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
-        SDK's own retries off. The key defaults to OPENAI_API_KEY (ConfigError when missing).
-        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`)."""
+        SDK's own retries off. The key: `api_key`, else OPENAI_API_KEY for OpenAI itself; a
+        server the user chose gets a placeholder unless given a key (`keel.transports.keys`).
+        `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`).
+        `tool_choice`: sent on turns with tools that ask for nothing themselves."""
         self.name = f"openai:{model}"
         self.model = model
         self.max_output_tokens = max_output_tokens
+        self.tool_choice = tool_choice
         self._client = build_client(
             client=client,
             http_client=http_client,
@@ -96,8 +107,17 @@ class OpenAIResponsesTransport:
             max_response_bytes=max_response_bytes,
         )
 
+    @property
+    def server_address(self) -> tuple[str, int]:
+        return server_address(self._client)
+
     async def request(self, request: ModelRequest) -> ModelResponse:
-        body = to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)
+        body = to_wire(
+            request,
+            model=self.model,
+            max_output_tokens=self.max_output_tokens,
+            tool_choice=self.tool_choice,
+        )
         create = self._client.responses.with_raw_response.create
         return await post(self._client, create, body, from_wire)
 
@@ -106,17 +126,23 @@ class OpenAIResponsesTransport:
 
 
 def to_wire(
-    request: ModelRequest, *, model: str, max_output_tokens: int | None = None
+    request: ModelRequest,
+    *,
+    model: str,
+    max_output_tokens: int | None = None,
+    tool_choice: ServerToolChoice | None = None,
 ) -> dict[str, Any]:
     """The JSON body for ``POST /v1/responses``. The frozen prefix (instructions, tools) comes
-    first and is built the same way every turn, so it serialises byte-identically."""
+    first and is built the same way every turn, so it serialises byte-identically.
+    `tool_choice` is sent when the request asks for none itself."""
     body: dict[str, Any] = {"model": model}
     if request.system:
         body["instructions"] = request.system
     if request.tools:
         body["tools"] = [_tool(tool) for tool in request.tools]
-        if request.tool_choice is not None:
-            body["tool_choice"] = request.tool_choice  # "none" or "required"
+        choice = request.tool_choice or tool_choice
+        if choice is not None:
+            body["tool_choice"] = choice
     body["input"] = [*_input(request.items), *(_user(text) for text in request.volatile)]
     body["store"] = False
     if request.cache_key:
@@ -249,6 +275,7 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
         stop_reason=stop or response.status,
         provider_details={PROVIDER_KEY: {"output": layout}} if layout else {},
         response_id=response.id,
+        model=response.model,
     )
 
 
@@ -352,6 +379,7 @@ class _Error(Shape):
 
 class _Response(Shape):
     id: str | None = None
+    model: str | None = None
     status: str | None = None
     output: list[_Item] | None = None
     usage: _Usage | None = None

@@ -46,7 +46,11 @@ from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
 
-__all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "ScriptedTransport"]
+__all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "SCRIPTED_STOP_REASONS", "ScriptedTransport"]
+
+SCRIPTED_STOP_REASONS = ("stop", "tool_calls")
+"""The stop reason of a scripted answer without calls, and with: Chat Completions' words, so
+a scripted run's traces carry a finish reason (``gen_ai.response.finish_reasons``) too."""
 
 MAX_TURNS = 100_000
 """Expanded turns a script may hold; guards against a nested ``repeat`` eating the memory."""
@@ -367,6 +371,7 @@ class ScriptedTransport(Resumable):
             text=answer.text,
             tool_calls=tuple(self._stamp(call) for call in answer.calls),
             usage=Usage(request.estimated_input_tokens, answer.output_tokens),
+            stop_reason=SCRIPTED_STOP_REASONS[bool(answer.calls)],
         )
 
     def _stamp(self, call: ToolCall) -> ToolCall:

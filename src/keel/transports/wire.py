@@ -16,6 +16,10 @@ into floats) are decoded as `NonFinite` markers that no declared type accepts, s
 where they stand, named like any other wrong type, and never reach the budgets or the store.
 Token counts are `TokenCount`: integers (not floats, not booleans), from 0 to
 `MAX_REPORTED_TOKENS`.
+
+An error object sent with HTTP 200 (LiteLLM's proxy answers Anthropic's ``/v1/messages`` so:
+``{"type": "error", "error": {...}}``; OpenAI-style ``{"error": {...}}`` the same way) is the
+provider's error, with its own message, and never an empty turn (`error_in_body`, ADR 0035).
 """
 
 from __future__ import annotations
@@ -27,14 +31,17 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from keel.errors import ProviderError
+from keel.transports.policy import is_retryable, shorten
 
 __all__ = [
     "MAX_REPORTED_TOKENS",
+    "RETRYABLE_ERROR_TYPES",
     "NonFinite",
     "Opaque",
     "Shape",
     "TokenCount",
     "decode_json",
+    "error_in_body",
     "parse",
 ]
 
@@ -91,7 +98,56 @@ def decode_json(body: bytes | str, provider: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         shown = body if isinstance(body, str) else body[:400].decode("utf-8", "replace")
         raise ProviderError(f"{provider}: the response is not a JSON object: {shown[:200]!r}")
+    error = error_in_body(data, provider)
+    if error is not None:
+        raise error
     return data
+
+
+RETRYABLE_ERROR_TYPES = frozenset(
+    {"api_error", "overloaded_error", "rate_limit_error", "server_error", "timeout_error"}
+)
+"""Error types (Anthropic's and OpenAI's words) that a later attempt may not meet, when an
+error comes with HTTP 200 and so without a status to classify it by."""
+
+_ERROR_MESSAGE_CHARS = 500
+
+
+def error_in_body(data: dict[str, Any], provider: str) -> ProviderError | None:
+    """The provider's error when a 200 body is an error object, else None.
+
+    An Anthropic error says ``"type": "error"``; an OpenAI one has an ``error`` and no result
+    (a Responses API ``response`` carries ``error`` of its own when it failed, and is read as a
+    response). A numeric ``code`` (LiteLLM sends the upstream status there) classifies it like
+    that status; otherwise the error's type does (`RETRYABLE_ERROR_TYPES`)."""
+    error = data.get("error")
+    ordinary = error in (None, "", {}) or data.get("object") == "response"
+    if data.get("type") != "error" and ordinary:
+        return None
+    kind, message, code = "error", "", None
+    if isinstance(error, dict):
+        kind = _text(error.get("type")) or kind
+        message = _text(error.get("message"))
+        code = error.get("code")
+    elif isinstance(error, str):
+        message = error
+    status = _status(code)
+    retryable = is_retryable(status, _text(code)) if status else kind in RETRYABLE_ERROR_TYPES
+    detail = shorten(message.strip() or "(no message)", _ERROR_MESSAGE_CHARS)
+    return ProviderError(
+        f"{provider}: the server answered HTTP 200 with an error: {kind}: {detail}",
+        status=status,
+        retryable=retryable,
+    )
+
+
+def _text(value: object) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _status(code: object) -> int | None:
+    text = str(code) if isinstance(code, int | str) and not isinstance(code, bool) else ""
+    return int(text) if text.isdigit() and 100 <= int(text) <= 599 else None
 
 
 def _float(text: str) -> float | NonFinite:

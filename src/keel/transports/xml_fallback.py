@@ -20,7 +20,8 @@ a `ProviderError` from it passes through unchanged.
 The wrapper offers exactly the capabilities of the transport it wraps (`keel.transports.base`):
 over a `Resumable` transport it is Resumable (``xml:script:FILE`` pauses and resumes at the right
 turn), over a `LocalModel` it is a LocalModel (``local`` lends the run its tokenizer), and over
-anything else it claims neither.
+anything else it claims neither. Over any transport it offers a token counter (`CountsTokens`):
+the inner model's own, or an estimate calibrated for the text it sends.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ from keel.messages import (
     ToolResult,
     UserMessage,
 )
-from keel.tokens import TokenCounter
+from keel.tokens import CalibratedCounter, TokenCounter
 from keel.transports.base import LocalModel, Resumable, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
@@ -159,6 +160,7 @@ def from_text_response(response: ModelResponse, new_id: Callable[[], str]) -> Mo
         stop_reason=response.stop_reason,
         provider_details=response.provider_details,
         response_id=response.response_id,
+        model=response.model,
     )
 
 
@@ -189,6 +191,13 @@ class XmlFallbackTransport:
     def _new_id(self) -> str:
         self._issued += 1
         return f"xml_{self._issued}"
+
+    def token_counter(self) -> TokenCounter:
+        """The estimate calibrated on Qwen2.5's tokenizer (`keel.tokens.CalibratedCounter`):
+        tools, calls and results all travel as text here, and text full of digits and
+        punctuation costs far more tokens than its bytes say (ADR 0035). Over a local model,
+        that model's own tokenizer instead (`_LocalXml`)."""
+        return CalibratedCounter()
 
 
 class _ResumableXml(XmlFallbackTransport, Resumable):
