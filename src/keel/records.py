@@ -210,6 +210,9 @@ class ApprovalRequested(_EventBase):
     name: str
     arguments: JsonValue
     call_key: str
+    note: str | None = None
+    """Why a person must decide although the tool may be pre-approved (an identical side
+    effect earlier in the run ended "effect unknown")."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -444,13 +447,18 @@ class RunState:
     world: int = 0
     """How often a side-effecting call produced a result the run had not seen from it: the
     world may have changed (loop policy `progress`, keel._run.breaker)."""
+    unknown_effects: dict[str, str] = field(default_factory=dict)
+    """Side-effecting calls whose effect is unknown (a timeout, a crash, a cancellation): call
+    key -> Keel's id of the first such call. An identical call later in the run waits for a
+    person, even when its tool is pre-approved (ADR 0033)."""
 
     def copy(self) -> RunState:
-        """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
+        """A snapshot later steps cannot change (only the dicts are mutable inside)."""
         twin = RunState.__new__(RunState)
         for name in _STATE_FIELDS:
             setattr(twin, name, getattr(self, name))
         twin.decisions, twin.denied = dict(self.decisions), dict(self.denied)
+        twin.unknown_effects = dict(self.unknown_effects)
         return twin
 
     def encode(self) -> JsonObject:

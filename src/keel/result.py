@@ -33,6 +33,9 @@ class PendingApproval:
     name: str
     arguments: Any
     call_key: str
+    note: str | None = None
+    """What the approver must know beyond the call itself: an identical side effect earlier in
+    the run ended "effect unknown", so it may have happened already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class RunResult:
             },
             "pending_approvals": [
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
+                | ({"note": p.note} if p.note else {})
                 for p in self.pending_approvals
             ],
         }

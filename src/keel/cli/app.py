@@ -490,8 +490,9 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:
         call = "\n  ".join(describe_call(pending.name, pending.arguments))
+        note = f"\n  note: {pending.note}" if pending.note else ""
         err.print(
-            f"awaiting approval: {pending.call_id} {call}\n"
+            f"awaiting approval: {pending.call_id} {call}{note}\n"
             f"  keel approve {result.run_id} {pending.call_id}   or   "
             f"keel deny {result.run_id} {pending.call_id} --reason TEXT",
             highlight=False,

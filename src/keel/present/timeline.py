@@ -199,7 +199,9 @@ def _detail(event: Event) -> str:
         case EvidenceReset():
             return f"page changed: {event.call_key[:80]} (reset {event.resets})"
         case ApprovalRequested():
-            return f"{event.call_id} · " + "\n".join(describe_call(event.name, event.arguments))
+            note = f"\nnote: {event.note}" if event.note else ""
+            call = "\n".join(describe_call(event.name, event.arguments))
+            return f"{event.call_id} · {call}{note}"
         case ApprovalDecided():
             verdict = "approved" if event.approved else "denied"
             reason = f": {event.reason}" if event.reason else ""
