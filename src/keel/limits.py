@@ -37,6 +37,11 @@ class Limits:
     """Input plus output tokens over the whole run, as the provider reports them."""
     deadline: float | None = None
     """Seconds of wall-clock time from the start of the run."""
+    deadline_reserve: float | None = None
+    """Seconds kept before the deadline for one synthesis turn: when less is left, the next
+    turn is synthesis-only (reason `deadline`). None (the default) estimates it from the run:
+    twice its longest model call so far, at least `keel._run.budgets.DEADLINE_RESERVE_FLOOR`
+    (1 s); before the run has timed a call there is nothing to estimate from, and no reserve."""
     context_tokens: int = 100_000
     """Over this, the oldest large tool results are elided into pointers."""
     max_result_chars: int = 50_000
@@ -80,6 +85,9 @@ class Limits:
             raise ConfigError(
                 f"deadline must be a positive number of seconds (got {self.deadline})"
             )
+        reserve = self.deadline_reserve
+        if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
+            raise ConfigError(f"deadline reserve must be 0 or more seconds (got {reserve})")
         if self.context_tokens < 256:
             raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
         if self.max_result_chars < 100:

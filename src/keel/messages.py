@@ -44,6 +44,8 @@ class SynthesisReason(StrEnum):
 
     REPEATED_TOOL = "repeated_tool"
     BUDGET = "budget"
+    DEADLINE = "deadline"
+    """Less time is left before the run's deadline than one more turn is estimated to take."""
 
 
 @dataclass(frozen=True, slots=True)

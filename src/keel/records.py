@@ -444,6 +444,9 @@ class RunState:
     """What a deterministic transport needs to continue where it was (a script's position)."""
     deadline_at: float | None = None
     """Unix time the run must end by: wall-clock from the run's start, across resumes."""
+    longest_model_call: float = 0.0
+    """Seconds the run's longest answered model attempt took: what the deadline reserve is
+    estimated from (keel._run.budgets), kept across resumes."""
     world: int = 0
     """How often a side-effecting call produced a result the run had not seen from it: the
     world may have changed (loop policy `progress`, keel._run.breaker)."""

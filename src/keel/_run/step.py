@@ -17,7 +17,7 @@ from keel._run import batch as batches
 from keel._run import turns
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
-from keel.errors import BudgetExhausted, RunFailure, ToolLoopDetected
+from keel.errors import BudgetExhausted, DeadlineExceeded, RunFailure, ToolLoopDetected
 from keel.failpoints import failpoint
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall
 from keel.records import ToolCallRequested
@@ -87,6 +87,14 @@ def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) ->
                 f"for {', '.join(names)} instead; nothing was run",
                 step=step,
                 details={"reason": reason.value, "requested": names, "budget": mode.budget},
+            )
+        case SynthesisReason.DEADLINE:
+            deadline = parts.limits.deadline
+            return DeadlineExceeded(
+                f"the deadline of {deadline:g}s left time only for a final answer, but the "
+                f"model asked for {', '.join(names)} instead; nothing was run",
+                step=step,
+                details={"reason": reason.value, "requested": names, "deadline": deadline},
             )
         case SynthesisReason.REPEATED_TOOL:
             key = mode.repeated_key or ""

@@ -8,9 +8,10 @@ one call in the budget becomes budget synthesis.
 from __future__ import annotations
 
 import asyncio
+import time
 
 from keel._run import gateway
-from keel._run.budgets import past_limits, running_out
+from keel._run.budgets import out_of_time, past_limits, running_out
 from keel._run.parts import StepParts
 from keel._run.synthesis import Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
@@ -29,7 +30,8 @@ def current_mode(parts: StepParts) -> Mode:
     budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
     insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
     repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
-    return decide_mode(repeating, budget, insist_on_tool=insist)
+    late = out_of_time(parts.state, parts.limits, parts.clock)
+    return decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late)
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
@@ -61,6 +63,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         )
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent
         failpoint("after_checkpoint")
+        started = time.monotonic()
         try:
             attempt = gateway.attempt(parts.transport, request, limits, parts.clock.remaining())
             response = clean_response(await traced_attempt(attempt))
@@ -71,6 +74,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             await _after_error(parts, policy, error, errors)
             continue
         _remember_transport(parts)
+        took = time.monotonic() - started  # what the deadline reserve is estimated from
+        state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
         state.usage = state.usage + response.usage
         parts.recorder.emit(_response_event(state.step, response))

@@ -132,6 +132,13 @@ def run(
     deadline: Annotated[
         float | None, typer.Option(help="Wall-clock limit in seconds [default: none].")
     ] = None,
+    deadline_reserve: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds kept before --deadline for the final answer [default: twice the "
+            "run's longest model call, at least 1]."
+        ),
+    ] = None,
     model_timeout: Annotated[
         float, typer.Option(help="Seconds one model attempt may take in all (retryable past it).")
     ] = 600.0,
@@ -173,6 +180,7 @@ def run(
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
             deadline=deadline,
+            deadline_reserve=deadline_reserve,
             model_timeout=model_timeout,
             context_tokens=context_tokens,
             first_turn_tool=first_turn_tool,
