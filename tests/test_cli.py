@@ -26,6 +26,7 @@ RESULT_KEYS = {
     "model_calls",
     "tool_calls",
     "usage",
+    "cost_usd",
     "pending_approvals",
 }
 

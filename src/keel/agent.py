@@ -22,6 +22,7 @@ from keel.events import RunStream
 from keel.limits import Limits
 from keel.models import resolve_model
 from keel.options import check_tool_names
+from keel.pricing import Price, PriceTable, price_name
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import RunStore, Store, open_store
@@ -87,11 +88,13 @@ class Agent:
         lease_ttl: float = 30.0,
         trace_content: bool | None = None,
         durability: Durability | None = None,
+        prices: PriceTable | None = None,
     ) -> None:
         """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
-        error."""
+        error. `prices`: what model calls cost (keel/pricing.py) [default: the table Keel
+        ships]."""
         self.model_spec = model if isinstance(model, str) else None
         self.base_url = base_url
         self.transport = (
@@ -102,6 +105,10 @@ class Agent:
         self._transport_taken = False
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
+        self.prices = prices or PriceTable.shipped()
+        self.price = self.prices.lookup(price_name(self.transport))
+        """What this agent's model calls cost; None: no known price (no cost is kept)."""
+        _check_priced(self.limits, self.price, self.transport)
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
         self.system_prompt = system_prompt
         self.token_counter: TokenCounter | None = token_counter
@@ -164,6 +171,7 @@ class Agent:
         already holds on the run (a worker)."""
         limits = limits or self.limits
         transport = self._run_transport()
+        _check_priced(limits, self.price, transport)
         extra = dict(settings or {})
         if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
             extra["sampling"] = cast(JsonObject, dict(transport.sampling))
@@ -193,6 +201,7 @@ class Agent:
             config=config,
             lease_ttl=self.lease_ttl,
             lease_owner=lease_owner,
+            price=self.price,
         )
 
     def _run_transport(self) -> Transport:
@@ -353,6 +362,18 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     if isinstance(transport, LocalModel):
         return transport.token_counter(), transport.input_token_limit
     return None, None
+
+
+def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> None:
+    """A cost limit needs a price: without one the limit would count a silent zero."""
+    if limits.max_cost is None or price is not None:
+        return
+    name = price_name(transport)
+    raise ConfigError(
+        f"no price is known for the model {name}, so a cost limit (max_cost) cannot be kept; "
+        "add its price under [prices.PROVIDER] in keel.toml or pass Agent(prices=...), or run "
+        "without the cost limit"
+    )
 
 
 def new_run_id() -> str:

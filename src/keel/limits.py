@@ -35,6 +35,11 @@ class Limits:
     max_tool_calls: int | None = 200
     max_tokens: int | None = None
     """Input plus output tokens over the whole run, as the provider reports them."""
+    max_cost: float | None = None
+    """US dollars over the whole run, priced from the recorded usage (keel/pricing.py). When
+    the next call could pass it (as costly as the run's costliest call so far), that call is
+    budget synthesis; past it the run fails BudgetExhausted. A model with no known price is
+    refused at the start."""
     deadline: float | None = None
     """Seconds of wall-clock time from the start of the run."""
     deadline_reserve: float | None = None
@@ -81,6 +86,12 @@ class Limits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
+        if self.max_cost is not None and not (
+            math.isfinite(self.max_cost) and self.max_cost > 0
+        ):
+            raise ConfigError(
+                f"max cost must be a positive number of dollars (got {self.max_cost})"
+            )
         if self.deadline is not None and not (math.isfinite(self.deadline) and self.deadline > 0):
             raise ConfigError(
                 f"deadline must be a positive number of seconds (got {self.deadline})"

@@ -128,6 +128,8 @@ class ModelResponseReceived(_EventBase):
     empty: bool = False
     provider_details: JsonObject = field(default_factory=dict)
     """Vendor data replayed with the turn (reasoning items, thinking signatures)."""
+    cost: float | None = None
+    """US dollars the call cost, priced from `usage` (keel/pricing.py); None: no known price."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -427,6 +429,11 @@ class RunState:
     """Every attempt sent to a provider, retries and synthesis included."""
     tool_calls: int = 0
     usage: Usage = field(default_factory=Usage)
+    cost: float | None = None
+    """US dollars the run's model calls cost so far; None when its model has no known price
+    (or the run was stored before Keel priced calls)."""
+    costliest_call: float = 0.0
+    """Dollars of the run's costliest model call: the estimate of what the next may cost."""
     status: RunStatus = "running"
     answer: str | None = None
     synthesized: SynthesisReason | None = None
@@ -483,6 +490,7 @@ class RunState:
             model_calls=self.model_calls,
             tool_calls=self.tool_calls,
             usage=self.usage,
+            cost=self.cost,
             pending_approvals=self.pending,
         )
 

@@ -49,6 +49,9 @@ class RunResult:
     tool_calls: int
     usage: Usage
     pending_approvals: tuple[PendingApproval, ...] = ()
+    cost: float | None = None
+    """US dollars the run's model calls cost (keel/pricing.py); None: its model has no known
+    price. Local and scripted models cost 0."""
     cut_off: bool = False
     """The answer stopped at the model's output-token limit: complete as far as it goes."""
 
@@ -71,6 +74,7 @@ class RunResult:
                 "input_tokens": self.usage.input_tokens,
                 "output_tokens": self.usage.output_tokens,
             },
+            "cost_usd": self.cost,
             "pending_approvals": [
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
                 | ({"note": p.note} if p.note else {})

@@ -1,8 +1,9 @@
 """The run's limits as questions a step asks: may it go on, and is the budget running out?
 
 Step 1 of the loop stops a run that is past its deadline or out of budget; step 2 makes the
-next turn budget synthesis when one model call is left, the tool calls are spent, or the tokens
-left would not pay for more than this turn, and deadline synthesis when the time left is below
+next turn budget synthesis when one model call is left, the tool calls are spent, the tokens
+left would not pay for more than this turn, or the next call could pass the cost limit (as
+costly as the run's costliest call so far), and deadline synthesis when the time left is below
 the deadline reserve (ADR 0033). Both are asked again before every model attempt.
 
 The deadline reserve is the time one synthesis turn is expected to take:
@@ -76,6 +77,14 @@ def past_limits(state: RunState, limits: Limits, clock: Clock) -> RunFailure | N
             step=state.step,
             details={"budget": "model_calls", "limit": calls},
         )
+    cost = limits.max_cost
+    if cost is not None and (state.cost or 0.0) >= cost:
+        spent = state.cost or 0.0
+        return BudgetExhausted(
+            f"the cost budget of ${cost:g} was spent (${spent:.4f} used) before an answer",
+            step=state.step,
+            details={"budget": "cost", "limit": cost, "cost": spent},
+        )
     tokens = limits.max_tokens
     if tokens is not None and state.usage.total >= tokens:
         return BudgetExhausted(
@@ -94,6 +103,8 @@ def running_out(state: RunState, limits: Limits, context_tokens: int) -> str | N
         return "tool_calls"
     if limits.max_tokens is not None and limits.max_tokens - state.usage.total < 2 * context_tokens:
         return "tokens"
+    if limits.max_cost is not None and (state.cost or 0.0) + state.costliest_call > limits.max_cost:
+        return "cost"  # the next call could pass it, if it costs what the costliest one did
     return None
 
 

@@ -37,6 +37,7 @@ from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
 from keel.limits import Limits
 from keel.messages import UserMessage
+from keel.pricing import Price
 from keel.records import (
     RunCancelled,
     RunCompleted,
@@ -71,6 +72,8 @@ class RunSetup:
     lease_ttl: float = 30.0
     lease_owner: str | None = None
     """A lease the caller already holds on the run (a worker takes it before loading)."""
+    price: Price | None = None
+    """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
 
 
 class RunLoop:
@@ -113,7 +116,10 @@ class RunLoop:
             clock=Clock(),
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
+            price=setup.price,
         )
+        if setup.price is not None and state.cost is None:
+            state.cost = 0.0  # priced from here on
         self.view = RunView(run_id, self.parts)
         """What observers may read of this run besides its events."""
         self.batch: Batch | None = resume.batch if resume else None

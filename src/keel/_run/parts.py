@@ -18,6 +18,7 @@ from keel._run.recorder import StepRecorder
 from keel.errors import RunFailure
 from keel.limits import Limits
 from keel.messages import SynthesisReason
+from keel.pricing import Price
 from keel.records import RunState
 from keel.result import PendingApproval
 from keel.tools.executor import ToolExecutor
@@ -78,6 +79,8 @@ class StepParts:
     """Tools whose calls are pre-approved for this run."""
     checkpoint: Callable[[], Awaitable[None]]
     """Make the step so far durable (before a side effect, after one)."""
+    price: Price | None = None
+    """What the model's calls cost; None when no price is known (then no cost is kept)."""
     resumable: Resumable | None = None
     """The transport, when its position is saved with each checkpoint (a script)."""
 

@@ -18,6 +18,7 @@ from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderEr
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
 from keel.messages import ModelResponse, with_keel_ids
+from keel.pricing import call_cost
 from keel.records import ModelErrorSeen, ModelRequestSent, ModelResponseReceived, RecordedCall
 from keel.telemetry import traced_attempt
 
@@ -78,7 +79,11 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
         state.usage = state.usage + response.usage
-        parts.recorder.emit(_response_event(state.step, response))
+        cost = None if parts.price is None else call_cost(response.usage, parts.price)
+        if cost is not None:
+            state.cost = (state.cost or 0.0) + cost
+            state.costliest_call = max(state.costliest_call, cost)
+        parts.recorder.emit(_response_event(state.step, response, cost))
         failpoint("after_model_response")
         if not response.is_empty:
             return response, mode
@@ -132,7 +137,9 @@ async def _after_error(
     await asyncio.sleep(delay)
 
 
-def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived:
+def _response_event(
+    step: int, response: ModelResponse, cost: float | None
+) -> ModelResponseReceived:
     return ModelResponseReceived(
         step=step,
         text=response.text,
@@ -143,4 +150,5 @@ def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived
         stop_reason=response.stop_reason,
         empty=response.is_empty,
         provider_details=response.provider_details,
+        cost=cost,
     )

@@ -11,10 +11,12 @@ from rich.console import Console
 
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
 from keel.cli.integrations import RunExtras
+from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.present.progress import ProgressPrinter
+from keel.pricing import configured_prices
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
 from keel.tools.base import Tool
@@ -69,6 +71,7 @@ def command_agent(
             run_config={k: settings.get(k) for k in SETTINGS},
             trace_content=extras.otel_content or None,
             durability=durability,
+            prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
         )
     except BaseException:
         extras.close()  # a bad model spec, a tool name clash: stop the servers just started

@@ -34,6 +34,7 @@ from keel.present.progress import watch_local_model
 from keel.present.summary import one_line, show_command
 from keel.present.terminal import describe_call, safe_text
 from keel.present.timeline import event_json, json_text, run_json, timeline
+from keel.pricing import cost_text
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
@@ -129,6 +130,10 @@ def run(
     max_tokens: Annotated[
         int | None, typer.Option(help="Input+output token budget [default: none].")
     ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(help="Cost budget in US dollars, from the price table [default: none]."),
+    ] = None,
     deadline: Annotated[
         float | None, typer.Option(help="Wall-clock limit in seconds [default: none].")
     ] = None,
@@ -179,6 +184,7 @@ def run(
             max_model_calls=max_model_calls,
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
+            max_cost=max_cost,
             deadline=deadline,
             deadline_reserve=deadline_reserve,
             model_timeout=model_timeout,
@@ -390,6 +396,14 @@ def show(
     )
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
+    state = record.state
+    out.print(
+        f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
+        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
+        f"{cost_text(state.cost)}",
+        highlight=False,
+        markup=False,
+    )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
 
@@ -423,7 +437,8 @@ def runs(
     for r in records:
         typer.echo(
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
+            f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
+            f"{safe_text(r.question[:70])}"
         )
 
 
@@ -510,7 +525,7 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
     err.print(
         f"{safe_text(status)} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
-        f"{result.usage.output_tokens} tokens",
+        f"{result.usage.output_tokens} tokens · {cost_text(result.cost)}",
         highlight=False,
         markup=False,
         soft_wrap=True,

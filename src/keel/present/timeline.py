@@ -183,6 +183,8 @@ def _detail(event: Event) -> str:
         case ModelResponseReceived():
             calls = ", ".join(c.name for c in event.tool_calls)
             tokens = f"{event.usage.input_tokens}+{event.usage.output_tokens} tokens"
+            if event.cost is not None:
+                tokens += f" · ${event.cost:.4f}"
             if calls:
                 return f"asks for {calls} · {tokens}"
             return "(empty turn)" if event.empty else f"answers · {tokens}"

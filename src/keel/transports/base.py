@@ -9,7 +9,9 @@ with ``isinstance``, never by probing attribute names:
 - `LocalModel`: it runs a model in this process and can lend the run that model's tokenizer and
   input window, so the context budget matches the real prompt;
 - `PinnedSampling`: its sampling settings are fixed and known (the local model's temperature,
-  top_p, seed...); the run records them, so `keel show` says how to reproduce it.
+  top_p, seed...); the run records them, so `keel show` says how to reproduce it;
+- `Priced`: its calls are priced as another spec than its name (a script that names the model
+  it stands in for; the XML fallback, as the transport it wraps: keel/pricing.py).
 
 A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
 """
@@ -21,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from keel.messages import ModelRequest, ModelResponse
 from keel.tokens import TokenCounter
 
-__all__ = ["LocalModel", "PinnedSampling", "Resumable", "Transport"]
+__all__ = ["LocalModel", "PinnedSampling", "Priced", "Resumable", "Transport"]
 
 
 @runtime_checkable
@@ -77,4 +79,13 @@ class PinnedSampling(Protocol):
     @property
     def sampling(self) -> dict[str, float | int]:
         """The settings, as JSON-ready numbers (e.g. temperature, top_p, top_k, seed)."""
+        ...
+
+
+@runtime_checkable
+class Priced(Protocol):
+    """A transport whose calls cost what another spec's cost (keel/pricing.py)."""
+
+    def priced_as(self) -> str:
+        """The model spec to price this transport's calls by, e.g. ``openai:gpt-4o``."""
         ...

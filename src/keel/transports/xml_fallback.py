@@ -42,7 +42,7 @@ from keel.messages import (
     UserMessage,
 )
 from keel.tokens import TokenCounter
-from keel.transports.base import LocalModel, Resumable, Transport
+from keel.transports.base import LocalModel, Priced, Resumable, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
 __all__ = [
@@ -185,6 +185,11 @@ class XmlFallbackTransport:
         self._issued = max(self._issued, _highest_xml_id(request.items))
         response = await self.inner.request(to_text_request(request))
         return from_text_response(response, self._new_id)
+
+    def priced_as(self) -> str:
+        """Priced as the transport it wraps (`keel.transports.base.Priced`)."""
+        inner = self.inner
+        return f"xml:{inner.priced_as() if isinstance(inner, Priced) else inner.name}"
 
     def _new_id(self) -> str:
         self._issued += 1
