@@ -70,6 +70,9 @@ class Limits:
     repeat_synthesis: bool = True
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
+    output_retries: int = 2
+    """Answers that do not match the run's output schema and get their errors back with one
+    more turn (each a model call against the budgets); past it the run fails InvalidOutput."""
     first_turn_tool: bool = False
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
@@ -107,6 +110,8 @@ class Limits:
             raise ConfigError(
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
             )
+        if self.output_retries < 0:
+            raise ConfigError("output retries must be 0 or more")
         if self.model_retries < 0:
             raise ConfigError("model retries must be 0 or more")
         for name in ("retry_base_delay", "retry_max_delay"):

@@ -33,6 +33,7 @@ __all__ = [
     "ModelErrorSeen",
     "ModelRequestSent",
     "ModelResponseReceived",
+    "OutputRejected",
     "RecordedCall",
     "ResultElided",
     "RunCancelled",
@@ -229,12 +230,29 @@ class ApprovalDecided(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class OutputRejected(_EventBase):
+    """An answer that did not match the run's output schema; the model got `feedback` and
+    another turn (keel/structured.py). Replayed on resume, like a turn with calls."""
+
+    type: ClassVar[str] = "output_rejected"
+    text: str | None
+    """The answer as the model wrote it."""
+    feedback: str
+    """What the model was told: the validation errors and what to do."""
+
+
+@dataclass(slots=True, kw_only=True)
 class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
     synthesized: SynthesisReason | None = None
     cut_off: bool = False
     """The answer stopped at the model's output limit."""
+    output: JsonValue = None
+    """The validated structured answer, when the run asked for one (keel/structured.py)."""
+    partial: bool = False
+    """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
+    gaps: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -273,6 +291,7 @@ Event: TypeAlias = (
     | EvidenceReset
     | ApprovalRequested
     | ApprovalDecided
+    | OutputRejected
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -294,6 +313,7 @@ _KINDS: dict[str, type[Any]] = {
         EvidenceReset,
         ApprovalRequested,
         ApprovalDecided,
+        OutputRejected,
         RunCompleted,
         RunFailed,
         RunCancelled,
@@ -439,6 +459,14 @@ class RunState:
     synthesized: SynthesisReason | None = None
     cut_off: bool = False
     """The answer was cut at the model's output limit."""
+    output: JsonValue = None
+    """The validated structured answer as JSON, when the run asked for one."""
+    partial: bool = False
+    """The structured answer came from a synthesis turn (see `gaps`)."""
+    gaps: tuple[str, ...] = ()
+    """What a synthesized structured answer said it could not establish."""
+    output_retries: int = 0
+    """Answers rejected by the output schema so far, each given another turn."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -486,6 +514,9 @@ class RunState:
             answer=self.answer,
             synthesized=self.synthesized,
             cut_off=self.cut_off,
+            output=self.output,
+            partial=self.partial,
+            gaps=self.gaps,
             failure=self.failure,
             model_calls=self.model_calls,
             tool_calls=self.tool_calls,

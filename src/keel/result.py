@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pydantic
+
 from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
@@ -54,6 +56,13 @@ class RunResult:
     price. Local and scripted models cost 0."""
     cut_off: bool = False
     """The answer stopped at the model's output-token limit: complete as far as it goes."""
+    output: Any = None
+    """The validated structured answer, when the run asked for one (`Agent(output_type=...)`):
+    an instance of the pydantic model, or JSON for a JSON Schema; None otherwise."""
+    partial: bool = False
+    """`output` came from a synthesis turn (a limit was reached): see `gaps`."""
+    gaps: tuple[str, ...] = ()
+    """What a partial answer said it could not establish."""
 
     @property
     def ok(self) -> bool:
@@ -75,9 +84,17 @@ class RunResult:
                 "output_tokens": self.usage.output_tokens,
             },
             "cost_usd": self.cost,
+            "output": _json_output(self.output),
+            "partial": self.partial,
+            "gaps": list(self.gaps),
             "pending_approvals": [
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
                 | ({"note": p.note} if p.note else {})
                 for p in self.pending_approvals
             ],
         }
+
+
+def _json_output(output: Any) -> Any:
+    """A pydantic model as its JSON; JSON as it is."""
+    return output.model_dump(mode="json") if isinstance(output, pydantic.BaseModel) else output

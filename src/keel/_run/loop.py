@@ -49,6 +49,7 @@ from keel.records import (
 )
 from keel.result import Failure, RunResult
 from keel.store import RunStore
+from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -74,6 +75,8 @@ class RunSetup:
     """A lease the caller already holds on the run (a worker takes it before loading)."""
     price: Price | None = None
     """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
+    output: OutputSpec | None = None
+    """The shape the answer must have (keel/structured.py); None: free text."""
 
 
 class RunLoop:
@@ -117,6 +120,7 @@ class RunLoop:
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
             price=setup.price,
+            output=setup.output,
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on
@@ -222,12 +226,19 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         state, emit = self.state, self.recorder.emit
         match outcome:
-            case Completed(answer, synthesized, cut_off):
+            case Completed(answer, synthesized, cut_off, output, gaps):
                 state.status, state.answer, state.synthesized = "completed", answer, synthesized
-                state.cut_off = cut_off
+                state.cut_off, state.output, state.gaps = cut_off, output, gaps
+                state.partial = output is not None and synthesized is not None
                 emit(
                     RunCompleted(
-                        step=state.step, answer=answer, synthesized=synthesized, cut_off=cut_off
+                        step=state.step,
+                        answer=answer,
+                        synthesized=synthesized,
+                        cut_off=cut_off,
+                        output=output,
+                        partial=state.partial,
+                        gaps=gaps,
                     )
                 )
             case Paused():

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
@@ -21,6 +22,7 @@ from keel.messages import SynthesisReason
 from keel.pricing import Price
 from keel.records import RunState
 from keel.result import PendingApproval
+from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -46,6 +48,10 @@ class Completed:
     synthesized: SynthesisReason | None
     cut_off: bool = False
     """The answer was cut at the model's output limit (kept, and said so)."""
+    output: Any = None
+    """The validated structured answer as JSON, when the run asked for one."""
+    gaps: tuple[str, ...] = ()
+    """What a synthesized structured answer said it could not establish."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +85,8 @@ class StepParts:
     """Tools whose calls are pre-approved for this run."""
     checkpoint: Callable[[], Awaitable[None]]
     """Make the step so far durable (before a side effect, after one)."""
+    output: OutputSpec | None = None
+    """The shape the answer must have (keel/structured.py); None: free text."""
     price: Price | None = None
     """What the model's calls cost; None when no price is known (then no cost is kept)."""
     resumable: Resumable | None = None

@@ -28,6 +28,7 @@ __all__ = [
     "BUDGET_CONTROL",
     "DEADLINE_CONTROL",
     "NORMAL",
+    "PARTIAL_OUTPUT_CONTROL",
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
@@ -54,6 +55,13 @@ DEADLINE_CONTROL = (
     "the gaps that remain open, say that research stopped because time ran out, and do not "
     "claim that unfinished work is complete."
 )
+
+PARTIAL_OUTPUT_CONTROL = (
+    "Reply with one JSON object and nothing else: under \"output\", the answer in the required "
+    "schema, filled in as far as the evidence supports it; under \"gaps\", a list of what "
+    "remains open."
+)
+"""Added to a synthesis turn's controls when the run asked for structured output (ADR 0034)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from dataclasses import replace
 
 from keel._run import gateway
 from keel._run.budgets import out_of_time, past_limits, running_out
 from keel._run.parts import StepParts
-from keel._run.synthesis import Mode, decide_mode
+from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
@@ -48,7 +49,13 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         if stop is not None:
             raise stop
         mode = current_mode(parts)
-        request, newly_elided = parts.context.build(mode.tool_choice, mode.controls)
+        synthesis = mode.reason is not None
+        controls = mode.controls
+        if parts.output is not None and synthesis:
+            controls += (PARTIAL_OUTPUT_CONTROL,)
+        request, newly_elided = parts.context.build(mode.tool_choice, controls)
+        if parts.output is not None:  # each transport asks for it in its provider's form
+            request = replace(request, output=parts.output.request(synthesis))
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
         parts.recorder.emit(

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Collection
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from rich.console import Console
 
@@ -42,6 +42,7 @@ def command_agent(
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
     durability: Durability | None = None,
+    output_type: dict[str, Any] | None = None,
 ) -> Agent:
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
     only its public form, which is what gets stored. `extras` None: quiet, no MCP servers."""
@@ -72,6 +73,7 @@ def command_agent(
             trace_content=extras.otel_content or None,
             durability=durability,
             prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
+            output_type=output_type,
         )
     except BaseException:
         extras.close()  # a bad model spec, a tool name clash: stop the servers just started

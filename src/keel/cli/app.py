@@ -8,6 +8,7 @@ advancing), 3 awaiting approval. Output that cannot be written changes none of t
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -163,6 +164,10 @@ def run(
     first_turn_tool: Annotated[
         bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
     ] = False,
+    output_schema: Annotated[
+        Path | None,
+        typer.Option(help="A JSON Schema file: the answer must be JSON that matches it."),
+    ] = None,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
@@ -205,6 +210,7 @@ def run(
         settings["base_url"] = public_url(choice.base_url)  # no credentials in the store
         settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    schema = None if output_schema is None else _guard(lambda: read_schema(output_schema))
     extras = RunExtras(as_json, events, otel, otel_content)
     level = _guard(lambda: choose_durability(durability))
     agent = _guard(
@@ -217,6 +223,7 @@ def run(
             approve_tools=approved,
             base_url=choice.base_url,
             durability=level,
+            output_type=schema,
         )
     )
     if submit_:
@@ -509,6 +516,9 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
         status += f" (synthesized: {result.synthesized})"
     if result.cut_off:
         status += " (the answer was cut off at the model's output limit)"
+    if result.partial:
+        gaps = "; ".join(result.gaps) or "none named"
+        status += f" (partial structured answer; gaps: {gaps})"
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:
@@ -530,6 +540,19 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
         markup=False,
         soft_wrap=True,
     )
+
+
+def read_schema(path: Path) -> dict[str, Any]:
+    """`--output-schema FILE`: a JSON object, else a ConfigError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"--output-schema {path}: cannot read a JSON Schema from it: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--output-schema {path}: a JSON Schema is a JSON object")
+    return data
 
 
 def _open_store(

@@ -26,7 +26,7 @@ import httpx2
 import openai
 
 from keel.errors import ConfigError, ProviderError
-from keel.messages import ModelResponse, ToolResult
+from keel.messages import ModelResponse, OutputSchema, ToolResult
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.wire import decode_json
@@ -37,6 +37,7 @@ __all__ = [
     "PROVIDER",
     "build_client",
     "decode_body",
+    "json_schema_format",
     "map_error",
     "post",
     "resolve_api_key",
@@ -123,6 +124,15 @@ async def post(
     return await attempt(
         send, foreign=openai.OpenAIError, to_error=map_error, secret=client.api_key
     )
+
+
+def json_schema_format(output: OutputSchema) -> dict[str, Any]:
+    """OpenAI's structured-output format for a schema, as both APIs take it (the Responses
+    API flat in ``text.format``, Chat Completions under ``response_format.json_schema``).
+    ``strict`` is off: strict mode accepts only schemas with every property required and no
+    additional properties, which most pydantic models and user schemas are not; Keel
+    validates every answer itself (keel/structured.py)."""
+    return {"type": "json_schema", "name": output.name, "schema": output.schema, "strict": False}
 
 
 def tool_output_text(result: ToolResult) -> str:

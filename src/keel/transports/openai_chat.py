@@ -40,7 +40,13 @@ import openai
 from pydantic import JsonValue
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    PROVIDER,
+    build_client,
+    json_schema_format,
+    post,
+    tool_output_text,
+)
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.wire import Shape, TokenCount, parse
 
@@ -129,6 +135,10 @@ def to_wire(
         body[limit_field] = max_tokens
     if send_cache_key and request.cache_key:
         body["prompt_cache_key"] = request.cache_key
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        schema = json_schema_format(request.output)
+        del schema["type"]
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

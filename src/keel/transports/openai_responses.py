@@ -55,7 +55,13 @@ from keel.messages import (
     Usage,
     wire_call_ids,
 )
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    PROVIDER,
+    build_client,
+    json_schema_format,
+    post,
+    tool_output_text,
+)
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.wire import Opaque, Shape, TokenCount, parse
 
@@ -123,6 +129,8 @@ def to_wire(
         body["prompt_cache_key"] = request.cache_key
     if max_output_tokens is not None:
         body["max_output_tokens"] = max_output_tokens
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        body["text"] = {"format": json_schema_format(request.output)}
     return body
 
 
