@@ -27,6 +27,9 @@ RESULT_KEYS = {
     "tool_calls",
     "usage",
     "cost_usd",
+    "output",
+    "partial",
+    "gaps",
     "pending_approvals",
 }
 

@@ -316,3 +316,24 @@ async def test_a_run_paused_with_a_schema_resumes_validating_it_with_another_age
     done = await other.aresume(paused.run_id)
     assert done.status == "completed" and done.output == FINDING
     assert transport.requests[-1].output == OutputSchema("Finding", SCHEMA)
+
+
+def test_keel_ui_and_keel_show_show_the_rejected_answer_and_the_structured_output(
+    tmp_path: Path,
+) -> None:
+    from starlette.testclient import TestClient
+
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
+
+    db = tmp_path / "runs.sqlite"
+    script = {"turns": [{"text": '{"module": "loop"}'}, {"text": json.dumps(FINDING)}]}
+    with keel.Agent(ScriptedTransport.from_dict(script), store=db, output_type=Finding) as agent:
+        result = agent.run("q")
+    with TestClient(create_app(db, served_hosts("127.0.0.1", 8350)),
+                    base_url="http://127.0.0.1:8350") as ui:  # fmt: skip
+        page = ui.get(f"/runs/{result.run_id}").text
+    assert "answer rejected" in page and "depends_on" in page
+    assert "structured output" in page
+    shown = CliRunner().invoke(app, ["show", result.run_id, "--store", str(db)])
+    assert "answer rejected by the output schema" in shown.stdout

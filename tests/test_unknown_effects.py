@@ -88,3 +88,23 @@ async def test_a_different_call_after_an_unknown_effect_runs_without_asking(
     result = await agent(script, slow_append(notes, finished), store).arun("add lines")
     assert result.status == "completed"
     assert not result.pending_approvals
+
+
+async def test_the_web_view_shows_the_approver_that_the_first_may_have_happened(
+    tmp_path: Path,
+) -> None:
+    from starlette.testclient import TestClient
+
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
+
+    notes, finished = tmp_path / "notes.txt", threading.Event()
+    append = call("append_line", text="hello")
+    db = tmp_path / "runs.db"
+    paused = await agent({"turns": [append, append]}, slow_append(notes, finished),
+                         keel.Store(db)).arun("add hello")  # fmt: skip
+    assert finished.wait(5)
+    with TestClient(create_app(db, served_hosts("127.0.0.1", 8350)),
+                    base_url="http://127.0.0.1:8350") as ui:  # fmt: skip
+        page = ui.get(f"/runs/{paused.run_id}").text
+    assert "may have happened already" in page

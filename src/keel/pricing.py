@@ -16,6 +16,7 @@ its runs show no cost, and a cost limit refuses to start it (never a silent zero
 
 from __future__ import annotations
 
+import functools
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -83,9 +84,8 @@ class PriceTable:
 
     @classmethod
     def shipped(cls) -> PriceTable:
-        """The table Keel ships."""
-        text = resources.files("keel").joinpath("data/prices.toml").read_text(encoding="utf-8")
-        return cls.from_toml(tomllib.loads(text), "keel/data/prices.toml")
+        """The table Keel ships (read once per process; `merged` copies, never changes it)."""
+        return _shipped()
 
     @classmethod
     def from_toml(cls, data: dict[str, Any], where: str) -> PriceTable:
@@ -124,6 +124,12 @@ class PriceTable:
             return None
         models = self.prices.get(provider, {})
         return models.get(rest) or models.get(_SNAPSHOT.sub("", rest))
+
+
+@functools.cache
+def _shipped() -> PriceTable:
+    text = resources.files("keel").joinpath("data/prices.toml").read_text(encoding="utf-8")
+    return PriceTable.from_toml(tomllib.loads(text), "keel/data/prices.toml")
 
 
 def cost_text(cost: float | None) -> str:

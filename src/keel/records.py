@@ -342,6 +342,8 @@ def encode_event(event: Event) -> tuple[str, JsonObject, str | None]:
         }
         if not event.provider_details:
             del data["provider_details"]
+    elif isinstance(event, RunCompleted):
+        data["gaps"] = list(event.gaps)  # JSON has lists; read back as the tuple
     elif isinstance(event, RunFailed):
         details = cast(JsonObject, data.pop("details"))
         data = {**details, **data}  # flat, as `keel show --json` has always printed it
@@ -370,6 +372,9 @@ def decode_event(
         )
     elif cls is RunFailed:
         values["details"] = {k: v for k, v in data.items() if k not in known}
+    elif cls is RunCompleted:
+        gaps = data.get("gaps")
+        values["gaps"] = tuple(str(g) for g in gaps) if isinstance(gaps, list) else ()
     elif cls is ToolResultRecorded:
         values["content"] = body if body is not None else str(data.get("content", ""))
     try:

@@ -20,6 +20,7 @@ from keel.records import (
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
+    OutputRejected,
     ResultElided,
     RunCompleted,
     RunFailed,
@@ -211,7 +212,12 @@ def _detail(event: Event) -> str:
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
             cut = " · cut off at the output limit" if event.cut_off else ""
-            return f"answer{how}{cut}"
+            shaped = ""
+            if event.output is not None:
+                shaped = " · structured output" + (", partial" if event.partial else "")
+            return f"answer{how}{cut}{shaped}"
         case RunFailed():
             return f"{event.kind}: {event.message}"
+        case OutputRejected():
+            return f"answer rejected by the output schema: {event.feedback}"[:200]
     return ""
