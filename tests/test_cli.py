@@ -26,6 +26,10 @@ RESULT_KEYS = {
     "model_calls",
     "tool_calls",
     "usage",
+    "cost_usd",
+    "output",
+    "partial",
+    "gaps",
     "pending_approvals",
 }
 

@@ -37,6 +37,9 @@ EXPORTED = {
     "RunStore",
     "Store",
     "open_store",
+    # what model calls cost (keel/pricing.py, ADR 0033)
+    "Price",
+    "PriceTable",
     # models: the one interface, a scripted model for tests, and the messages they exchange
     "AssistantMessage",
     "ModelRequest",
@@ -55,6 +58,7 @@ EXPORTED = {
     "DeadlineExceeded",
     "EffectUnknown",
     "EmptyModelTurn",
+    "InvalidOutput",
     "KeelError",
     "LeaseHeld",
     "LeaseLost",

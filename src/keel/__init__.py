@@ -20,6 +20,7 @@ from keel.errors import (
     EffectUnknown,
     EmptyModelTurn,
     FailureKind,
+    InvalidOutput,
     KeelError,
     LeaseHeld,
     LeaseLost,
@@ -44,6 +45,7 @@ from keel.messages import (
     Usage,
     UserMessage,
 )
+from keel.pricing import Price, PriceTable
 from keel.result import Failure, PendingApproval, RunResult, RunStatus
 from keel.store import RunStore, Store, open_store
 from keel.tools.base import Effect, Tool, tool
@@ -68,6 +70,7 @@ __all__ = [
     "EmptyModelTurn",
     "Failure",
     "FailureKind",
+    "InvalidOutput",
     "KeelError",
     "LeaseHeld",
     "LeaseLost",
@@ -77,6 +80,8 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "PendingApproval",
+    "Price",
+    "PriceTable",
     "ProviderError",
     "RescuesExhausted",
     "RunFailure",

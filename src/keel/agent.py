@@ -8,8 +8,11 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
+
+import pydantic
 
 from keel import approvals
 from keel._run import resume
@@ -22,10 +25,12 @@ from keel.events import RunStream
 from keel.limits import Limits
 from keel.models import resolve_model
 from keel.options import check_tool_names
+from keel.pricing import Price, PriceTable, price_name
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import RunStore, Store, open_store
 from keel.store.locate import default_store_path, is_url
+from keel.structured import OutputSpec
 from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
@@ -94,11 +99,15 @@ class Agent:
         lease_ttl: float = 30.0,
         trace_content: bool | None = None,
         durability: Durability | None = None,
+        prices: PriceTable | None = None,
+        output_type: type[pydantic.BaseModel] | dict[str, Any] | None = None,
     ) -> None:
         """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
-        error."""
+        error. `prices`: what model calls cost (keel/pricing.py) [default: the table Keel
+        ships]. `output_type`: the shape of the answer, a pydantic model class or a JSON
+        Schema; `RunResult.output` is then the validated answer (keel/structured.py)."""
         self.model_spec = model if isinstance(model, str) else None
         self.base_url = base_url
         self.transport = (
@@ -109,6 +118,12 @@ class Agent:
         self._transport_taken = False
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
+        self.output = None if output_type is None else OutputSpec.of(output_type)
+        """The shape runs' answers must have; a resumed run keeps the one it started with."""
+        self.prices = prices or PriceTable.shipped()
+        self.price = self.prices.lookup(price_name(self.transport))
+        """What this agent's model calls cost; None: no known price (no cost is kept)."""
+        _check_priced(self.limits, self.price, self.transport)
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
         self.system_prompt = system_prompt
         self.token_counter: TokenCounter | None = token_counter
@@ -165,15 +180,20 @@ class Agent:
         listeners: Sequence[Listener] = (),
         settings: JsonObject | None = None,
         lease_owner: str | None = None,
+        output: OutputSpec | None = None,
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
         already holds on the run (a worker)."""
         limits = limits or self.limits
         transport = self._run_transport()
+        _check_priced(limits, self.price, transport)
         extra = dict(settings or {})
         if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
             extra["sampling"] = cast(JsonObject, dict(transport.sampling))
+        output = output or self.output
+        if output is not None:  # saved, so a resume in any process asks for the same shape
+            extra.update(cast(JsonObject, output.settings()))
         config = self.config(limits, extra)
         counter, window = _model_window(transport)
         budget = limits.context_tokens
@@ -200,6 +220,8 @@ class Agent:
             config=config,
             lease_ttl=self.lease_ttl,
             lease_owner=lease_owner,
+            price=self.price,
+            output=output,
         )
 
     def _run_transport(self) -> Transport:
@@ -261,9 +283,22 @@ class Agent:
         )
         extra = () if traced is None else (traced,)
         setup = self._setup(
-            record.config.limits, listeners=(*listeners, *extra), lease_owner=lease_owner
+            record.config.limits,
+            listeners=(*listeners, *extra),
+            lease_owner=lease_owner,
+            output=self._output_of(record.config.settings),
         )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
+
+    def _output_of(self, settings: JsonObject) -> OutputSpec | None:
+        """A stored run's output shape: this agent's own when it has the same schema (so the
+        answer comes back as its pydantic model), else the schema saved with the run."""
+        saved = OutputSpec.from_settings(dict(settings))
+        if saved is None:
+            return self.output
+        if self.output is not None and self.output.schema == saved.schema:
+            return self.output
+        return saved
 
     def start_queued(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
         """Start a run that `keel submit` recorded (status `queued`, nothing done yet)."""
@@ -279,7 +314,12 @@ class Agent:
             server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
-        setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
+        setup = self._setup(
+            record.config.limits,
+            listeners=extra,
+            lease_owner=lease_owner,
+            output=self._output_of(record.config.settings),
+        )
         return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
 
     def stream(self, question: str) -> RunStream:
@@ -300,14 +340,23 @@ class Agent:
         return self.model_spec or self.transport.name
 
     async def arun(self, question: str) -> RunResult:
-        return await _drive(self.start(question))
+        return self._typed(await _drive(self.start(question)))
 
     def run(self, question: str) -> RunResult:
         """The blocking facade for scripts."""
         return asyncio.run(self.arun(question))
 
     async def aresume(self, run_id: str) -> RunResult:
-        return await _drive(self.start_resume(run_id))
+        return self._typed(await _drive(self.start_resume(run_id)))
+
+    def _typed(self, result: RunResult) -> RunResult:
+        """The result with its structured answer as this agent's pydantic model."""
+        if self.output is None or result.output is None:
+            return result
+        try:
+            return replace(result, output=self.output.to_python(result.output))
+        except pydantic.ValidationError:  # resumed under another schema: left as its JSON
+            return result
 
     def resume(self, run_id: str) -> RunResult:
         return asyncio.run(self.aresume(run_id))
@@ -373,6 +422,18 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     if isinstance(transport, CountsTokens):  # the XML fallback over a server
         return transport.token_counter(), None
     return None, None
+
+
+def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> None:
+    """A cost limit needs a price: without one the limit would count a silent zero."""
+    if limits.max_cost is None or price is not None:
+        return
+    name = price_name(transport)
+    raise ConfigError(
+        f"no price is known for the model {name}, so a cost limit (max_cost) cannot be kept; "
+        "add its price under [prices.PROVIDER] in keel.toml or pass Agent(prices=...), or run "
+        "without the cost limit"
+    )
 
 
 def new_run_id() -> str:

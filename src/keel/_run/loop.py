@@ -37,6 +37,7 @@ from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
 from keel.limits import Limits
 from keel.messages import UserMessage
+from keel.pricing import Price
 from keel.records import (
     RunCancelled,
     RunCompleted,
@@ -48,6 +49,7 @@ from keel.records import (
 )
 from keel.result import Failure, RunResult
 from keel.store import RunStore
+from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -71,6 +73,10 @@ class RunSetup:
     lease_ttl: float = 30.0
     lease_owner: str | None = None
     """A lease the caller already holds on the run (a worker takes it before loading)."""
+    price: Price | None = None
+    """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
+    output: OutputSpec | None = None
+    """The shape the answer must have (keel/structured.py); None: free text."""
 
 
 class RunLoop:
@@ -113,7 +119,11 @@ class RunLoop:
             clock=Clock(),
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
+            price=setup.price,
+            output=setup.output,
         )
+        if setup.price is not None and state.cost is None:
+            state.cost = 0.0  # priced from here on
         self.view = RunView(run_id, self.parts)
         """What observers may read of this run besides its events."""
         self.batch: Batch | None = resume.batch if resume else None
@@ -216,12 +226,19 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         state, emit = self.state, self.recorder.emit
         match outcome:
-            case Completed(answer, synthesized, cut_off):
+            case Completed(answer, synthesized, cut_off, output, gaps):
                 state.status, state.answer, state.synthesized = "completed", answer, synthesized
-                state.cut_off = cut_off
+                state.cut_off, state.output, state.gaps = cut_off, output, gaps
+                state.partial = output is not None and synthesized is not None
                 emit(
                     RunCompleted(
-                        step=state.step, answer=answer, synthesized=synthesized, cut_off=cut_off
+                        step=state.step,
+                        answer=answer,
+                        synthesized=synthesized,
+                        cut_off=cut_off,
+                        output=output,
+                        partial=state.partial,
+                        gaps=gaps,
                     )
                 )
             case Paused():

@@ -19,6 +19,7 @@ from keel.records import (
     Event,
     KeyCounter,
     ModelResponseReceived,
+    OutputRejected,
     RunStarted,
     RunState,
     ToolDispatched,
@@ -76,6 +77,11 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
             ]
             items.append(AssistantMessage(event.text, tuple(calls), event.provider_details))
             batch = Batch(calls)
+        elif isinstance(event, OutputRejected):  # an answer that did not validate, and why
+            close_batch()
+            batch = None
+            items.append(AssistantMessage(event.text))
+            items.append(UserMessage(event.feedback))
         elif isinstance(event, ToolDispatched):
             dispatched.add(event.call_id)
         elif isinstance(event, ToolResultRecorded) and batch is not None:

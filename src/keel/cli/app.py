@@ -8,6 +8,7 @@ advancing), 3 awaiting approval. Output that cannot be written changes none of t
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -35,6 +36,7 @@ from keel.present.progress import watch_local_model
 from keel.present.summary import one_line, show_command
 from keel.present.terminal import describe_call, safe_text
 from keel.present.timeline import event_json, json_text, run_json, timeline
+from keel.pricing import cost_text
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
@@ -172,8 +174,19 @@ def run(
     max_tokens: Annotated[
         int | None, typer.Option(help="Input+output token budget [default: none].")
     ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(help="Cost budget in US dollars, from the price table [default: none]."),
+    ] = None,
     deadline: Annotated[
         float | None, typer.Option(help="Wall-clock limit in seconds [default: none].")
+    ] = None,
+    deadline_reserve: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds kept before --deadline for the final answer [default: twice the "
+            "run's longest model call, at least 1]."
+        ),
     ] = None,
     model_timeout: Annotated[
         float, typer.Option(help="Seconds one model attempt may take in all (retryable past it).")
@@ -199,6 +212,10 @@ def run(
     first_turn_tool: Annotated[
         bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
     ] = False,
+    output_schema: Annotated[
+        Path | None,
+        typer.Option(help="A JSON Schema file: the answer must be JSON that matches it."),
+    ] = None,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
@@ -227,7 +244,9 @@ def run(
             max_model_calls=max_model_calls,
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
+            max_cost=max_cost,
             deadline=deadline,
+            deadline_reserve=deadline_reserve,
             model_timeout=model_timeout,
             context_tokens=context_tokens,
             first_turn_tool=first_turn_tool,
@@ -246,6 +265,7 @@ def run(
         settings["base_url"] = public_url(choice.base_url)  # no credentials in the store
         settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    schema = None if output_schema is None else _guard(lambda: read_schema(output_schema))
     extras = RunExtras(as_json, events, otel, otel_content)
     level = _guard(lambda: choose_durability(durability))
     agent = _guard(
@@ -258,6 +278,7 @@ def run(
             approve_tools=approved,
             base_url=choice.base_url,
             durability=level,
+            output_type=schema,
         )
     )
     if submit_:
@@ -439,6 +460,14 @@ def show(
     )
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
+    state = record.state
+    out.print(
+        f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
+        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
+        f"{cost_text(state.cost)}",
+        highlight=False,
+        markup=False,
+    )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
 
@@ -472,7 +501,8 @@ def runs(
     for r in records:
         typer.echo(
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
+            f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
+            f"{safe_text(r.question[:70])}"
         )
 
 
@@ -543,12 +573,16 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
         status += f" (synthesized: {result.synthesized})"
     if result.cut_off:
         status += " (the answer was cut off at the model's output limit)"
+    if result.partial:
+        gaps = "; ".join(result.gaps) or "none named"
+        status += f" (partial structured answer; gaps: {gaps})"
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:
         call = "\n  ".join(describe_call(pending.name, pending.arguments))
+        note = f"\n  note: {pending.note}" if pending.note else ""
         err.print(
-            f"awaiting approval: {pending.call_id} {call}\n"
+            f"awaiting approval: {pending.call_id} {call}{note}\n"
             f"  keel approve {result.run_id} {pending.call_id}   or   "
             f"keel deny {result.run_id} {pending.call_id} --reason TEXT",
             highlight=False,
@@ -558,11 +592,24 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
     err.print(
         f"{safe_text(status)} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
-        f"{result.usage.output_tokens} tokens",
+        f"{result.usage.output_tokens} tokens · {cost_text(result.cost)}",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+
+
+def read_schema(path: Path) -> dict[str, Any]:
+    """`--output-schema FILE`: a JSON object, else a ConfigError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"--output-schema {path}: cannot read a JSON Schema from it: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--output-schema {path}: a JSON Schema is a JSON object")
+    return data
 
 
 def _open_store(

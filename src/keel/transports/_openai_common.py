@@ -26,7 +26,7 @@ import httpx2
 import openai
 
 from keel.errors import ConfigError, ProviderError
-from keel.messages import ModelResponse, ToolResult
+from keel.messages import ModelResponse, OutputSchema, ToolResult
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
@@ -39,6 +39,7 @@ __all__ = [
     "PROVIDER",
     "build_client",
     "decode_body",
+    "json_schema_format",
     "map_error",
     "post",
     "resolve_api_key",
@@ -129,6 +130,15 @@ def server_address(client: openai.AsyncOpenAI) -> tuple[str, int]:
     """Where `client` sends requests, for traces: host and port (the scheme's default)."""
     url = client.base_url
     return url.host, url.port or (443 if url.scheme == "https" else 80)
+
+
+def json_schema_format(output: OutputSchema) -> dict[str, Any]:
+    """OpenAI's structured-output format for a schema, as both APIs take it (the Responses
+    API flat in ``text.format``, Chat Completions under ``response_format.json_schema``).
+    ``strict`` is off: strict mode accepts only schemas with every property required and no
+    additional properties, which most pydantic models and user schemas are not; Keel
+    validates every answer itself (keel/structured.py)."""
+    return {"type": "json_schema", "name": output.name, "schema": output.schema, "strict": False}
 
 
 def tool_output_text(result: ToolResult) -> str:

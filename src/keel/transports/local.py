@@ -16,6 +16,9 @@ by `keel.transports.constrained.GrammarMask`:
 
 What else it does:
 
+- **Structured output** (keel/structured.py): with `ModelRequest.output` the answer branch of
+  the grammar is the answer's JSON Schema, so the model writes a call or a JSON answer that
+  fits it, in every turn (even without tools).
 - **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
   seed is set again before every generation, so the same prompt gives the same output on the
   same machine. The run records `sampling` with its settings and ``keel show`` prints it.
@@ -230,7 +233,9 @@ class LocalTransport(LocalModel, PinnedSampling):
     async def request(self, request: ModelRequest) -> ModelResponse:
         tools = request.tools
         choice = request.tool_choice if tools else "none"
-        grammar = turn_grammar(tools, choice) if tools else None  # ConfigError: misuse
+        schema = None if request.output is None else request.output.schema
+        # ConfigError: misuse. With an output schema the answer is JSON in that schema.
+        grammar = turn_grammar(tools, choice, schema) if tools or schema is not None else None
         prompt = render_prompt(request)
         cancel = threading.Event()
         try:

@@ -47,6 +47,7 @@ from keel.transports._openai_common import (
     OPENAI_HOST,
     PROVIDER,
     build_client,
+    json_schema_format,
     post,
     server_address,
     tool_output_text,
@@ -150,6 +151,10 @@ def to_wire(
         body[limit_field] = max_tokens
     if send_cache_key and request.cache_key:
         body["prompt_cache_key"] = request.cache_key
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        schema = json_schema_format(request.output)
+        del schema["type"]
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

@@ -58,6 +58,7 @@ from keel.messages import (
 from keel.transports._openai_common import (
     PROVIDER,
     build_client,
+    json_schema_format,
     post,
     server_address,
     tool_output_text,
@@ -149,6 +150,8 @@ def to_wire(
         body["prompt_cache_key"] = request.cache_key
     if max_output_tokens is not None:
         body["max_output_tokens"] = max_output_tokens
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        body["text"] = {"format": json_schema_format(request.output)}
     return body
 
 

@@ -2,7 +2,7 @@
 
 ``--model script:FILE`` loads a JSON file of the form::
 
-    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?}
+    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?, "model": SPEC?}
 
     TURN = {"text": "..."}                                  an answer
          | {"tool_calls": [{"name": "...", "arguments": {...} | "raw text"}], "text"?: "..."}
@@ -12,8 +12,11 @@
 
 Turns are consumed one per model call *attempt*, so retries are scripted too. ``on_synthesis``,
 when given, answers every synthesis-only request (tool_choice "none") without consuming a turn.
-A script that runs out fails loudly (a non-retryable ProviderError), and ``assert_consumed``
-fails a test that left turns unused: a scripted test must say exactly what the model does.
+``model``, when given, names the model the script stands in for (``openai:gpt-4o``): its calls
+are priced as that model's (keel/pricing.py), so a test can exercise a cost limit; without it a
+scripted call costs nothing. A script that runs out fails loudly (a non-retryable
+ProviderError), and ``assert_consumed`` fails a test that left turns unused: a scripted test
+must say exactly what the model does.
 
 The whole script is validated and turned into ready answers at load time, so a call costs an
 index step and a few small objects: benchmarks run hundreds of scripted runs at once.
@@ -151,6 +154,7 @@ class _Script(_Strict):
     turns: list[_Turn]
     on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
+    model: str | None = Field(default=None, min_length=1)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -273,6 +277,7 @@ class ScriptedTransport(Resumable):
             None if script.on_synthesis is None else _expand(script.on_synthesis, "on_synthesis")[0]
         )
         self._latency = script.latency_ms / 1000
+        self._priced_as = script.model
         self._consumed = 0
         self._ids = 0
         self._requests: list[ModelRequest] | None = [] if record else None
@@ -302,6 +307,10 @@ class ScriptedTransport(Resumable):
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"script {path}: not valid JSON: {exc}") from None
         return cls.from_dict(data, str(path), record=record)
+
+    def priced_as(self) -> str:
+        """The model the script stands in for, when it names one; else its own (free) name."""
+        return self._priced_as or self.name
 
     @property
     def consumed(self) -> int:
