@@ -70,7 +70,7 @@ _PRIMITIVES = {
     "string": f'"\\"" char{{0,{MAX_STRING}}} "\\""',
     "char": r'[^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
     "integer": r'"-"? ("0" | [1-9] [0-9]{0,18})',
-    "number": r'integer ("." [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?',
+    "number": r'integer ("." [0-9]{1,21})? ([eE] [-+]? [0-9]{1,3})?',  # repr: 0.000 + 17 digits
     "boolean": '"true" | "false"',
     "null": '"null"',
 }
