@@ -6,13 +6,14 @@ The command line is a thin layer over this class; both produce the same RunResul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Collection, Generator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 from keel import approvals
-from keel._run import resume
+from keel._run import history, resume
 from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
@@ -158,16 +159,24 @@ class Agent:
         listeners: Sequence[Listener] = (),
         settings: JsonObject | None = None,
         lease_owner: str | None = None,
+        follows: RunConfig | None = None,
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
-        already holds on the run (a worker)."""
+        already holds on the run (a worker). `follows`: a config whose conversation the run
+        belongs to (a follow-up's, or a resumed run's own)."""
         limits = limits or self.limits
         transport = self._run_transport()
         extra = dict(settings or {})
         if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
             extra["sampling"] = cast(JsonObject, dict(transport.sampling))
         config = self.config(limits, extra)
+        if follows is not None:
+            config = dataclasses.replace(
+                config,
+                conversation_id=follows.conversation_id,
+                continues_from=follows.continues_from,
+            )
         counter, window = _model_window(transport)
         budget = limits.context_tokens
         result_cap = limits.max_result_chars
@@ -208,9 +217,44 @@ class Agent:
             return self.transport
         return resolve_model(self.model_spec, base_url=self.base_url)
 
-    def start(self, question: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
+    def start(
+        self,
+        question: str,
+        *,
+        listeners: Sequence[Listener] = (),
+        conversation: str | None = None,
+    ) -> RunHandle:
         """Begin a run in the running event loop; returns at once. `listeners` hear this
-        run's events, beside the agent's own."""
+        run's events, beside the agent's own. `conversation`: a conversation's id (its first
+        run's): the question is a follow-up on its newest run (see `start_ask`)."""
+        follow = None
+        if conversation is not None:
+            latest = history.latest_run(self.store, conversation)
+            follow = history.continuation(self.store, latest)
+        return self._start(question, listeners, follow)
+
+    def start_ask(
+        self,
+        run_id: str,
+        question: str,
+        *,
+        fork: bool = False,
+        listeners: Sequence[Listener] = (),
+    ) -> RunHandle:
+        """A follow-up question on a run that has ended (completed or failed): a new run, with
+        its own id, limits and counters, whose history is the conversation so far as it was
+        recorded (elisions kept). `fork`: continue from a run the conversation has already
+        gone on from, as a new conversation. Raises ConfigError for a run that has not ended
+        (resume it first) or is unknown."""
+        follow = history.continuation(self.store, run_id, fork=fork)
+        return self._start(question, listeners, follow)
+
+    def _start(
+        self,
+        question: str,
+        listeners: Sequence[Listener],
+        follow: history.Continuation | None,
+    ) -> RunHandle:
         try:
             question.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -221,9 +265,19 @@ class Agent:
         run_id = new_run_id()
         traced = RunTrace.begin(run_id, self._model_name, question, content=self.trace_content)
         extra = () if traced is None else (traced,)
+        follows = None
+        if follow is not None:
+            follows = RunConfig(
+                "", "", conversation_id=follow.conversation_id, continues_from=follow.continues_from
+            )
         setup = self._setup(
-            listeners=(*listeners, *extra), settings=traced.settings() if traced else None
+            listeners=(*listeners, *extra),
+            settings=traced.settings() if traced else None,
+            follows=follows,
         )
+        if follow is not None:
+            setup.context.elided.update(follow.elided)
+            setup.context.extend(follow.history)
         return _launch(RunLoop(run_id, question, setup), traced)
 
     def start_resume(
@@ -236,7 +290,7 @@ class Agent:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
-        point = resume.load(self.store, run_id)
+        point = history.resumed(self.store, resume.load(self.store, run_id))
         record = point.record
         traced = RunTrace.begin(
             run_id,
@@ -247,7 +301,10 @@ class Agent:
         )
         extra = () if traced is None else (traced,)
         setup = self._setup(
-            record.config.limits, listeners=(*listeners, *extra), lease_owner=lease_owner
+            record.config.limits,
+            listeners=(*listeners, *extra),
+            lease_owner=lease_owner,
+            follows=record.config,
         )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
 
@@ -264,11 +321,11 @@ class Agent:
         setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
         return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
 
-    def stream(self, question: str) -> RunStream:
+    def stream(self, question: str, *, conversation: str | None = None) -> RunStream:
         """Run, and hear each typed event as it is recorded: ``async for event in
         agent.stream(q)``; then ``await`` the stream for the RunResult."""
         stream = RunStream()
-        handle = self.start(question, listeners=(stream.listener,))
+        handle = self.start(question, listeners=(stream.listener,), conversation=conversation)
         return stream.follow(handle, handle._task)
 
     def stream_resume(self, run_id: str) -> RunStream:
@@ -281,12 +338,20 @@ class Agent:
     def _model_name(self) -> str:
         return self.model_spec or self.transport.name
 
-    async def arun(self, question: str) -> RunResult:
-        return await _drive(self.start(question))
+    async def arun(self, question: str, *, conversation: str | None = None) -> RunResult:
+        return await _drive(self.start(question, conversation=conversation))
 
-    def run(self, question: str) -> RunResult:
-        """The blocking facade for scripts."""
-        return asyncio.run(self.arun(question))
+    def run(self, question: str, *, conversation: str | None = None) -> RunResult:
+        """The blocking facade for scripts. `conversation`: a conversation's id (the
+        `conversation_id` of a result): ask the question as a follow-up on its newest run."""
+        return asyncio.run(self.arun(question, conversation=conversation))
+
+    async def aask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
+        return await _drive(self.start_ask(run_id, question, fork=fork))
+
+    def ask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
+        """A follow-up question on an ended run (see `start_ask`)."""
+        return asyncio.run(self.aask(run_id, question, fork=fork))
 
     async def aresume(self, run_id: str) -> RunResult:
         return await _drive(self.start_resume(run_id))

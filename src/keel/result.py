@@ -48,6 +48,9 @@ class RunResult:
     pending_approvals: tuple[PendingApproval, ...] = ()
     cut_off: bool = False
     """The answer stopped at the model's output-token limit: complete as far as it goes."""
+    conversation_id: str | None = None
+    """The conversation the run belongs to (its first run's id): ask a follow-up with
+    ``agent.run(question, conversation=...)`` or ``keel ask``."""
 
     @property
     def ok(self) -> bool:
@@ -57,6 +60,7 @@ class RunResult:
         """The `keel run --json` object."""
         return {
             "run_id": self.run_id,
+            "conversation_id": self.conversation_id or self.run_id,
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,

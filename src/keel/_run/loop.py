@@ -92,7 +92,8 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
-        setup.context.cache_key = run_id  # one provider cache key for the whole run
+        # one provider cache key for the whole run, and for the conversation it continues
+        setup.context.cache_key = setup.config.conversation_id or run_id
         self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
@@ -151,7 +152,7 @@ class RunLoop:
             await asyncio.shield(self.checkpoint(release=True))
         except StoreError as error:
             return self._unsaved(error)
-        return self.state.result(self.run_id)
+        return self.state.result(self.run_id, self.setup.config.conversation_id)
 
     async def _advance(self) -> StepOutcome:
         """Steps until one ends the run. A step's additions are saved by the checkpoint that
@@ -210,7 +211,7 @@ class RunLoop:
         state = self.state.copy()
         state.status = "failed"
         state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
-        return state.result(self.run_id)
+        return state.result(self.run_id, self.setup.config.conversation_id)
 
     def _end(self, outcome: StepOutcome | None) -> None:
         """Record how the run ended; None: it was cancelled."""

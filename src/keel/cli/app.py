@@ -17,8 +17,10 @@ import typer
 from rich.console import Console
 
 from keel import approvals
+from keel._run.history import continuation
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
+from keel.cli.conversation import ask_command, continues_line, conversation_lines
 from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
 from keel.cli.signals import Signals, own_process, stoppable
@@ -37,7 +39,7 @@ from keel.present.timeline import event_json, json_text, run_json, timeline
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
-from keel.store import RunStore, Store, open_store, store_target
+from keel.store import RunRecord, RunStore, Store, open_store, store_target
 from keel.store.locate import default_store_path
 from keel.ui.command import ui_command
 
@@ -152,8 +154,12 @@ def run(
         bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
     ] = False,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
+    ask_run: Annotated[str | None, typer.Option("--ask-run", hidden=True)] = None,
+    fork: Annotated[bool, typer.Option("--fork", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
+    if fork and ask_run is None:
+        _usage_error("--fork continues an earlier run: use it with keel ask RUN_ID")
     settings: JsonObject = {
         "repo": str(repo.resolve()),
         "allow_hosts": cast(list[JsonValue], allow_host or []),
@@ -209,9 +215,14 @@ def run(
         _guard(lambda: submit_run(agent, question, as_json))
         return
     _guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
+    if ask_run is not None:  # refused here (one line), before the header and any model load
+        _guard(lambda: continuation(agent.store, ask_run, fork=fork))
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
-    _finish(agent, lambda: agent.start(question), extras)
+    if ask_run is None:
+        _finish(agent, lambda: agent.start(question), extras)
+    follows = ask_run
+    _finish(agent, lambda: agent.start_ask(follows, question, fork=fork), extras)
 
 
 @app.command("trust")
@@ -239,6 +250,7 @@ def submit(**options: Any) -> None:
 
 
 app.command("worker")(worker_command)
+app.command("ask")(ask_command(run))
 
 
 @app.command()
@@ -380,6 +392,9 @@ def show(
         highlight=False,
         markup=False,
     )
+    follows = continues_line(record)
+    if follows is not None:
+        out.print(follows, highlight=False, markup=False)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     if summary["answer"]:
@@ -412,11 +427,15 @@ def runs(
         records = _guard(lambda: db.list_runs(limit, status))
     finally:
         db.close()
-    for r in records:
-        typer.echo(
+
+    def line(r: RunRecord) -> str:
+        return (
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
+            f"{r.state.tool_calls:>4} tools  {r.question[:70]}"
         )
+
+    for text in conversation_lines(records, line):
+        typer.echo(text)
 
 
 app.command("eval")(eval_command)
