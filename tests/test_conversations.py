@@ -271,3 +271,26 @@ def test_a_schema_3_store_opens_and_its_runs_can_be_continued(store_target: str 
         ]
     texts = [getattr(i, "text", None) for i in follow_model.requests[0].items]
     assert texts == ["Q1", "one", "Q2"]
+
+
+def test_keel_ui_groups_runs_by_conversation_and_shows_what_a_follow_up_continues(
+    tmp_path: Path,
+) -> None:
+    from starlette.testclient import TestClient
+
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
+
+    store = tmp_path / "runs.sqlite"
+    first = keel.Agent(script({"text": "one"}), store=store).run("Q1")
+    other = keel.Agent(script({"text": "other"}), store=store).run("Q other")
+    follow = keel.Agent(script({"text": "two"}), store=store).ask(first.run_id, "Q2")
+    base = "http://127.0.0.1:8350"
+    with TestClient(create_app(store, served_hosts("127.0.0.1", 8350)), base_url=base) as ui:
+        page = ui.get("/").text
+        run_page = ui.get(f"/runs/{follow.run_id}").text
+    # The conversation takes its newest run's place (first in the list), oldest run first.
+    order = [page.index(f'href="/runs/{r}"') for r in (first.run_id, follow.run_id, other.run_id)]
+    assert order == sorted(order)
+    assert page.count(f'data-conversation="{first.run_id}"') == 2
+    assert f'continues from <a href="/runs/{first.run_id}">' in run_page

@@ -32,6 +32,7 @@ from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import LocalModel, PinnedSampling, Resumable, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -88,11 +89,13 @@ class Agent:
         lease_ttl: float = 30.0,
         trace_content: bool | None = None,
         durability: Durability | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> None:
         """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
-        error."""
+        error. `text_listeners` hear the model's text as it is written (`TextDelta`,
+        `TextDiscarded`; ADR 0039): with any, a transport that can stream does."""
         self.model_spec = model if isinstance(model, str) else None
         self.base_url = base_url
         self.transport = (
@@ -108,6 +111,7 @@ class Agent:
         self.token_counter: TokenCounter | None = token_counter
         """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
+        self.text_listeners = tuple(text_listeners)
         self.approve_tools = frozenset(approve_tools)
         check_tool_names(self.approve_tools, {t.name for t in self.tools}, "approve_tools")
         self.run_config = dict(run_config or {})
@@ -160,6 +164,7 @@ class Agent:
         settings: JsonObject | None = None,
         lease_owner: str | None = None,
         follows: RunConfig | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
@@ -202,6 +207,7 @@ class Agent:
             config=config,
             lease_ttl=self.lease_ttl,
             lease_owner=lease_owner,
+            text_listeners=(*self.text_listeners, *text_listeners),
         )
 
     def _run_transport(self) -> Transport:
@@ -223,15 +229,17 @@ class Agent:
         *,
         listeners: Sequence[Listener] = (),
         conversation: str | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunHandle:
         """Begin a run in the running event loop; returns at once. `listeners` hear this
-        run's events, beside the agent's own. `conversation`: a conversation's id (its first
-        run's): the question is a follow-up on its newest run (see `start_ask`)."""
+        run's events, beside the agent's own; `text_listeners`, the model's text as it is
+        written. `conversation`: a conversation's id (its first run's): the question is a
+        follow-up on its newest run (see `start_ask`)."""
         follow = None
         if conversation is not None:
             latest = history.latest_run(self.store, conversation)
             follow = history.continuation(self.store, latest)
-        return self._start(question, listeners, follow)
+        return self._start(question, listeners, follow, text_listeners)
 
     def start_ask(
         self,
@@ -254,6 +262,7 @@ class Agent:
         question: str,
         listeners: Sequence[Listener],
         follow: history.Continuation | None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunHandle:
         try:
             question.encode("utf-8")
@@ -274,6 +283,7 @@ class Agent:
             listeners=(*listeners, *extra),
             settings=traced.settings() if traced else None,
             follows=follows,
+            text_listeners=text_listeners,
         )
         if follow is not None:
             setup.context.elided.update(follow.elided)
@@ -286,6 +296,7 @@ class Agent:
         *,
         listeners: Sequence[Listener] = (),
         lease_owner: str | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
@@ -305,6 +316,7 @@ class Agent:
             listeners=(*listeners, *extra),
             lease_owner=lease_owner,
             follows=record.config,
+            text_listeners=text_listeners,
         )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
 
@@ -321,17 +333,27 @@ class Agent:
         setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
         return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
 
-    def stream(self, question: str, *, conversation: str | None = None) -> RunStream:
+    def stream(
+        self, question: str, *, conversation: str | None = None, text: bool = True
+    ) -> RunStream:
         """Run, and hear each typed event as it is recorded: ``async for event in
-        agent.stream(q)``; then ``await`` the stream for the RunResult."""
+        agent.stream(q)``; then ``await`` the stream for the RunResult. `text`: also the
+        model's text as it is written (`TextDelta`, `TextDiscarded`), where it can stream."""
         stream = RunStream()
-        handle = self.start(question, listeners=(stream.listener,), conversation=conversation)
+        handle = self.start(
+            question,
+            listeners=(stream.listener,),
+            conversation=conversation,
+            text_listeners=(stream.listener,) if text else (),
+        )
         return stream.follow(handle, handle._task)
 
     def stream_resume(self, run_id: str) -> RunStream:
         """`start_resume`, streamed: the events the resumed run records from here on."""
         stream = RunStream()
-        handle = self.start_resume(run_id, listeners=(stream.listener,))
+        handle = self.start_resume(
+            run_id, listeners=(stream.listener,), text_listeners=(stream.listener,)
+        )
         return stream.follow(handle, handle._task)
 
     @property

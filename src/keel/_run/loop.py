@@ -22,6 +22,7 @@ from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
 from keel._run.lease import Lease
+from keel._run.live_text import LiveText
 from keel._run.parts import (
     Completed,
     Continue,
@@ -50,6 +51,7 @@ from keel.result import Failure, RunResult
 from keel.store import RunStore
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = ["RunLoop", "RunSetup"]
 
@@ -71,6 +73,8 @@ class RunSetup:
     lease_ttl: float = 30.0
     lease_owner: str | None = None
     """A lease the caller already holds on the run (a worker takes it before loading)."""
+    text_listeners: tuple[TextListener, ...] = ()
+    """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
 
 
 class RunLoop:
@@ -114,6 +118,7 @@ class RunLoop:
             clock=Clock(),
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
+            live=LiveText.for_run(setup.transport, setup.text_listeners),
         )
         self.view = RunView(run_id, self.parts)
         """What observers may read of this run besides its events."""

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
+from keel._run.live_text import LiveText
 from keel._run.recorder import StepRecorder
 from keel.errors import RunFailure
 from keel.limits import Limits
@@ -80,6 +81,8 @@ class StepParts:
     """Make the step so far durable (before a side effect, after one)."""
     resumable: Resumable | None = None
     """The transport, when its position is saved with each checkpoint (a script)."""
+    live: LiveText | None = None
+    """Streams each attempt's text to the run's text listeners; None: nobody listens."""
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free

@@ -480,7 +480,8 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
         summary = one_line(result, agent.store.events(result.run_id))
         show = show_command(result.run_id, agent.store.path, default_store_path())
     if not extras.wrote(result):
-        _print_result(result, extras.as_json, extras.out)
+        shown = result.answer is not None and extras.answer_shown(result.answer)
+        _print_result(result, extras.as_json, extras.out, answer_shown=shown)
     if extras.out.failure is not None:  # the run is stored: say where, in one line
         err.print(
             f"keel: {extras.out.failure}; the rest of the output was dropped; run "
@@ -494,11 +495,14 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
     raise typer.Exit(EXIT_CODES[result.status])
 
 
-def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
+def _print_result(
+    result: RunResult, as_json: bool, out: Stdout, *, answer_shown: bool = False
+) -> None:
+    """`answer_shown`: the answer was printed as it was written (a terminal)."""
     if as_json:
         out.line(json_text(result.to_dict()))
         return
-    if result.answer is not None:
+    if result.answer is not None and not answer_shown:
         out.line(safe_text(result.answer))
     status: str = result.status
     if result.synthesized:

@@ -40,8 +40,16 @@ import openai
 from pydantic import JsonValue
 
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    PROVIDER,
+    build_client,
+    post,
+    post_streaming,
+    tool_output_text,
+)
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.sse_readers import read_chat
+from keel.transports.streaming import OnText
 from keel.transports.wire import Shape, TokenCount, parse
 
 __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
@@ -51,6 +59,9 @@ OPENAI_HOST = "api.openai.com"
 
 class OpenAIChatTransport:
     """Speaks Chat Completions through the ``openai`` SDK; one attempt per call."""
+
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
 
     def __init__(
         self,
@@ -90,6 +101,20 @@ class OpenAIChatTransport:
         )
         create = self._client.chat.completions.with_raw_response.create
         return await post(self._client, create, body, from_wire)
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true`` (and the usage asked for in the last chunk, which
+        a streamed completion otherwise leaves out): text to `on_text` as it comes (ADR 0039)."""
+        body = to_wire(
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            limit_field=self._limit_field,
+            send_cache_key=self._at_openai,
+        )
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        create = self._client.chat.completions.with_streaming_response.create
+        return await post_streaming(self._client, create, body, read_chat, on_text, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------

@@ -55,8 +55,16 @@ from keel.messages import (
     Usage,
     wire_call_ids,
 )
-from keel.transports._openai_common import PROVIDER, build_client, post, tool_output_text
+from keel.transports._openai_common import (
+    PROVIDER,
+    build_client,
+    post,
+    post_streaming,
+    tool_output_text,
+)
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.sse_readers import read_responses
+from keel.transports.streaming import OnText
 from keel.transports.wire import Opaque, Shape, TokenCount, parse
 
 __all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
@@ -70,6 +78,9 @@ _RETRYABLE_FAILURES = frozenset({"server_error", "rate_limit_exceeded"})
 
 class OpenAIResponsesTransport:
     """Speaks the Responses API through the ``openai`` SDK; one attempt per call."""
+
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
 
     def __init__(
         self,
@@ -100,6 +111,13 @@ class OpenAIResponsesTransport:
         body = to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)
         create = self._client.responses.with_raw_response.create
         return await post(self._client, create, body, from_wire)
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true``: text to `on_text` as it comes (ADR 0039)."""
+        body = {**to_wire(request, model=self.model, max_output_tokens=self.max_output_tokens)}
+        body["stream"] = True
+        create = self._client.responses.with_streaming_response.create
+        return await post_streaming(self._client, create, body, read_responses, on_text, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------

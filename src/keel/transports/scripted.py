@@ -2,7 +2,7 @@
 
 ``--model script:FILE`` loads a JSON file of the form::
 
-    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?}
+    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?, "stream_ms": N?}
 
     TURN = {"text": "..."}                                  an answer
          | {"tool_calls": [{"name": "...", "arguments": {...} | "raw text"}], "text"?: "..."}
@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,9 @@ from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
+from keel.transports.streaming import OnText
+
+_WORDS = re.compile(r"\s*\S+|\s+")
 
 __all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "ScriptedTransport"]
 
@@ -147,6 +151,7 @@ class _Script(_Strict):
     turns: list[_Turn]
     on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
+    stream_ms: float | None = Field(default=None, ge=0)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -269,6 +274,10 @@ class ScriptedTransport(Resumable):
             None if script.on_synthesis is None else _expand(script.on_synthesis, "on_synthesis")[0]
         )
         self._latency = script.latency_ms / 1000
+        self._token_delay = None if script.stream_ms is None else script.stream_ms / 1000
+        self.streams = self._token_delay is not None
+        """With ``stream_ms``, a listener hears each answer word by word, that many
+        milliseconds apart (ADR 0039); without, the script does not stream."""
         self._consumed = 0
         self._ids = 0
         self._requests: list[ModelRequest] | None = [] if record else None
@@ -368,6 +377,15 @@ class ScriptedTransport(Resumable):
             tool_calls=tuple(self._stamp(call) for call in answer.calls),
             usage=Usage(request.estimated_input_tokens, answer.output_tokens),
         )
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request`, its text handed out a word at a time, ``stream_ms`` apart."""
+        response = await self.request(request)
+        for n, piece in enumerate(_WORDS.findall(response.text or "")):
+            if n and self._token_delay:
+                await asyncio.sleep(self._token_delay)
+            on_text(piece)
+        return response
 
     def _stamp(self, call: ToolCall) -> ToolCall:
         self._ids += 1
