@@ -411,3 +411,40 @@ async def test_the_local_model_streams_its_answer_as_it_generates(local_transpor
     assert streamed.text and len(pieces) > 3
     assert "".join(p for _, p in pieces) == streamed.text
     assert pieces[0][0] < pieces[-1][0] < done  # handed out while the generation went on
+
+
+def test_keel_run_on_a_terminal_prints_the_answer_as_it_is_written_once(tmp_path: Path) -> None:
+    """stdout a terminal (a pty): the answer streams there word by word and is not printed a
+    second time at the end; the summary line goes to stderr after it."""
+    import pty
+
+    model = tmp_path / "model.json"
+    model.write_text(json.dumps({"turns": [{"text": "one two three four"}], "stream_ms": 100}))
+    leader, follower = pty.openpty()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keel", "run", "Q", "--model", f"script:{model}",
+         "--store", str(tmp_path / "runs.sqlite")],
+        stdout=follower,
+        stderr=subprocess.PIPE,
+        cwd=tmp_path,
+        env={**os.environ, "PYTHONPATH": SRC, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    os.close(follower)
+    shown = b""
+    arrivals: list[float] = []
+    while True:
+        try:
+            data = os.read(leader, 1024)
+        except OSError:  # the pty closed: the process ended
+            break
+        if not data:
+            break
+        arrivals.append(time.monotonic())
+        shown += data
+    os.close(leader)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 0, err
+    text = shown.decode().replace("\r\n", "\n")
+    assert text.count("one two three four") == 1, text
+    assert arrivals[-1] - arrivals[0] >= 0.2  # it came in pieces over time
+    assert b"completed" in err

@@ -55,6 +55,7 @@ from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
+from keel.transports.streaming import TextDelta, TextDiscarded
 
 __all__ = [
     "Agent",
@@ -89,6 +90,8 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "TextDelta",
+    "TextDiscarded",
     "Tool",
     "ToolCall",
     "ToolDefinition",

@@ -41,6 +41,7 @@ __all__ = [
     "decode_body",
     "map_error",
     "post",
+    "post_streaming",
     "resolve_api_key",
     "tool_output_text",
 ]
