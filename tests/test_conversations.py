@@ -294,3 +294,26 @@ def test_keel_ui_groups_runs_by_conversation_and_shows_what_a_follow_up_continue
     assert order == sorted(order)
     assert page.count(f'data-conversation="{first.run_id}"') == 2
     assert f'continues from <a href="/runs/{first.run_id}">' in run_page
+
+
+async def test_a_run_that_ended_on_an_unanswered_call_can_be_continued(tmp_path: Path) -> None:
+    """The hard loop limit ends a run on a turn whose call never ran: the follow-up's history
+    answers it ("not run"), since a provider refuses a call without its result."""
+    store = keel.Store(tmp_path / "runs.sqlite")
+    again = read("a")
+    limits = keel.Limits(loop_threshold=2, repeat_synthesis=False)
+    first = await keel.Agent(
+        script(again, again), tools=[read_file], store=store, limits=limits
+    ).arun("Q1")
+    assert first.failure is not None and first.failure.kind == "ToolLoopDetected"
+    case = case_openai_responses.CASE
+    sent = Recorder(case.text_response())
+    follow = await keel.Agent(case.make(sent.http()), tools=[read_file], store=store).aask(
+        first.run_id, "Q2"
+    )
+    assert follow.status == "completed"
+    items = sent.body()["input"]
+    calls = [i["call_id"] for i in items if i.get("type") == "function_call"]
+    outputs = {i["call_id"]: i["output"] for i in items if i.get("type") == "function_call_output"}
+    assert len(calls) == 2 and set(calls) == set(outputs)
+    assert f"not run: run {first.run_id} ended (failed)" in outputs[calls[-1]]

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from keel._run.resume import FINISHED, ResumePoint, rebuild_items
 from keel.errors import ConfigError
-from keel.messages import AssistantMessage, Item, ToolResult, wire_call_ids
+from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, digest_text, wire_call_ids
 from keel.records import Event, ModelResponseReceived, RunCompleted
 from keel.store import RunRecord, RunStore
 
@@ -111,12 +111,22 @@ def _run_items(store: RunStore, record: RunRecord, before: list[Item]) -> list[I
     """One ended run's items as its own context held them, then its answer, named apart; its
     calls' wire ids as that run chose them, after the conversation's items `before` it."""
     events = store.events(record.run_id)
-    own, _ = rebuild_items(events)
+    own, batch = rebuild_items(events)
+    if batch is not None:  # the run ended before answering every call of its last turn
+        own.extend(batch.answered.get(c.id) or _unanswered(c, record) for c in batch.calls)
     answer = _answer(events)
     if answer is not None:
         own.append(answer)
     wire = wire_call_ids([*before, *own])
     return [_named_apart(item, record.run_id, wire) for item in own]
+
+
+def _unanswered(call: ToolCall, record: RunRecord) -> ToolResult:
+    """A call the run ended before answering: every call needs its result in a request (the
+    providers refuse a call without one), so the follow-up tells the model it never ran."""
+    text = f"not run: run {record.run_id} ended ({record.status}) before this call was answered"
+    return ToolResult(call.id, call.name, call.key, text, is_error=True, size=len(text),
+                      digest=digest_text(text))  # fmt: skip
 
 
 def _answer(events: list[Event]) -> AssistantMessage | None:
