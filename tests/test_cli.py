@@ -18,6 +18,7 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_KEYS = {
     "run_id",
+    "conversation_id",
     "status",
     "answer",
     "synthesized",

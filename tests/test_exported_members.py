@@ -18,6 +18,8 @@ EXPORTED = {
     "Limits",
     "RunHandle",
     "RunStream",
+    "TextDelta",
+    "TextDiscarded",
     # tools
     "Effect",
     "Tool",

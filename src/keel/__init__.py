@@ -57,6 +57,7 @@ from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
+from keel.transports.streaming import TextDelta, TextDiscarded
 
 __all__ = [
     "Agent",
@@ -94,6 +95,8 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "TextDelta",
+    "TextDiscarded",
     "Tool",
     "ToolCall",
     "ToolDefinition",

@@ -512,9 +512,10 @@ class RunState:
     def decode(cls, data: JsonObject) -> RunState:
         return from_json(cls, data)
 
-    def result(self, run_id: str) -> RunResult:
+    def result(self, run_id: str, conversation_id: str | None = None) -> RunResult:
         return RunResult(
             run_id=run_id,
+            conversation_id=conversation_id or run_id,
             status=self.status,
             answer=self.answer,
             synthesized=self.synthesized,
@@ -550,8 +551,20 @@ class RunConfig:
     settings: JsonObject = field(default_factory=dict)
     """The command line's settings (repo, allowed hosts, writes, base URL, browser) and any
     extra `run_config` a library caller saved with the run."""
+    conversation_id: str | None = None
+    """The conversation a follow-up belongs to (its first run's id); None: this run starts
+    one (a first question, or a fork)."""
+    continues_from: str | None = None
+    """The run whose history this one continues (`keel ask`); None: a first question."""
 
-    _FIXED: ClassVar[tuple[str, ...]] = ("model", "system_prompt", "tools", "approve_tools")
+    _FIXED: ClassVar[tuple[str, ...]] = (
+        "model",
+        "system_prompt",
+        "tools",
+        "approve_tools",
+        "conversation_id",
+        "continues_from",
+    )
 
     def encode(self) -> JsonObject:
         return {
@@ -561,7 +574,11 @@ class RunConfig:
             "tools": list(self.tools),
             "approve_tools": list(self.approve_tools),
             "limits": cast(JsonObject, self.limits.to_dict()),
+            **{k: v for k, v in self._conversation().items() if v is not None},
         }
+
+    def _conversation(self) -> dict[str, str | None]:
+        return {"conversation_id": self.conversation_id, "continues_from": self.continues_from}
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
@@ -577,4 +594,10 @@ class RunConfig:
             approve_tools=tuple(raw.get("approve_tools", ())),
             limits=Limits(**limits),
             settings={k: v for k, v in data.items() if k not in cls._FIXED and k != "limits"},
+            conversation_id=_text_or_none(raw.get("conversation_id")),
+            continues_from=_text_or_none(raw.get("continues_from")),
         )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -63,6 +63,9 @@ class RunResult:
     """`output` came from a synthesis turn (a limit was reached): see `gaps`."""
     gaps: tuple[str, ...] = ()
     """What a partial answer said it could not establish."""
+    conversation_id: str | None = None
+    """The conversation the run belongs to (its first run's id): ask a follow-up with
+    ``agent.run(question, conversation=...)`` or ``keel ask``."""
 
     @property
     def ok(self) -> bool:
@@ -72,6 +75,7 @@ class RunResult:
         """The `keel run --json` object."""
         return {
             "run_id": self.run_id,
+            "conversation_id": self.conversation_id or self.run_id,
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,

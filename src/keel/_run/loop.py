@@ -22,6 +22,7 @@ from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
 from keel._run.lease import Lease
+from keel._run.live_text import LiveText
 from keel._run.parts import (
     Completed,
     Continue,
@@ -52,6 +53,7 @@ from keel.store import RunStore
 from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = ["RunLoop", "RunSetup"]
 
@@ -77,6 +79,8 @@ class RunSetup:
     """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
     output: OutputSpec | None = None
     """The shape the answer must have (keel/structured.py); None: free text."""
+    text_listeners: tuple[TextListener, ...] = ()
+    """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
 
 
 class RunLoop:
@@ -98,7 +102,8 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
-        setup.context.cache_key = run_id  # one provider cache key for the whole run
+        # one provider cache key for the whole run, and for the conversation it continues
+        setup.context.cache_key = setup.config.conversation_id or run_id
         self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
@@ -121,6 +126,7 @@ class RunLoop:
             checkpoint=self.checkpoint,
             price=setup.price,
             output=setup.output,
+            live=LiveText.for_run(setup.transport, setup.text_listeners),
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on
@@ -161,7 +167,7 @@ class RunLoop:
             await asyncio.shield(self.checkpoint(release=True))
         except StoreError as error:
             return self._unsaved(error)
-        return self.state.result(self.run_id)
+        return self.state.result(self.run_id, self.setup.config.conversation_id)
 
     async def _advance(self) -> StepOutcome:
         """Steps until one ends the run. A step's additions are saved by the checkpoint that
@@ -220,7 +226,7 @@ class RunLoop:
         state = self.state.copy()
         state.status = "failed"
         state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
-        return state.result(self.run_id)
+        return state.result(self.run_id, self.setup.config.conversation_id)
 
     def _end(self, outcome: StepOutcome | None) -> None:
         """Record how the run ended; None: it was cancelled."""

@@ -15,6 +15,7 @@ from typing import Any
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
+from keel._run.live_text import LiveText
 from keel._run.recorder import StepRecorder
 from keel.errors import RunFailure
 from keel.limits import Limits
@@ -91,6 +92,8 @@ class StepParts:
     """What the model's calls cost; None when no price is known (then no cost is kept)."""
     resumable: Resumable | None = None
     """The transport, when its position is saved with each checkpoint (a script)."""
+    live: LiveText | None = None
+    """Streams each attempt's text to the run's text listeners; None: nobody listens."""
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free

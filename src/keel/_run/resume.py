@@ -27,7 +27,7 @@ from keel.records import (
 )
 from keel.store import RunRecord, RunStore
 
-__all__ = ["FINISHED", "ResumePoint", "load"]
+__all__ = ["FINISHED", "ResumePoint", "load", "rebuild_items"]
 
 FINISHED = ("completed", "failed", "cancelled")
 
@@ -92,6 +92,12 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
     # The open batch's results are appended, in request order, when it is answered.
     batch.journaled = {c.id for c in batch.open_calls() if c.id in dispatched}
     return items, batch
+
+
+def rebuild_items(events: list[Event]) -> tuple[list[Item], Batch | None]:
+    """A run's history from its events, as its context first saw it, and any open batch;
+    a follow-up's history (`history.py`) is built from its earlier runs' the same way."""
+    return _history(events)
 
 
 def _result(event: ToolResultRecorded) -> ToolResult:

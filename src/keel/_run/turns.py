@@ -58,10 +58,11 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             request = replace(request, output=parts.output.request(synthesis))
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
+        number = errors + empty + 1
         parts.recorder.emit(
             ModelRequestSent(
                 step=state.step,
-                attempt=errors + empty + 1,
+                attempt=number,
                 tool_choice=request.tool_choice,
                 synthesis=mode.reason,
                 items=len(request.items),
@@ -72,10 +73,14 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent
         failpoint("after_checkpoint")
         started = time.monotonic()
+        live = parts.live
+        transport = parts.transport if live is None else live.attempt(state.step, number)
         try:
-            attempt = gateway.attempt(parts.transport, request, limits, parts.clock.remaining())
+            attempt = gateway.attempt(transport, request, limits, parts.clock.remaining())
             response = clean_response(await traced_attempt(attempt))
         except ProviderError as error:
+            if live is not None:
+                live.failed(state.step, number)  # drop what the failed attempt streamed
             _remember_transport(parts)
             errors += 1
             last_was_empty = False

@@ -78,6 +78,7 @@ def command_agent(
             system_prompt=system_prompt,
             store=store,
             listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True))),
+            text_listeners=extras.text_listeners(),
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},
             trace_content=extras.otel_content or None,

@@ -19,8 +19,10 @@ import typer
 from rich.console import Console
 
 from keel import approvals
+from keel._run.history import continuation
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
+from keel.cli.conversation import ask_command, continues_line, conversation_lines
 from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
 from keel.cli.signals import Signals, own_process, stoppable
@@ -40,7 +42,7 @@ from keel.pricing import cost_text
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
-from keel.store import RunStore, Store, open_store, store_target
+from keel.store import RunRecord, RunStore, Store, open_store, store_target
 from keel.store.locate import default_store_path
 from keel.ui.command import ui_command
 
@@ -217,8 +219,12 @@ def run(
         typer.Option(help="A JSON Schema file: the answer must be JSON that matches it."),
     ] = None,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
+    ask_run: Annotated[str | None, typer.Option("--ask-run", hidden=True)] = None,
+    fork: Annotated[bool, typer.Option("--fork", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
+    if fork and ask_run is None:
+        _usage_error("--fork continues an earlier run: use it with keel ask RUN_ID")
     settings: JsonObject = {
         "repo": str(repo.resolve()),
         "allow_hosts": cast(list[JsonValue], allow_host or []),
@@ -285,9 +291,14 @@ def run(
         _guard(lambda: submit_run(agent, question, as_json))
         return
     _guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
+    if ask_run is not None:  # refused here (one line), before the header and any model load
+        _guard(lambda: continuation(agent.store, ask_run, fork=fork))
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
-    _finish(agent, lambda: agent.start(question), extras)
+    if ask_run is None:
+        _finish(agent, lambda: agent.start(question), extras)
+    follows = ask_run
+    _finish(agent, lambda: agent.start_ask(follows, question, fork=fork), extras)
 
 
 @app.command("trust")
@@ -315,6 +326,7 @@ def submit(**options: Any) -> None:
 
 
 app.command("worker")(worker_command)
+app.command("ask")(ask_command(run))
 
 
 @app.command()
@@ -458,6 +470,9 @@ def show(
         highlight=False,
         markup=False,
     )
+    follows = continues_line(record)
+    if follows is not None:
+        out.print(follows, highlight=False, markup=False)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     state = record.state
@@ -498,12 +513,16 @@ def runs(
         records = _guard(lambda: db.list_runs(limit, status))
     finally:
         db.close()
-    for r in records:
-        typer.echo(
+
+    def line(r: RunRecord) -> str:
+        return (
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
             f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
             f"{safe_text(r.question[:70])}"
         )
+
+    for text in conversation_lines(records, line):
+        typer.echo(text)
 
 
 app.command("eval")(eval_command)
@@ -548,7 +567,8 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
         summary = one_line(result, agent.store.events(result.run_id))
         show = show_command(result.run_id, agent.store.path, default_store_path())
     if not extras.wrote(result):
-        _print_result(result, extras.as_json, extras.out)
+        shown = result.answer is not None and extras.answer_shown(result.answer)
+        _print_result(result, extras.as_json, extras.out, answer_shown=shown)
     if extras.out.failure is not None:  # the run is stored: say where, in one line
         err.print(
             f"keel: {extras.out.failure}; the rest of the output was dropped; run "
@@ -562,11 +582,14 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
     raise typer.Exit(EXIT_CODES[result.status])
 
 
-def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
+def _print_result(
+    result: RunResult, as_json: bool, out: Stdout, *, answer_shown: bool = False
+) -> None:
+    """`answer_shown`: the answer was printed as it was written (a terminal)."""
     if as_json:
         out.line(json_text(result.to_dict()))
         return
-    if result.answer is not None:
+    if result.answer is not None and not answer_shown:
         out.line(safe_text(result.answer))
     status: str = result.status
     if result.synthesized:

@@ -63,7 +63,7 @@ def _finite(value: Any) -> Any:
 
 def run_json(record: RunRecord) -> dict[str, Any]:
     """The run's fields, the same as `keel run --json` prints."""
-    return record.state.result(record.run_id).to_dict()
+    return record.state.result(record.run_id, record.conversation_id).to_dict()
 
 
 def event_json(event: Event) -> dict[str, Any]:

@@ -60,6 +60,8 @@ from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+from keel.transports.sse_readers import read_anthropic
+from keel.transports.streaming import OnText, cut_short, sse_events
 from keel.transports.wire import Opaque, Shape, TokenCount, decode_json, parse
 
 __all__ = [
@@ -380,6 +382,9 @@ class AnthropicTransport:
     its default) HTTP client, bounded (`keel.transports.bounded`).
     """
 
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
+
     def __init__(
         self,
         model: str,
@@ -440,6 +445,28 @@ class AnthropicTransport:
         )
         return await attempt(
             lambda: self._send(body, structured=request.output is not None),
+            foreign=anthropic.AnthropicError,
+            to_error=map_error,
+            secret=self._client.api_key,
+        )
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true``: text to `on_text` as it comes (ADR 0039)."""
+        wire = to_wire(
+            request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
+        )
+        body = {**wire, "stream": True}
+        structured = request.output is not None
+
+        async def send() -> ModelResponse | None:
+            create = self._client.messages.with_streaming_response.create
+            async with create(**body) as raw:
+                events = sse_events(raw.iter_lines(), PROVIDER)
+                answer = await read_anthropic(events, on_text, PROVIDER)
+            return None if answer is None else from_wire(answer, structured=structured)
+
+        return await attempt(
+            lambda: cut_short(send, PROVIDER),
             foreign=anthropic.AnthropicError,
             to_error=map_error,
             secret=self._client.api_key,

@@ -2,7 +2,8 @@
 
 ``--model script:FILE`` loads a JSON file of the form::
 
-    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?, "model": SPEC?}
+    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?, "stream_ms": N?,
+     "model": SPEC?}
 
     TURN = {"text": "..."}                                  an answer
          | {"tool_calls": [{"name": "...", "arguments": {...} | "raw text"}], "text"?: "..."}
@@ -27,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +50,9 @@ from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
+from keel.transports.streaming import OnText
+
+_WORDS = re.compile(r"\s*\S+|\s+")
 
 __all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "SCRIPTED_STOP_REASONS", "ScriptedTransport"]
 
@@ -155,6 +160,7 @@ class _Script(_Strict):
     on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
     model: str | None = Field(default=None, min_length=1)
+    stream_ms: float | None = Field(default=None, ge=0)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -278,6 +284,10 @@ class ScriptedTransport(Resumable):
         )
         self._latency = script.latency_ms / 1000
         self._priced_as = script.model
+        self._token_delay = None if script.stream_ms is None else script.stream_ms / 1000
+        self.streams = self._token_delay is not None
+        """With ``stream_ms``, a listener hears each answer word by word, that many
+        milliseconds apart (ADR 0039); without, the script does not stream."""
         self._consumed = 0
         self._ids = 0
         self._requests: list[ModelRequest] | None = [] if record else None
@@ -382,6 +392,15 @@ class ScriptedTransport(Resumable):
             usage=Usage(request.estimated_input_tokens, answer.output_tokens),
             stop_reason=SCRIPTED_STOP_REASONS[bool(answer.calls)],
         )
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request`, its text handed out a word at a time, ``stream_ms`` apart."""
+        response = await self.request(request)
+        for n, piece in enumerate(_WORDS.findall(response.text or "")):
+            if n and self._token_delay:
+                await asyncio.sleep(self._token_delay)
+            on_text(piece)
+        return response
 
     def _stamp(self, call: ToolCall) -> ToolCall:
         self._ids += 1
