@@ -18,6 +18,7 @@ runner = CliRunner()
 ROOT = Path(__file__).resolve().parents[1]
 RESULT_KEYS = {
     "run_id",
+    "conversation_id",
     "status",
     "answer",
     "synthesized",
@@ -26,6 +27,10 @@ RESULT_KEYS = {
     "model_calls",
     "tool_calls",
     "usage",
+    "cost_usd",
+    "output",
+    "partial",
+    "gaps",
     "pending_approvals",
 }
 

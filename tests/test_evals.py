@@ -79,7 +79,8 @@ def test_every_builtin_scenario_passes_and_the_table_says_so() -> None:
     assert code == 0, out
     for name in BUILTIN:
         assert name in out
-    for header in ("expected end", "actual end", "model calls", "tool calls", "synthesized"):
+    headers = ("expected end", "actual end", "model calls", "tool calls", "synthesized", "cost")
+    for header in headers:
         assert header in out
     assert f"{len(BUILTIN)} of {len(BUILTIN)} scenarios passed" in out
     assert "FAIL" not in out

@@ -18,6 +18,8 @@ EXPORTED = {
     "Limits",
     "RunHandle",
     "RunStream",
+    "TextDelta",
+    "TextDiscarded",
     # tools
     "Effect",
     "Tool",
@@ -37,6 +39,9 @@ EXPORTED = {
     "RunStore",
     "Store",
     "open_store",
+    # what model calls cost (keel/pricing.py, ADR 0033)
+    "Price",
+    "PriceTable",
     # models: the one interface, a scripted model for tests, and the messages they exchange
     "AssistantMessage",
     "ModelRequest",
@@ -55,6 +60,7 @@ EXPORTED = {
     "DeadlineExceeded",
     "EffectUnknown",
     "EmptyModelTurn",
+    "InvalidOutput",
     "KeelError",
     "LeaseHeld",
     "LeaseLost",

@@ -123,6 +123,21 @@ def test_the_grammar_accepts_every_valid_call(local_transport: LocalTransport, c
     assert accepts(local_transport, grammar, call_of(case)), (case.tool.parameters, call_of(case))
 
 
+def test_the_number_rule_takes_every_float_python_writes(local_transport: LocalTransport) -> None:
+    """Hypothesis found 0.0005143097173617363: Python writes a float down to 1e-4 in fixed form
+    with up to 17 significant digits, so up to 21 after the point; the rule allowed 17."""
+    gauge = ToolDefinition(
+        "gauge",
+        "Record a reading.",
+        {"type": "object", "properties": {"value": {"type": "number"}}, "required": ["value"],
+         "additionalProperties": False},
+    )  # fmt: skip
+    grammar = turn_grammar([gauge], "required")
+    for value in (0.0005143097173617363, 0.00012345678901234568, 1.2345678901234567e16, 1e-05):
+        text = call_text(ToolCall.from_arguments("local_1", "gauge", {"value": value}))
+        assert accepts(local_transport, grammar, text), text
+
+
 def test_the_grammar_rejects_what_does_not_fit(local_transport: LocalTransport) -> None:
     fetch = ToolDefinition(
         "fetch",

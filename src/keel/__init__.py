@@ -20,6 +20,7 @@ from keel.errors import (
     EffectUnknown,
     EmptyModelTurn,
     FailureKind,
+    InvalidOutput,
     KeelError,
     LeaseHeld,
     LeaseLost,
@@ -44,6 +45,7 @@ from keel.messages import (
     Usage,
     UserMessage,
 )
+from keel.pricing import Price, PriceTable
 from keel.result import Failure, PendingApproval, RunResult, RunStatus
 from keel.store import RunStore, Store, open_store
 from keel.tools.base import Effect, Tool, tool
@@ -55,6 +57,7 @@ from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import Transport
 from keel.transports.scripted import ScriptedTransport
+from keel.transports.streaming import TextDelta, TextDiscarded
 
 __all__ = [
     "Agent",
@@ -68,6 +71,7 @@ __all__ = [
     "EmptyModelTurn",
     "Failure",
     "FailureKind",
+    "InvalidOutput",
     "KeelError",
     "LeaseHeld",
     "LeaseLost",
@@ -77,6 +81,8 @@ __all__ = [
     "ModelRequest",
     "ModelResponse",
     "PendingApproval",
+    "Price",
+    "PriceTable",
     "ProviderError",
     "RescuesExhausted",
     "RunFailure",
@@ -89,6 +95,8 @@ __all__ = [
     "Store",
     "StoreError",
     "StoreUnavailable",
+    "TextDelta",
+    "TextDiscarded",
     "Tool",
     "ToolCall",
     "ToolDefinition",

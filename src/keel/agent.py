@@ -6,13 +6,17 @@ The command line is a thin layer over this class; both produce the same RunResul
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import Callable, Collection, Generator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any, cast
 
+import pydantic
+
 from keel import approvals
-from keel._run import resume
+from keel._run import history, resume
 from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
@@ -22,10 +26,12 @@ from keel.events import RunStream
 from keel.limits import Limits
 from keel.models import resolve_model
 from keel.options import check_tool_names
+from keel.pricing import Price, PriceTable, price_name
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
 from keel.store import RunStore, Store, open_store
 from keel.store.locate import default_store_path, is_url
+from keel.structured import OutputSpec
 from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
@@ -38,6 +44,7 @@ from keel.transports.base import (
     Transport,
     server_of,
 )
+from keel.transports.streaming import TextListener
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -95,11 +102,18 @@ class Agent:
         lease_ttl: float = 30.0,
         trace_content: bool | None = None,
         durability: Durability | None = None,
+        prices: PriceTable | None = None,
+        output_type: type[pydantic.BaseModel] | dict[str, Any] | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> None:
         """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
-        error."""
+        error. `prices`: what model calls cost (keel/pricing.py) [default: the table Keel
+        ships]. `output_type`: the shape of the answer, a pydantic model class or a JSON
+        Schema; `RunResult.output` is then the validated answer (keel/structured.py).
+        `text_listeners` hear the model's text as it is written (`TextDelta`,
+        `TextDiscarded`; ADR 0039): with any, a transport that can stream does."""
         self.model_spec = model if isinstance(model, str) else None
         self.base_url = base_url
         self.transport = (
@@ -110,11 +124,18 @@ class Agent:
         self._transport_taken = False
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
         self.limits = limits or Limits()
+        self.output = None if output_type is None else OutputSpec.of(output_type)
+        """The shape runs' answers must have; a resumed run keeps the one it started with."""
+        self.prices = prices or PriceTable.shipped()
+        self.price = self.prices.lookup(price_name(self.transport))
+        """What this agent's model calls cost; None: no known price (no cost is kept)."""
+        _check_priced(self.limits, self.price, self.transport)
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
         self.system_prompt = system_prompt
         self.token_counter: TokenCounter | None = token_counter
         """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
+        self.text_listeners = tuple(text_listeners)
         self.approve_tools = frozenset(approve_tools)
         check_tool_names(self.approve_tools, {t.name for t in self.tools}, "approve_tools")
         self.run_config = dict(run_config or {})
@@ -166,16 +187,30 @@ class Agent:
         listeners: Sequence[Listener] = (),
         settings: JsonObject | None = None,
         lease_owner: str | None = None,
+        output: OutputSpec | None = None,
+        follows: RunConfig | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
-        already holds on the run (a worker)."""
+        already holds on the run (a worker). `follows`: a config whose conversation the run
+        belongs to (a follow-up's, or a resumed run's own)."""
         limits = limits or self.limits
         transport = self._run_transport()
+        _check_priced(limits, self.price, transport)
         extra = dict(settings or {})
         if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
             extra["sampling"] = cast(JsonObject, dict(transport.sampling))
+        output = output or self.output
+        if output is not None:  # saved, so a resume in any process asks for the same shape
+            extra.update(cast(JsonObject, output.settings()))
         config = self.config(limits, extra)
+        if follows is not None:
+            config = dataclasses.replace(
+                config,
+                conversation_id=follows.conversation_id,
+                continues_from=follows.continues_from,
+            )
         counter, window = _model_window(transport)
         budget = limits.context_tokens
         result_cap = limits.max_result_chars
@@ -201,6 +236,9 @@ class Agent:
             config=config,
             lease_ttl=self.lease_ttl,
             lease_owner=lease_owner,
+            price=self.price,
+            output=output,
+            text_listeners=(*self.text_listeners, *text_listeners),
         )
 
     def _run_transport(self) -> Transport:
@@ -216,9 +254,47 @@ class Agent:
             return self.transport
         return resolve_model(self.model_spec, base_url=self.base_url)
 
-    def start(self, question: str, *, listeners: Sequence[Listener] = ()) -> RunHandle:
+    def start(
+        self,
+        question: str,
+        *,
+        listeners: Sequence[Listener] = (),
+        conversation: str | None = None,
+        text_listeners: Sequence[TextListener] = (),
+    ) -> RunHandle:
         """Begin a run in the running event loop; returns at once. `listeners` hear this
-        run's events, beside the agent's own."""
+        run's events, beside the agent's own; `text_listeners`, the model's text as it is
+        written. `conversation`: a conversation's id (its first run's): the question is a
+        follow-up on its newest run (see `start_ask`)."""
+        follow = None
+        if conversation is not None:
+            latest = history.latest_run(self.store, conversation)
+            follow = history.continuation(self.store, latest)
+        return self._start(question, listeners, follow, text_listeners)
+
+    def start_ask(
+        self,
+        run_id: str,
+        question: str,
+        *,
+        fork: bool = False,
+        listeners: Sequence[Listener] = (),
+    ) -> RunHandle:
+        """A follow-up question on a run that has ended (completed or failed): a new run, with
+        its own id, limits and counters, whose history is the conversation so far as it was
+        recorded (elisions kept). `fork`: continue from a run the conversation has already
+        gone on from, as a new conversation. Raises ConfigError for a run that has not ended
+        (resume it first) or is unknown."""
+        follow = history.continuation(self.store, run_id, fork=fork)
+        return self._start(question, listeners, follow)
+
+    def _start(
+        self,
+        question: str,
+        listeners: Sequence[Listener],
+        follow: history.Continuation | None,
+        text_listeners: Sequence[TextListener] = (),
+    ) -> RunHandle:
         try:
             question.encode("utf-8")
         except UnicodeEncodeError as exc:
@@ -235,9 +311,20 @@ class Agent:
             server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
+        follows = None
+        if follow is not None:
+            follows = RunConfig(
+                "", "", conversation_id=follow.conversation_id, continues_from=follow.continues_from
+            )
         setup = self._setup(
-            listeners=(*listeners, *extra), settings=traced.settings() if traced else None
+            listeners=(*listeners, *extra),
+            settings=traced.settings() if traced else None,
+            follows=follows,
+            text_listeners=text_listeners,
         )
+        if follow is not None:
+            setup.context.elided.update(follow.elided)
+            setup.context.extend(follow.history)
         return _launch(RunLoop(run_id, question, setup), traced)
 
     def start_resume(
@@ -246,11 +333,12 @@ class Agent:
         *,
         listeners: Sequence[Listener] = (),
         lease_owner: str | None = None,
+        text_listeners: Sequence[TextListener] = (),
     ) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
         unknown or finished, LeaseHeld if another live process is advancing it."""
-        point = resume.load(self.store, run_id)
+        point = history.resumed(self.store, resume.load(self.store, run_id))
         record = point.record
         traced = RunTrace.begin(
             run_id,
@@ -262,9 +350,24 @@ class Agent:
         )
         extra = () if traced is None else (traced,)
         setup = self._setup(
-            record.config.limits, listeners=(*listeners, *extra), lease_owner=lease_owner
+            record.config.limits,
+            listeners=(*listeners, *extra),
+            lease_owner=lease_owner,
+            output=self._output_of(record.config.settings),
+            follows=record.config,
+            text_listeners=text_listeners,
         )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
+
+    def _output_of(self, settings: JsonObject) -> OutputSpec | None:
+        """A stored run's output shape: this agent's own when it has the same schema (so the
+        answer comes back as its pydantic model), else the schema saved with the run."""
+        saved = OutputSpec.from_settings(dict(settings))
+        if saved is None:
+            return self.output
+        if self.output is not None and self.output.schema == saved.schema:
+            return self.output
+        return saved
 
     def start_queued(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
         """Start a run that `keel submit` recorded (status `queued`, nothing done yet)."""
@@ -280,35 +383,67 @@ class Agent:
             server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
-        setup = self._setup(record.config.limits, listeners=extra, lease_owner=lease_owner)
+        setup = self._setup(
+            record.config.limits,
+            listeners=extra,
+            lease_owner=lease_owner,
+            output=self._output_of(record.config.settings),
+        )
         return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
 
-    def stream(self, question: str) -> RunStream:
+    def stream(
+        self, question: str, *, conversation: str | None = None, text: bool = True
+    ) -> RunStream:
         """Run, and hear each typed event as it is recorded: ``async for event in
-        agent.stream(q)``; then ``await`` the stream for the RunResult."""
+        agent.stream(q)``; then ``await`` the stream for the RunResult. `text`: also the
+        model's text as it is written (`TextDelta`, `TextDiscarded`), where it can stream."""
         stream = RunStream()
-        handle = self.start(question, listeners=(stream.listener,))
+        handle = self.start(
+            question,
+            listeners=(stream.listener,),
+            conversation=conversation,
+            text_listeners=(stream.listener,) if text else (),
+        )
         return stream.follow(handle, handle._task)
 
     def stream_resume(self, run_id: str) -> RunStream:
         """`start_resume`, streamed: the events the resumed run records from here on."""
         stream = RunStream()
-        handle = self.start_resume(run_id, listeners=(stream.listener,))
+        handle = self.start_resume(
+            run_id, listeners=(stream.listener,), text_listeners=(stream.listener,)
+        )
         return stream.follow(handle, handle._task)
 
     @property
     def _model_name(self) -> str:
         return self.model_spec or self.transport.name
 
-    async def arun(self, question: str) -> RunResult:
-        return await _drive(self.start(question))
+    async def arun(self, question: str, *, conversation: str | None = None) -> RunResult:
+        return self._typed(await _drive(self.start(question, conversation=conversation)))
 
-    def run(self, question: str) -> RunResult:
-        """The blocking facade for scripts."""
-        return asyncio.run(self.arun(question))
+    def run(self, question: str, *, conversation: str | None = None) -> RunResult:
+        """The blocking facade for scripts. `conversation`: a conversation's id (the
+        `conversation_id` of a result): ask the question as a follow-up on its newest run."""
+        return asyncio.run(self.arun(question, conversation=conversation))
+
+    async def aask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
+        return self._typed(await _drive(self.start_ask(run_id, question, fork=fork)))
+
+    def ask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
+        """A follow-up question on an ended run (see `start_ask`)."""
+        return asyncio.run(self.aask(run_id, question, fork=fork))
 
     async def aresume(self, run_id: str) -> RunResult:
-        return await _drive(self.start_resume(run_id))
+        return self._typed(await _drive(self.start_resume(run_id)))
+
+    def _typed(self, result: RunResult) -> RunResult:
+        """The result with its structured answer as this agent's pydantic model."""
+        if self.output is None or result.output is None:
+            return result
+        try:
+            return replace(result, output=self.output.to_python(result.output))
+        except pydantic.ValidationError:  # resumed under another schema: left as its JSON
+            return result
 
     def resume(self, run_id: str) -> RunResult:
         return asyncio.run(self.aresume(run_id))
@@ -374,6 +509,18 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     if isinstance(transport, CountsTokens):  # the XML fallback over a server
         return transport.token_counter(), None
     return None, None
+
+
+def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> None:
+    """A cost limit needs a price: without one the limit would count a silent zero."""
+    if limits.max_cost is None or price is not None:
+        return
+    name = price_name(transport)
+    raise ConfigError(
+        f"no price is known for the model {name}, so a cost limit (max_cost) cannot be kept; "
+        "add its price under [prices.PROVIDER] in keel.toml or pass Agent(prices=...), or run "
+        "without the cost limit"
+    )
 
 
 def new_run_id() -> str:

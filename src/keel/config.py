@@ -54,10 +54,11 @@ SECRET_PARAMETERS = frozenset(
      "secret", "sig", "signature", "code", "x-api-key"}
 )  # fmt: skip
 
-KEYS = ("model", "base_url", "loop_policy", "durability", "store", "mcp")
+KEYS = ("model", "base_url", "loop_policy", "durability", "store", "mcp", "prices")
 """Every key a keel.toml may hold: `model` and `base_url` (models.py), `loop_policy` (here),
 `durability` (durability.py), `store` (store/locate.py), `[[mcp]]` tables
-(tools/mcp_servers.py, which refuses unknown keys inside a table)."""
+(tools/mcp_servers.py, which refuses unknown keys inside a table), `[prices.PROVIDER]` tables
+(pricing.py)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,6 +15,8 @@
     │   ├── DeadlineExceeded   the run's wall-clock deadline passed
     │   ├── ModelError         the provider refused, or retries ran out
     │   ├── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
+    │   ├── InvalidOutput      the answer never matched the run's output schema, not even in a
+    │   │                      synthesis turn (the model's text is kept in the details)
     │   ├── RescuesExhausted   workers rescued a stranded run again and again without progress
     │   └── StoreUnavailable   the store could not save a step: this process stopped, and the
     │                          run stays at its last saved step, resumable (not saved as failed)
@@ -43,6 +45,7 @@ __all__ = [
     "EffectUnknown",
     "EmptyModelTurn",
     "FailureKind",
+    "InvalidOutput",
     "KeelError",
     "LeaseHeld",
     "LeaseLost",
@@ -62,6 +65,7 @@ FailureKind = Literal[
     "DeadlineExceeded",
     "ModelError",
     "EmptyModelTurn",
+    "InvalidOutput",
     "StoreUnavailable",
     "RescuesExhausted",
 ]
@@ -139,6 +143,13 @@ class ModelError(RunFailure):
 
 class EmptyModelTurn(RunFailure):
     kind = "EmptyModelTurn"
+
+
+class InvalidOutput(RunFailure):
+    """The answer did not validate against the run's output schema after the retries it was
+    given, or in a synthesis turn, which has no retry (keel/structured.py)."""
+
+    kind = "InvalidOutput"
 
 
 class RescuesExhausted(RunFailure):

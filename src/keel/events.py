@@ -13,6 +13,12 @@ consumer holds in memory is the run's own event log (bounded by the run's budget
 result size cap), and it is released as the consumer catches up (ADR 0024). Leaving the loop
 early does not stop the run: `cancel()` does.
 
+Beside the record, the stream carries the model's text as it is written (ADR 0039):
+`TextDelta` pieces and `TextDiscarded` markers (drop what a failed attempt streamed). They are
+not events of the record: no `seq`, never stored, never counted; the `ModelResponseReceived`
+that follows is the record of the answer. Only a stream asks the model to stream, and only
+when its transport can (`stream(q, text=False)` does not ask).
+
 `stream_lines` is the command line's `--events`: one JSON object per line, the final line
 the result, written from a thread so a slow reader of stdout never blocks the run either. A
 reader that goes away (`| head -1`) or a disk that fills only ends the lines: the thread keeps
@@ -31,6 +37,7 @@ from typing import Any, Protocol
 from keel.present.timeline import event_json
 from keel.records import Event
 from keel.result import RunResult
+from keel.transports.streaming import TextDelta, TextDiscarded, TextEvent
 
 __all__ = ["LineSink", "RunStream", "result_line", "stream_lines"]
 
@@ -49,14 +56,14 @@ class RunStream:
     """The events of one run as they happen, then (awaited) its result."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Event | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Event | TextEvent | None] = asyncio.Queue()
         self._handle: Any = None
         self._task: asyncio.Task[RunResult] | None = None
         """Set by `follow`, before the stream is handed out."""
         self._finished = False
 
-    def listener(self, event: Event) -> None:
-        """Given to the run's recorder: never blocks, never raises."""
+    def listener(self, event: Event | TextEvent) -> None:
+        """Given to the run's recorder (and its text listeners): never blocks, never raises."""
         self._queue.put_nowait(event)
 
     def follow(self, handle: Any, task: asyncio.Task[RunResult]) -> RunStream:
@@ -77,7 +84,7 @@ class RunStream:
     def __aiter__(self) -> RunStream:
         return self
 
-    async def __anext__(self) -> Event:
+    async def __anext__(self) -> Event | TextEvent:
         if self._finished:
             raise StopAsyncIteration
         event = await self._queue.get()
@@ -100,7 +107,9 @@ def result_line(result: RunResult) -> str:
     return json.dumps({"type": "result", **result.to_dict()}, ensure_ascii=False)
 
 
-def stream_lines(out: LineSink) -> tuple[Callable[[Event], None], Callable[[RunResult], None]]:
+def stream_lines(
+    out: LineSink,
+) -> tuple[Callable[[Event | TextEvent], None], Callable[[RunResult], None]]:
     """A listener writing each event as a JSON line to `out` from a thread of its own, and a
     function that writes the result line once every event line is out, then stops the thread.
     The first write that fails (OSError, or ValueError on a closed stream) ends the writing;
@@ -121,8 +130,11 @@ def stream_lines(out: LineSink) -> tuple[Callable[[Event], None], Callable[[RunR
     writer = threading.Thread(target=write, name="keel-events", daemon=True)
     writer.start()
 
-    def listener(event: Event) -> None:
-        lines.put(json.dumps(event_json(event), ensure_ascii=False))
+    def listener(event: Event | TextEvent) -> None:
+        shown = (
+            event.to_json() if isinstance(event, TextDelta | TextDiscarded) else event_json(event)
+        )
+        lines.put(json.dumps(shown, ensure_ascii=False))
 
     def finish(result: RunResult) -> None:
         lines.put(result_line(result))

@@ -35,8 +35,18 @@ class Limits:
     max_tool_calls: int | None = 200
     max_tokens: int | None = None
     """Input plus output tokens over the whole run, as the provider reports them."""
+    max_cost: float | None = None
+    """US dollars over the whole run, priced from the recorded usage (keel/pricing.py). When
+    the next call could pass it (as costly as the run's costliest call so far), that call is
+    budget synthesis; past it the run fails BudgetExhausted. A model with no known price is
+    refused at the start."""
     deadline: float | None = None
     """Seconds of wall-clock time from the start of the run."""
+    deadline_reserve: float | None = None
+    """Seconds kept before the deadline for one synthesis turn: when less is left, the next
+    turn is synthesis-only (reason `deadline`). None (the default) estimates it from the run:
+    twice its longest model call so far, at least `keel._run.budgets.DEADLINE_RESERVE_FLOOR`
+    (1 s); before the run has timed a call there is nothing to estimate from, and no reserve."""
     context_tokens: int = 100_000
     """Over this, the oldest large tool results are elided into pointers."""
     max_result_chars: int = 50_000
@@ -60,6 +70,9 @@ class Limits:
     repeat_synthesis: bool = True
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
+    output_retries: int = 2
+    """Answers that do not match the run's output schema and get their errors back with one
+    more turn (each a model call against the budgets); past it the run fails InvalidOutput."""
     first_turn_tool: bool = False
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
@@ -76,10 +89,19 @@ class Limits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
+        if self.max_cost is not None and not (
+            math.isfinite(self.max_cost) and self.max_cost > 0
+        ):
+            raise ConfigError(
+                f"max cost must be a positive number of dollars (got {self.max_cost})"
+            )
         if self.deadline is not None and not (math.isfinite(self.deadline) and self.deadline > 0):
             raise ConfigError(
                 f"deadline must be a positive number of seconds (got {self.deadline})"
             )
+        reserve = self.deadline_reserve
+        if reserve is not None and not (math.isfinite(reserve) and reserve >= 0):
+            raise ConfigError(f"deadline reserve must be 0 or more seconds (got {reserve})")
         if self.context_tokens < 256:
             raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
         if self.max_result_chars < 100:
@@ -88,6 +110,8 @@ class Limits:
             raise ConfigError(
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
             )
+        if self.output_retries < 0:
+            raise ConfigError("output retries must be 0 or more")
         if self.model_retries < 0:
             raise ConfigError("model retries must be 0 or more")
         for name in ("retry_base_delay", "retry_max_delay"):

@@ -20,6 +20,7 @@ __all__ = [
     "Item",
     "ModelRequest",
     "ModelResponse",
+    "OutputSchema",
     "SynthesisReason",
     "ToolCall",
     "ToolChoice",
@@ -44,6 +45,8 @@ class SynthesisReason(StrEnum):
 
     REPEATED_TOOL = "repeated_tool"
     BUDGET = "budget"
+    DEADLINE = "deadline"
+    """Less time is left before the run's deadline than one more turn is estimated to take."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +163,19 @@ class Usage:
 
 
 @dataclass(frozen=True, slots=True)
+class OutputSchema:
+    """The shape a request's answer must have (keel/structured.py): each transport asks for it
+    in its provider's own form."""
+
+    name: str
+    """Letters, digits, _ and -: every provider accepts it as a schema or tool name."""
+    schema: dict[str, Any]
+    """JSON Schema of the answer."""
+    partial: bool = False
+    """A synthesis turn's envelope: ``{"output": <the run's schema>, "gaps": [...]}``."""
+
+
+@dataclass(frozen=True, slots=True)
 class ModelRequest:
     """Everything one model call needs; transports map it, nothing else."""
 
@@ -179,6 +195,8 @@ class ModelRequest:
     settled_items: int = 0
     """Leading items no later request of the run changes (up to the last elided result): a
     provider cache breakpoint after them stays useful for the rest of the run."""
+    output: OutputSchema | None = None
+    """The shape the answer must have, when the run asked for one; None: free text."""
     cache_key: str | None = None
     """The same for every request of a run (its id): providers that route by a cache key
     (OpenAI's ``prompt_cache_key``) send the run's requests to the same cache."""

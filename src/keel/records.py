@@ -33,6 +33,7 @@ __all__ = [
     "ModelErrorSeen",
     "ModelRequestSent",
     "ModelResponseReceived",
+    "OutputRejected",
     "RecordedCall",
     "ResultElided",
     "RunCancelled",
@@ -128,6 +129,8 @@ class ModelResponseReceived(_EventBase):
     empty: bool = False
     provider_details: JsonObject = field(default_factory=dict)
     """Vendor data replayed with the turn (reasoning items, thinking signatures)."""
+    cost: float | None = None
+    """US dollars the call cost, priced from `usage` (keel/pricing.py); None: no known price."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -219,6 +222,9 @@ class ApprovalRequested(_EventBase):
     name: str
     arguments: JsonValue
     call_key: str
+    note: str | None = None
+    """Why a person must decide although the tool may be pre-approved (an identical side
+    effect earlier in the run ended "effect unknown")."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -233,12 +239,29 @@ class ApprovalDecided(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class OutputRejected(_EventBase):
+    """An answer that did not match the run's output schema; the model got `feedback` and
+    another turn (keel/structured.py). Replayed on resume, like a turn with calls."""
+
+    type: ClassVar[str] = "output_rejected"
+    text: str | None
+    """The answer as the model wrote it."""
+    feedback: str
+    """What the model was told: the validation errors and what to do."""
+
+
+@dataclass(slots=True, kw_only=True)
 class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
     synthesized: SynthesisReason | None = None
     cut_off: bool = False
     """The answer stopped at the model's output limit."""
+    output: JsonValue = None
+    """The validated structured answer, when the run asked for one (keel/structured.py)."""
+    partial: bool = False
+    """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
+    gaps: tuple[str, ...] = ()
 
 
 @dataclass(slots=True, kw_only=True)
@@ -278,6 +301,7 @@ Event: TypeAlias = (
     | ToolChoiceIgnored
     | ApprovalRequested
     | ApprovalDecided
+    | OutputRejected
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -300,6 +324,7 @@ _KINDS: dict[str, type[Any]] = {
         ToolChoiceIgnored,
         ApprovalRequested,
         ApprovalDecided,
+        OutputRejected,
         RunCompleted,
         RunFailed,
         RunCancelled,
@@ -328,6 +353,8 @@ def encode_event(event: Event) -> tuple[str, JsonObject, str | None]:
         }
         if not event.provider_details:
             del data["provider_details"]
+    elif isinstance(event, RunCompleted):
+        data["gaps"] = list(event.gaps)  # JSON has lists; read back as the tuple
     elif isinstance(event, RunFailed):
         details = cast(JsonObject, data.pop("details"))
         data = {**details, **data}  # flat, as `keel show --json` has always printed it
@@ -356,6 +383,9 @@ def decode_event(
         )
     elif cls is RunFailed:
         values["details"] = {k: v for k, v in data.items() if k not in known}
+    elif cls is RunCompleted:
+        gaps = data.get("gaps")
+        values["gaps"] = tuple(str(g) for g in gaps) if isinstance(gaps, list) else ()
     elif cls is ToolResultRecorded:
         values["content"] = body if body is not None else str(data.get("content", ""))
     try:
@@ -435,11 +465,24 @@ class RunState:
     """Every attempt sent to a provider, retries and synthesis included."""
     tool_calls: int = 0
     usage: Usage = field(default_factory=Usage)
+    cost: float | None = None
+    """US dollars the run's model calls cost so far; None when its model has no known price
+    (or the run was stored before Keel priced calls)."""
+    costliest_call: float = 0.0
+    """Dollars of the run's costliest model call: the estimate of what the next may cost."""
     status: RunStatus = "running"
     answer: str | None = None
     synthesized: SynthesisReason | None = None
     cut_off: bool = False
     """The answer was cut at the model's output limit."""
+    output: JsonValue = None
+    """The validated structured answer as JSON, when the run asked for one."""
+    partial: bool = False
+    """The structured answer came from a synthesis turn (see `gaps`)."""
+    gaps: tuple[str, ...] = ()
+    """What a synthesized structured answer said it could not establish."""
+    output_retries: int = 0
+    """Answers rejected by the output schema so far, each given another turn."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -452,16 +495,24 @@ class RunState:
     """What a deterministic transport needs to continue where it was (a script's position)."""
     deadline_at: float | None = None
     """Unix time the run must end by: wall-clock from the run's start, across resumes."""
+    longest_model_call: float = 0.0
+    """Seconds the run's longest answered model attempt took: what the deadline reserve is
+    estimated from (keel._run.budgets), kept across resumes."""
     world: int = 0
     """How often a side-effecting call produced a result the run had not seen from it: the
     world may have changed (loop policy `progress`, keel._run.breaker)."""
+    unknown_effects: dict[str, str] = field(default_factory=dict)
+    """Side-effecting calls whose effect is unknown (a timeout, a crash, a cancellation): call
+    key -> Keel's id of the first such call. An identical call later in the run waits for a
+    person, even when its tool is pre-approved (ADR 0033)."""
 
     def copy(self) -> RunState:
-        """A snapshot later steps cannot change (only the two dicts are mutable inside)."""
+        """A snapshot later steps cannot change (only the dicts are mutable inside)."""
         twin = RunState.__new__(RunState)
         for name in _STATE_FIELDS:
             setattr(twin, name, getattr(self, name))
         twin.decisions, twin.denied = dict(self.decisions), dict(self.denied)
+        twin.unknown_effects = dict(self.unknown_effects)
         return twin
 
     def encode(self) -> JsonObject:
@@ -472,17 +523,22 @@ class RunState:
     def decode(cls, data: JsonObject) -> RunState:
         return from_json(cls, data)
 
-    def result(self, run_id: str) -> RunResult:
+    def result(self, run_id: str, conversation_id: str | None = None) -> RunResult:
         return RunResult(
             run_id=run_id,
+            conversation_id=conversation_id or run_id,
             status=self.status,
             answer=self.answer,
             synthesized=self.synthesized,
             cut_off=self.cut_off,
+            output=self.output,
+            partial=self.partial,
+            gaps=self.gaps,
             failure=self.failure,
             model_calls=self.model_calls,
             tool_calls=self.tool_calls,
             usage=self.usage,
+            cost=self.cost,
             pending_approvals=self.pending,
         )
 
@@ -506,8 +562,20 @@ class RunConfig:
     settings: JsonObject = field(default_factory=dict)
     """The command line's settings (repo, allowed hosts, writes, base URL, browser) and any
     extra `run_config` a library caller saved with the run."""
+    conversation_id: str | None = None
+    """The conversation a follow-up belongs to (its first run's id); None: this run starts
+    one (a first question, or a fork)."""
+    continues_from: str | None = None
+    """The run whose history this one continues (`keel ask`); None: a first question."""
 
-    _FIXED: ClassVar[tuple[str, ...]] = ("model", "system_prompt", "tools", "approve_tools")
+    _FIXED: ClassVar[tuple[str, ...]] = (
+        "model",
+        "system_prompt",
+        "tools",
+        "approve_tools",
+        "conversation_id",
+        "continues_from",
+    )
 
     def encode(self) -> JsonObject:
         return {
@@ -517,7 +585,11 @@ class RunConfig:
             "tools": list(self.tools),
             "approve_tools": list(self.approve_tools),
             "limits": cast(JsonObject, self.limits.to_dict()),
+            **{k: v for k, v in self._conversation().items() if v is not None},
         }
+
+    def _conversation(self) -> dict[str, str | None]:
+        return {"conversation_id": self.conversation_id, "continues_from": self.continues_from}
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
@@ -533,4 +605,10 @@ class RunConfig:
             approve_tools=tuple(raw.get("approve_tools", ())),
             limits=Limits(**limits),
             settings={k: v for k, v in data.items() if k not in cls._FIXED and k != "limits"},
+            conversation_id=_text_or_none(raw.get("conversation_id")),
+            continues_from=_text_or_none(raw.get("continues_from")),
         )
+
+
+def _text_or_none(value: Any) -> str | None:
+    return value if isinstance(value, str) and value else None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+import pydantic
+
 from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
@@ -33,6 +35,9 @@ class PendingApproval:
     name: str
     arguments: Any
     call_key: str
+    note: str | None = None
+    """What the approver must know beyond the call itself: an identical side effect earlier in
+    the run ended "effect unknown", so it may have happened already."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,8 +51,21 @@ class RunResult:
     tool_calls: int
     usage: Usage
     pending_approvals: tuple[PendingApproval, ...] = ()
+    cost: float | None = None
+    """US dollars the run's model calls cost (keel/pricing.py); None: its model has no known
+    price. Local and scripted models cost 0."""
     cut_off: bool = False
     """The answer stopped at the model's output-token limit: complete as far as it goes."""
+    output: Any = None
+    """The validated structured answer, when the run asked for one (`Agent(output_type=...)`):
+    an instance of the pydantic model, or JSON for a JSON Schema; None otherwise."""
+    partial: bool = False
+    """`output` came from a synthesis turn (a limit was reached): see `gaps`."""
+    gaps: tuple[str, ...] = ()
+    """What a partial answer said it could not establish."""
+    conversation_id: str | None = None
+    """The conversation the run belongs to (its first run's id): ask a follow-up with
+    ``agent.run(question, conversation=...)`` or ``keel ask``."""
 
     @property
     def ok(self) -> bool:
@@ -57,6 +75,7 @@ class RunResult:
         """The `keel run --json` object."""
         return {
             "run_id": self.run_id,
+            "conversation_id": self.conversation_id or self.run_id,
             "status": self.status,
             "answer": self.answer,
             "synthesized": self.synthesized,
@@ -68,8 +87,18 @@ class RunResult:
                 "input_tokens": self.usage.input_tokens,
                 "output_tokens": self.usage.output_tokens,
             },
+            "cost_usd": self.cost,
+            "output": _json_output(self.output),
+            "partial": self.partial,
+            "gaps": list(self.gaps),
             "pending_approvals": [
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
+                | ({"note": p.note} if p.note else {})
                 for p in self.pending_approvals
             ],
         }
+
+
+def _json_output(output: Any) -> Any:
+    """A pydantic model as its JSON; JSON as it is."""
+    return output.model_dump(mode="json") if isinstance(output, pydantic.BaseModel) else output

@@ -1,5 +1,10 @@
 """Answering a batch: denials, approvals, dispatch, uncertain effects, results, evidence resets.
 
+A side-effecting call whose effect is unknown (it timed out with its work still running, the
+process crashed, the run was cancelled while it ran) is remembered by its call key: an
+identical call later in the run waits for a person's decision even when its tool is
+pre-approved, and the approver is told the first one may have happened (ADR 0033).
+
 Every call of a batch gets exactly one result, in request order. Before a side-effecting call is
 dispatched, the step so far is checkpointed with a `tool_dispatched` journal entry; if the
 process dies before the call's result is saved, the resumed run answers it "effect unknown"
@@ -155,6 +160,10 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
         if call.id in batch.journaled:
             continue
         tool = parts.executor.get(call.name)
+        note = _unknown_effect_note(parts, tool, call)
+        if note is not None:  # asked twice after an unknown effect: a person decides
+            waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key, note))
+            continue
         try:
             if tool is not None and _needs_approval(parts, tool, call):
                 waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key))
@@ -170,10 +179,27 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
                     name=p.name,
                     arguments=p.arguments,
                     call_key=p.call_key,
+                    note=p.note,
                 )
             )
     state.pending = tuple(waiting)
     return state.pending
+
+
+def _unknown_effect_note(parts: StepParts, tool: Tool | None, call: ToolCall) -> str | None:
+    """Why this call needs a person although its tool may be pre-approved: an identical
+    side-effecting call earlier in the run ended "effect unknown", so running it again could
+    do the thing twice (ADR 0033). None when nothing like that happened."""
+    first = parts.state.unknown_effects.get(call.key)
+    if first is None or first == call.id or tool is None:
+        return None
+    if tool.effect is not Effect.SIDE_EFFECTING:
+        return None
+    return (
+        f"the identical call {first} ended with its effect unknown (it timed out, crashed or "
+        "was cancelled while running), so it may have happened already; approve only if "
+        "doing it again is what you want"
+    )
 
 
 def _needs_approval(parts: StepParts, tool: Tool, call: ToolCall) -> bool:
@@ -209,6 +235,8 @@ def _record_executed(parts: StepParts, executed: ExecutedCall) -> ToolResult:
 
 
 def _record(parts: StepParts, result: ToolResult, duration_ms: float = 0.0) -> ToolResult:
+    if result.uncertain:  # an identical call from here on waits for a person
+        parts.state.unknown_effects.setdefault(result.call_key, result.call_id)
     parts.recorder.tool_result(result, duration_ms)
     return result
 

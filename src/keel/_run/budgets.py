@@ -1,8 +1,17 @@
 """The run's limits as questions a step asks: may it go on, and is the budget running out?
 
 Step 1 of the loop stops a run that is past its deadline or out of budget; step 2 makes the
-next turn budget synthesis when one model call is left, the tool calls are spent, or the tokens
-left would not pay for more than this turn. Both are asked again before every model attempt.
+next turn budget synthesis when one model call is left, the tool calls are spent, the tokens
+left would not pay for more than this turn, or the next call could pass the cost limit (as
+costly as the run's costliest call so far), and deadline synthesis when the time left is below
+the deadline reserve (ADR 0033). Both are asked again before every model attempt.
+
+The deadline reserve is the time one synthesis turn is expected to take:
+`Limits.deadline_reserve` when given, else DEADLINE_RESERVE_FACTOR times the run's longest
+model call so far, at least DEADLINE_RESERVE_FLOOR seconds. A synthesis turn carries the whole
+history, so it is at least as slow as the turns before it; twice the slowest leaves room for a
+longer answer. Before the run has timed a model call there is no estimate and no reserve: the
+first turn goes out normally.
 """
 
 from __future__ import annotations
@@ -15,7 +24,21 @@ from keel.errors import BudgetExhausted, DeadlineExceeded, RunFailure
 from keel.limits import Limits
 from keel.records import RunState
 
-__all__ = ["Clock", "past_limits", "running_out"]
+__all__ = [
+    "DEADLINE_RESERVE_FACTOR",
+    "DEADLINE_RESERVE_FLOOR",
+    "Clock",
+    "deadline_reserve",
+    "out_of_time",
+    "past_limits",
+    "running_out",
+]
+
+DEADLINE_RESERVE_FLOOR = 1.0
+"""The least reserve estimated from a run's timings, in seconds: room for the request to be
+built and sent, and for a model that was fast so far to be slower once."""
+DEADLINE_RESERVE_FACTOR = 2.0
+"""The estimated reserve is this many times the run's longest model call."""
 
 
 @dataclass(slots=True)
@@ -54,6 +77,14 @@ def past_limits(state: RunState, limits: Limits, clock: Clock) -> RunFailure | N
             step=state.step,
             details={"budget": "model_calls", "limit": calls},
         )
+    cost = limits.max_cost
+    if cost is not None and (state.cost or 0.0) >= cost:
+        spent = state.cost or 0.0
+        return BudgetExhausted(
+            f"the cost budget of ${cost:g} was spent (${spent:.4f} used) before an answer",
+            step=state.step,
+            details={"budget": "cost", "limit": cost, "cost": spent},
+        )
     tokens = limits.max_tokens
     if tokens is not None and state.usage.total >= tokens:
         return BudgetExhausted(
@@ -72,4 +103,24 @@ def running_out(state: RunState, limits: Limits, context_tokens: int) -> str | N
         return "tool_calls"
     if limits.max_tokens is not None and limits.max_tokens - state.usage.total < 2 * context_tokens:
         return "tokens"
+    if limits.max_cost is not None and (state.cost or 0.0) + state.costliest_call > limits.max_cost:
+        return "cost"  # the next call could pass it, if it costs what the costliest one did
     return None
+
+
+def deadline_reserve(state: RunState, limits: Limits) -> float | None:
+    """Seconds to keep for one synthesis turn; None when there is nothing to estimate from."""
+    if limits.deadline_reserve is not None:
+        return limits.deadline_reserve
+    if state.longest_model_call <= 0:
+        return None
+    return max(DEADLINE_RESERVE_FLOOR, DEADLINE_RESERVE_FACTOR * state.longest_model_call)
+
+
+def out_of_time(state: RunState, limits: Limits, clock: Clock) -> bool:
+    """Less time is left than the synthesis turn needs: the next turn must be the last."""
+    remaining = clock.remaining()
+    if remaining is None:
+        return False
+    reserve = deadline_reserve(state, limits)
+    return reserve is not None and remaining < reserve

@@ -22,6 +22,7 @@ from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
 from keel._run.lease import Lease
+from keel._run.live_text import LiveText
 from keel._run.parts import (
     Completed,
     Continue,
@@ -37,6 +38,7 @@ from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
 from keel.limits import Limits
 from keel.messages import UserMessage
+from keel.pricing import Price
 from keel.records import (
     RunCancelled,
     RunCompleted,
@@ -48,8 +50,10 @@ from keel.records import (
 )
 from keel.result import Failure, RunResult
 from keel.store import RunStore
+from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = ["RunLoop", "RunSetup"]
 
@@ -71,6 +75,12 @@ class RunSetup:
     lease_ttl: float = 30.0
     lease_owner: str | None = None
     """A lease the caller already holds on the run (a worker takes it before loading)."""
+    price: Price | None = None
+    """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
+    output: OutputSpec | None = None
+    """The shape the answer must have (keel/structured.py); None: free text."""
+    text_listeners: tuple[TextListener, ...] = ()
+    """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
 
 
 class RunLoop:
@@ -92,7 +102,8 @@ class RunLoop:
         self.setup = setup
         self.resume = resume
         state = resume.state if resume else RunState()
-        setup.context.cache_key = run_id  # one provider cache key for the whole run
+        # one provider cache key for the whole run, and for the conversation it continues
+        setup.context.cache_key = setup.config.conversation_id or run_id
         self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
         self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
         breaker = IdenticalCallBreaker(
@@ -113,7 +124,12 @@ class RunLoop:
             clock=Clock(),
             approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
+            price=setup.price,
+            output=setup.output,
+            live=LiveText.for_run(setup.transport, setup.text_listeners),
         )
+        if setup.price is not None and state.cost is None:
+            state.cost = 0.0  # priced from here on
         self.view = RunView(run_id, self.parts)
         """What observers may read of this run besides its events."""
         self.batch: Batch | None = resume.batch if resume else None
@@ -151,7 +167,7 @@ class RunLoop:
             await asyncio.shield(self.checkpoint(release=True))
         except StoreError as error:
             return self._unsaved(error)
-        return self.state.result(self.run_id)
+        return self.state.result(self.run_id, self.setup.config.conversation_id)
 
     async def _advance(self) -> StepOutcome:
         """Steps until one ends the run. A step's additions are saved by the checkpoint that
@@ -210,18 +226,25 @@ class RunLoop:
         state = self.state.copy()
         state.status = "failed"
         state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
-        return state.result(self.run_id)
+        return state.result(self.run_id, self.setup.config.conversation_id)
 
     def _end(self, outcome: StepOutcome | None) -> None:
         """Record how the run ended; None: it was cancelled."""
         state, emit = self.state, self.recorder.emit
         match outcome:
-            case Completed(answer, synthesized, cut_off):
+            case Completed(answer, synthesized, cut_off, output, gaps):
                 state.status, state.answer, state.synthesized = "completed", answer, synthesized
-                state.cut_off = cut_off
+                state.cut_off, state.output, state.gaps = cut_off, output, gaps
+                state.partial = output is not None and synthesized is not None
                 emit(
                     RunCompleted(
-                        step=state.step, answer=answer, synthesized=synthesized, cut_off=cut_off
+                        step=state.step,
+                        answer=answer,
+                        synthesized=synthesized,
+                        cut_off=cut_off,
+                        output=output,
+                        partial=state.partial,
+                        gaps=gaps,
                     )
                 )
             case Paused():

@@ -10,16 +10,20 @@ from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from typing import Any
 
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
+from keel._run.live_text import LiveText
 from keel._run.recorder import StepRecorder
 from keel.errors import RunFailure
 from keel.limits import Limits
 from keel.messages import SynthesisReason
+from keel.pricing import Price
 from keel.records import RunState
 from keel.result import PendingApproval
+from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Resumable, Transport
 
@@ -45,6 +49,10 @@ class Completed:
     synthesized: SynthesisReason | None
     cut_off: bool = False
     """The answer was cut at the model's output limit (kept, and said so)."""
+    output: Any = None
+    """The validated structured answer as JSON, when the run asked for one."""
+    gaps: tuple[str, ...] = ()
+    """What a synthesized structured answer said it could not establish."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,8 +86,14 @@ class StepParts:
     """Tools whose calls are pre-approved for this run."""
     checkpoint: Callable[[], Awaitable[None]]
     """Make the step so far durable (before a side effect, after one)."""
+    output: OutputSpec | None = None
+    """The shape the answer must have (keel/structured.py); None: free text."""
+    price: Price | None = None
+    """What the model's calls cost; None when no price is known (then no cost is kept)."""
     resumable: Resumable | None = None
     """The transport, when its position is saved with each checkpoint (a script)."""
+    live: LiveText | None = None
+    """Streams each attempt's text to the run's text listeners; None: nobody listens."""
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free

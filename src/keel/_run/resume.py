@@ -19,6 +19,7 @@ from keel.records import (
     Event,
     KeyCounter,
     ModelResponseReceived,
+    OutputRejected,
     RunStarted,
     RunState,
     ToolDispatched,
@@ -26,7 +27,7 @@ from keel.records import (
 )
 from keel.store import RunRecord, RunStore
 
-__all__ = ["ENDED", "FINISHED", "ResumePoint", "load"]
+__all__ = ["ENDED", "FINISHED", "ResumePoint", "load", "rebuild_items"]
 
 ENDED = ("completed", "failed")
 """Runs that are over: nothing resumes them."""
@@ -81,6 +82,11 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
             ]
             items.append(AssistantMessage(event.text, tuple(calls), event.provider_details))
             batch = Batch(calls)
+        elif isinstance(event, OutputRejected):  # an answer that did not validate, and why
+            close_batch()
+            batch = None
+            items.append(AssistantMessage(event.text))
+            items.append(UserMessage(event.feedback))
         elif isinstance(event, ToolDispatched):
             dispatched.add(event.call_id)
         elif isinstance(event, ToolResultRecorded) and batch is not None:
@@ -91,6 +97,12 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
     # The open batch's results are appended, in request order, when it is answered.
     batch.journaled = {c.id for c in batch.open_calls() if c.id in dispatched}
     return items, batch
+
+
+def rebuild_items(events: list[Event]) -> tuple[list[Item], Batch | None]:
+    """A run's history from its events, as its context first saw it, and any open batch;
+    a follow-up's history (`history.py`) is built from its earlier runs' the same way."""
+    return _history(events)
 
 
 def _result(event: ToolResultRecorded) -> ToolResult:

@@ -17,10 +17,17 @@ from keel._run import batch as batches
 from keel._run import turns
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
-from keel.errors import BudgetExhausted, RunFailure, ToolLoopDetected
+from keel.errors import (
+    BudgetExhausted,
+    DeadlineExceeded,
+    InvalidOutput,
+    RunFailure,
+    ToolLoopDetected,
+)
 from keel.failpoints import failpoint
-from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall
-from keel.records import ToolCallRequested
+from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall, UserMessage
+from keel.records import OutputRejected, ToolCallRequested
+from keel.structured import Checked
 
 __all__ = [
     "Completed",
@@ -41,12 +48,59 @@ async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcom
             failpoint("step_start")
             response, mode = await turns.next_turn(parts)
             if not response.tool_calls:
-                return Completed(response.text, mode.reason, response.cut_off)
+                return _answered(parts, response, mode)
             batch = _accept_batch(parts, response, mode)
         pending = await batches.answer(parts, batch)
     except RunFailure as failure:
         return Failed(failure)
     return Paused(pending) if pending else Continue()
+
+
+def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> StepOutcome:
+    """An answer ends the run; with an output schema, only one that validates (ADR 0034). A
+    normal turn's invalid answer gets its errors back and another turn, at most
+    `Limits.output_retries` times; a synthesis turn's, or one past the retries, fails the run
+    InvalidOutput with the model's text."""
+    spec = parts.output
+    if spec is None:
+        return Completed(response.text, mode.reason, response.cut_off)
+    checked = spec.check(response.text, synthesis=mode.reason is not None)
+    if isinstance(checked, Checked):
+        return Completed(
+            response.text, mode.reason, response.cut_off, checked.value, checked.gaps
+        )
+    state, limits = parts.state, parts.limits
+    if mode.reason is None and state.output_retries < limits.output_retries:
+        state.output_retries += 1
+        feedback = output_feedback(checked)
+        parts.context.append(AssistantMessage(response.text))  # as a resume replays it
+        parts.context.append(UserMessage(feedback))
+        parts.recorder.emit(OutputRejected(step=state.step, text=response.text, feedback=feedback))
+        return Continue()
+    where = "synthesis turn" if mode.reason is not None else "answer"
+    tries = "" if mode.reason is not None else f" after {state.output_retries} retries"
+    return Failed(
+        InvalidOutput(
+            f"the model's {where} did not match the output schema {spec.name}{tries}: "
+            f"{checked[:500]}",
+            step=state.step,
+            details={
+                "schema": spec.name,
+                "errors": checked,
+                "text": response.text,
+                "synthesis": None if mode.reason is None else mode.reason.value,
+            },
+        )
+    )
+
+
+def output_feedback(errors: str) -> str:
+    """What the model is told when its answer does not match the schema."""
+    return (
+        f"Your answer does not match the required output schema: {errors}. Reply again with "
+        "only a JSON value that matches the schema (no prose around it), or call a tool if "
+        "you need more evidence first."
+    )
 
 
 def _accept_batch(parts: StepParts, response: ModelResponse, mode: Mode) -> batches.Batch:
@@ -87,6 +141,14 @@ def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) ->
                 f"for {', '.join(names)} instead; nothing was run",
                 step=step,
                 details={"reason": reason.value, "requested": names, "budget": mode.budget},
+            )
+        case SynthesisReason.DEADLINE:
+            deadline = parts.limits.deadline
+            return DeadlineExceeded(
+                f"the deadline of {deadline:g}s left time only for a final answer, but the "
+                f"model asked for {', '.join(names)} instead; nothing was run",
+                step=step,
+                details={"reason": reason.value, "requested": names, "deadline": deadline},
             )
         case SynthesisReason.REPEATED_TOOL:
             key = mode.repeated_key or ""

@@ -1,11 +1,13 @@
 """The mode of the next turn: synthesis-only (and the volatile control that says why), a turn
 that insists on a tool call, or a normal one.
 
-Two reasons for synthesis exist. Repeated-tool synthesis (docs/adr/0002): some call key stands at
-threshold-1, so one more identical request would trip the hard breaker; the model gets one turn,
-without tools, to write the best supported answer. Budget synthesis: the budget allows one more
-model call, or no more tool calls, or too few tokens for more than this turn. When both hold,
-one synthesis turn is sent with both controls, and it is classified as budget synthesis.
+Three reasons for synthesis exist. Repeated-tool synthesis (docs/adr/0002): some call key stands
+at threshold-1, so one more identical request would trip the hard breaker; the model gets one
+turn, without tools, to write the best supported answer. Budget synthesis: the budget allows one
+more model call, or no more tool calls, or too few tokens for more than this turn. Deadline
+synthesis (ADR 0033): less time is left before the run's deadline than one more turn is
+estimated to take. When several hold, one synthesis turn is sent with all their controls, and
+it is classified by the hardest limit: the deadline, then the budget, then repetition.
 
 A run may insist on evidence first (`Limits.first_turn_tool`, ``keel run --first-turn-tool``):
 its first turn is sent with tool_choice "required", so the model calls a tool before it may
@@ -25,7 +27,9 @@ from keel.messages import SynthesisReason, ToolChoice
 
 __all__ = [
     "BUDGET_CONTROL",
+    "DEADLINE_CONTROL",
     "NORMAL",
+    "PARTIAL_OUTPUT_CONTROL",
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
@@ -44,6 +48,20 @@ BUDGET_CONTROL = (
     "Answer the question now, in this last reply, from the tool results above and nothing "
     "else. Name what they leave unknown. Do not present unfinished work as done."
 )
+
+DEADLINE_CONTROL = (
+    "This run's time is nearly up: its deadline leaves room for this reply only, so no tools "
+    "are available for it. Write the best answer the evidence already gathered supports. Name "
+    "the gaps that remain open, say that research stopped because time ran out, and do not "
+    "claim that unfinished work is complete."
+)
+
+PARTIAL_OUTPUT_CONTROL = (
+    "Reply with one JSON object and nothing else: under \"output\", the answer in the required "
+    "schema, filled in as far as the evidence supports it; under \"gaps\", a list of what "
+    "remains open."
+)
+"""Added to a synthesis turn's controls when the run asked for structured output (ADR 0034)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,12 +90,25 @@ TOOL_REQUIRED = Mode(tool_required=True)
 
 
 def decide_mode(
-    repeated_key: str | None, budget: str | None, *, insist_on_tool: bool = False
+    repeated_key: str | None,
+    budget: str | None,
+    *,
+    insist_on_tool: bool = False,
+    out_of_time: bool = False,
 ) -> Mode:
-    """Synthesis first (budget over repetition), then a required tool call, then normal.
+    """Synthesis first (the deadline over the budget over repetition), then a required tool
+    call, then normal.
 
     `insist_on_tool`: the run wants evidence before an answer on this turn (its first turn,
-    with tools offered); it never turns a synthesis turn back into one that calls tools."""
+    with tools offered); it never turns a synthesis turn back into one that calls tools.
+    `out_of_time`: the time left is below the deadline reserve."""
+    if out_of_time:
+        controls: tuple[str, ...] = (DEADLINE_CONTROL,)
+        if budget is not None:
+            controls += (BUDGET_CONTROL,)
+        if repeated_key is not None:
+            controls += (REPEATED_TOOL_CONTROL,)
+        return Mode(SynthesisReason.DEADLINE, controls, repeated_key, budget)
     if budget is not None:
         controls = (BUDGET_CONTROL, REPEATED_TOOL_CONTROL) if repeated_key else (BUDGET_CONTROL,)
         return Mode(SynthesisReason.BUDGET, controls, repeated_key, budget)

@@ -8,15 +8,18 @@ one call in the budget becomes budget synthesis.
 from __future__ import annotations
 
 import asyncio
+import time
+from dataclasses import replace
 
 from keel._run import gateway
-from keel._run.budgets import past_limits, running_out
+from keel._run.budgets import out_of_time, past_limits, running_out
 from keel._run.parts import StepParts
-from keel._run.synthesis import Mode, decide_mode
+from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
 from keel.messages import ModelResponse, with_keel_ids
+from keel.pricing import call_cost
 from keel.records import (
     ModelErrorSeen,
     ModelRequestSent,
@@ -35,7 +38,8 @@ def current_mode(parts: StepParts) -> Mode:
     budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
     insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
     repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
-    return decide_mode(repeating, budget, insist_on_tool=insist)
+    late = out_of_time(parts.state, parts.limits, parts.clock)
+    return decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late)
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
@@ -51,13 +55,20 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         if stop is not None:
             raise stop
         mode = current_mode(parts)
-        request, newly_elided = parts.context.build(mode.tool_choice, mode.controls)
+        synthesis = mode.reason is not None
+        controls = mode.controls
+        if parts.output is not None and synthesis:
+            controls += (PARTIAL_OUTPUT_CONTROL,)
+        request, newly_elided = parts.context.build(mode.tool_choice, controls)
+        if parts.output is not None:  # each transport asks for it in its provider's form
+            request = replace(request, output=parts.output.request(synthesis))
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
+        number = errors + empty + 1
         parts.recorder.emit(
             ModelRequestSent(
                 step=state.step,
-                attempt=errors + empty + 1,
+                attempt=number,
                 tool_choice=request.tool_choice,
                 synthesis=mode.reason,
                 items=len(request.items),
@@ -67,19 +78,30 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         )
         await parts.checkpoint()  # the step so far, and this attempt, before it is sent
         failpoint("after_checkpoint")
+        started = time.monotonic()
+        live = parts.live
+        transport = parts.transport if live is None else live.attempt(state.step, number)
         try:
-            attempt = gateway.attempt(parts.transport, request, limits, parts.clock.remaining())
+            attempt = gateway.attempt(transport, request, limits, parts.clock.remaining())
             response = clean_response(await traced_attempt(attempt))
         except ProviderError as error:
+            if live is not None:
+                live.failed(state.step, number)  # drop what the failed attempt streamed
             _remember_transport(parts)
             errors += 1
             last_was_empty = False
             await _after_error(parts, policy, error, errors)
             continue
         _remember_transport(parts)
+        took = time.monotonic() - started  # what the deadline reserve is estimated from
+        state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
         state.usage = state.usage + response.usage
-        parts.recorder.emit(_response_event(state.step, response))
+        cost = None if parts.price is None else call_cost(response.usage, parts.price)
+        if cost is not None:
+            state.cost = (state.cost or 0.0) + cost
+            state.costliest_call = max(state.costliest_call, cost)
+        parts.recorder.emit(_response_event(state.step, response, cost))
         failpoint("after_model_response")
         if not response.is_empty:
             if request.tool_choice == "required" and not response.tool_calls:
@@ -136,7 +158,9 @@ async def _after_error(
     await asyncio.sleep(delay)
 
 
-def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived:
+def _response_event(
+    step: int, response: ModelResponse, cost: float | None
+) -> ModelResponseReceived:
     return ModelResponseReceived(
         step=step,
         text=response.text,
@@ -147,4 +171,5 @@ def _response_event(step: int, response: ModelResponse) -> ModelResponseReceived
         stop_reason=response.stop_reason,
         empty=response.is_empty,
         provider_details=response.provider_details,
+        cost=cost,
     )

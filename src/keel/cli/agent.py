@@ -7,17 +7,19 @@ import dataclasses
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from rich.console import Console
 
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
 from keel.cli.integrations import RunExtras
+from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.models import resolve_model
 from keel.present.progress import ProgressPrinter
+from keel.pricing import configured_prices
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
 from keel.tools.base import Tool
@@ -47,6 +49,7 @@ def command_agent(
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
     durability: Durability | None = None,
+    output_type: dict[str, Any] | None = None,
 ) -> Agent:
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
     only its public form, which is what gets stored. `extras` None: quiet, no MCP servers."""
@@ -75,10 +78,13 @@ def command_agent(
             system_prompt=system_prompt,
             store=store,
             listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True))),
+            text_listeners=extras.text_listeners(),
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},
             trace_content=extras.otel_content or None,
             durability=durability,
+            prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
+            output_type=output_type,
         )
     except BaseException:
         extras.close()  # a bad model spec, a tool name clash: stop the servers just started

@@ -8,6 +8,7 @@ advancing), 3 awaiting approval. Output that cannot be written changes none of t
 from __future__ import annotations
 
 import functools
+import json
 import sys
 from collections.abc import Callable
 from contextvars import ContextVar
@@ -18,8 +19,10 @@ import typer
 from rich.console import Console
 
 from keel import approvals
+from keel._run.history import continuation
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
 from keel.cli.agent import command_agent as _agent
+from keel.cli.conversation import ask_command, continues_line, conversation_lines
 from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
 from keel.cli.signals import Signals, own_process, stoppable
@@ -42,10 +45,11 @@ from keel.present.progress import watch_local_model
 from keel.present.summary import one_line, resume_command, show_command
 from keel.present.terminal import describe_call, safe_text
 from keel.present.timeline import event_json, json_text, run_json, timeline
+from keel.pricing import cost_text
 from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
 from keel.result import RunResult, RunStatus
-from keel.store import RunStore, Store, open_store, store_target
+from keel.store import RunRecord, RunStore, Store, open_store, store_target
 from keel.store.locate import default_store_path
 from keel.ui.command import ui_command
 
@@ -183,8 +187,19 @@ def run(
     max_tokens: Annotated[
         int | None, typer.Option(help="Input+output token budget [default: none].")
     ] = None,
+    max_cost: Annotated[
+        float | None,
+        typer.Option(help="Cost budget in US dollars, from the price table [default: none]."),
+    ] = None,
     deadline: Annotated[
         float | None, typer.Option(help="Wall-clock limit in seconds [default: none].")
+    ] = None,
+    deadline_reserve: Annotated[
+        float | None,
+        typer.Option(
+            help="Seconds kept before --deadline for the final answer [default: twice the "
+            "run's longest model call, at least 1]."
+        ),
     ] = None,
     model_timeout: Annotated[
         float, typer.Option(help="Seconds one model attempt may take in all (retryable past it).")
@@ -210,11 +225,19 @@ def run(
     first_turn_tool: Annotated[
         bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
     ] = False,
+    output_schema: Annotated[
+        Path | None,
+        typer.Option(help="A JSON Schema file: the answer must be JSON that matches it."),
+    ] = None,
     submit_: Annotated[bool, typer.Option("--submit", hidden=True)] = False,
+    ask_run: Annotated[str | None, typer.Option("--ask-run", hidden=True)] = None,
+    fork: Annotated[bool, typer.Option("--fork", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
     if not question.strip():
         _usage_error("the question is empty: say what to research")
+    if fork and ask_run is None:
+        _usage_error("--fork continues an earlier run: use it with keel ask RUN_ID")
     folder = (repo or Path(".")).resolve()
     settings: JsonObject = {
         "repo": str(folder),
@@ -241,7 +264,9 @@ def run(
             max_model_calls=max_model_calls,
             max_tool_calls=max_tool_calls,
             max_tokens=max_tokens,
+            max_cost=max_cost,
             deadline=deadline,
+            deadline_reserve=deadline_reserve,
             model_timeout=model_timeout,
             context_tokens=context_tokens,
             first_turn_tool=first_turn_tool,
@@ -260,6 +285,7 @@ def run(
         settings["base_url"] = public_url(choice.base_url)  # no credentials in the store
         settings["base_url_redacted"] = settings["base_url"] != choice.base_url
     approved = [t.strip() for t in approve_tools.split(",") if t.strip()]
+    schema = None if output_schema is None else _guard(lambda: read_schema(output_schema))
     extras = RunExtras(as_json, events, otel, otel_content)
     level = _guard(lambda: choose_durability(durability))
     agent = _guard(
@@ -272,12 +298,15 @@ def run(
             approve_tools=approved,
             base_url=choice.base_url,
             durability=level,
+            output_type=schema,
         )
     )
     if submit_:
         _guard(lambda: submit_run(agent, question, as_json))
         return
     _guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
+    if ask_run is not None:  # refused here (one line), before the header and any model load
+        _guard(lambda: continuation(agent.store, ask_run, fork=fork))
     if not (as_json or events):  # the human form only: JSON output stays exactly JSON
         _header(choice.spec, choice.base_url, choice.source)
         if repo is None:  # the file tools' folder was not chosen: say which one they read
@@ -288,7 +317,10 @@ def run(
                 soft_wrap=True,
                 style="dim",
             )
-    _finish(agent, lambda: agent.start(question), extras)
+    if ask_run is None:
+        _finish(agent, lambda: agent.start(question), extras)
+    follows = ask_run
+    _finish(agent, lambda: agent.start_ask(follows, question, fork=fork), extras)
 
 
 @app.command("trust")
@@ -316,6 +348,7 @@ def submit(**options: Any) -> None:
 
 
 app.command("worker")(worker_command)
+app.command("ask")(ask_command(run))
 
 
 @app.command()
@@ -468,8 +501,19 @@ def show(
             markup=False,
             soft_wrap=True,
         )
+    follows = continues_line(record)
+    if follows is not None:
+        out.print(follows, highlight=False, markup=False)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
+    state = record.state
+    out.print(
+        f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
+        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
+        f"{cost_text(state.cost)}",
+        highlight=False,
+        markup=False,
+    )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
 
@@ -500,11 +544,16 @@ def runs(
         records = _guard(lambda: db.list_runs(limit, status))
     finally:
         db.close()
-    for r in records:
-        typer.echo(
+
+    def line(r: RunRecord) -> str:
+        return (
             f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools  {safe_text(r.question[:70])}"
+            f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
+            f"{safe_text(r.question[:70])}"
         )
+
+    for text in conversation_lines(records, line):
+        typer.echo(text)
     interrupted = [r.run_id for r in records if r.status == "cancelled"]
     if interrupted:
         typer.echo(
@@ -563,7 +612,8 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
         if result.status == "cancelled":  # an interruption: say how to go on
             show += f"\ncontinue it with: {_resume_line(result.run_id, agent.store)}"
     if not extras.wrote(result):
-        _print_result(result, extras.as_json, extras.out)
+        shown = result.answer is not None and extras.answer_shown(result.answer)
+        _print_result(result, extras.as_json, extras.out, answer_shown=shown)
     if extras.out.failure is not None:  # the run is stored: say where, in one line
         err.print(
             f"keel: {extras.out.failure}; the rest of the output was dropped; run "
@@ -577,23 +627,30 @@ def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> 
     raise typer.Exit(EXIT_CODES[result.status])
 
 
-def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
+def _print_result(
+    result: RunResult, as_json: bool, out: Stdout, *, answer_shown: bool = False
+) -> None:
+    """`answer_shown`: the answer was printed as it was written (a terminal)."""
     if as_json:
         out.line(json_text(result.to_dict()))
         return
-    if result.answer is not None:
+    if result.answer is not None and not answer_shown:
         out.line(safe_text(result.answer))
     status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
     if result.cut_off:
         status += " (the answer was cut off at the model's output limit)"
+    if result.partial:
+        gaps = "; ".join(result.gaps) or "none named"
+        status += f" (partial structured answer; gaps: {gaps})"
     if result.failure:
         status += f": {result.failure.kind}: {result.failure.message}"
     for pending in result.pending_approvals:
         call = "\n  ".join(describe_call(pending.name, pending.arguments))
+        note = f"\n  note: {pending.note}" if pending.note else ""
         err.print(
-            f"awaiting approval: {pending.call_id} {call}\n"
+            f"awaiting approval: {pending.call_id} {call}{note}\n"
             f"  keel approve {result.run_id} {pending.call_id}   or   "
             f"keel deny {result.run_id} {pending.call_id} --reason TEXT",
             highlight=False,
@@ -603,11 +660,24 @@ def _print_result(result: RunResult, as_json: bool, out: Stdout) -> None:
     err.print(
         f"{safe_text(status)} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
-        f"{result.usage.output_tokens} tokens",
+        f"{result.usage.output_tokens} tokens · {cost_text(result.cost)}",
         highlight=False,
         markup=False,
         soft_wrap=True,
     )
+
+
+def read_schema(path: Path) -> dict[str, Any]:
+    """`--output-schema FILE`: a JSON object, else a ConfigError naming the file."""
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ConfigError(
+            f"--output-schema {path}: cannot read a JSON Schema from it: {exc}"
+        ) from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"--output-schema {path}: a JSON Schema is a JSON object")
+    return data
 
 
 def _open_store(

@@ -16,6 +16,7 @@ from keel._run.recorder import Listener
 from keel.cli.output import Stdout
 from keel.errors import ConfigError
 from keel.events import stream_lines
+from keel.present.live_text import TerminalText
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.tools.base import Tool
@@ -27,6 +28,7 @@ from keel.tools.mcp_servers import (
     servers_from_settings,
     user_config_file,
 )
+from keel.transports.streaming import TextListener
 
 if TYPE_CHECKING:
     from keel.tools.mcp_tools import McpToolset
@@ -48,6 +50,10 @@ class RunExtras:
         self.out = Stdout()
         """stdout: the result, or the event lines; writes that fail are dropped, and noted."""
         self._lines = stream_lines(self.out) if events else None
+        self.live: TerminalText | None = None
+        """`keel run` on a terminal, without --json or --events: the answer as it is written."""
+        if not as_json and not events and sys.stdout is not None and sys.stdout.isatty():
+            self.live = TerminalText(self.out.write, _note)
         self._mcp: McpToolset | None = None
         self._stop_export: Callable[[], None] | None = None
 
@@ -61,6 +67,16 @@ class RunExtras:
         if self._lines is not None:
             return (self._lines[0],)
         return () if self.as_json else (progress(),)
+
+    def text_listeners(self) -> tuple[TextListener, ...]:
+        """Who hears the model's text as it is written: `--events` lines, or the terminal."""
+        if self._lines is not None:
+            return (self._lines[0],)
+        return () if self.live is None else (self.live,)
+
+    def answer_shown(self, answer: str) -> bool:
+        """The answer already stands on the terminal, streamed as it was written."""
+        return self.live is not None and self.live.shown(answer)
 
     def mcp_tools(self, settings: JsonObject) -> list[Tool]:
         self.close()
@@ -90,6 +106,10 @@ class RunExtras:
         stop, self._stop_export = self._stop_export, None
         if stop is not None:
             stop()
+
+
+def _note(line: str) -> None:
+    print(f"keel: {line}", file=sys.stderr, flush=True)
 
 
 def mcp_settings(commands: Sequence[str], urls: Sequence[str]) -> list[JsonValue]:

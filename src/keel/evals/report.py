@@ -55,6 +55,7 @@ def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
         "model calls",
         "tool calls",
         "synthesized",
+        "cost",
         "result",
         "time",
         title_justify="left",
@@ -101,9 +102,17 @@ def _cells(report: ScenarioReport) -> tuple[str, ...]:
         _span([r.model_calls for r in rows]),
         _span([r.tool_calls for r in rows]),
         synthesized,
+        _cost([r.cost for r in rows]),
         result,
         f"{sum(r.seconds for r in rows):.2f}s",
     )
+
+
+def _cost(values: list[float | None]) -> str:
+    """The scenario's cost over its runs; "unknown" when some model had no known price."""
+    if any(v is None for v in values):
+        return "unknown"
+    return f"${sum(v for v in values if v is not None):.4f}"
 
 
 def _span(values: list[int]) -> str:

@@ -91,6 +91,8 @@ class RunRow:
     model_calls: int = 0
     tool_calls: int = 0
     synthesized: str | None = None
+    cost: float | None = None
+    """US dollars the run's model calls cost; None: no known price for its model."""
     evidence_resets: int = 0
     results_elided: int = 0
     approvals_requested: int = 0
@@ -357,6 +359,7 @@ async def run_once(
         model_calls=result.model_calls,
         tool_calls=result.tool_calls,
         synthesized=result.synthesized,
+        cost=result.cost,
         evidence_resets=counts.counts[EvidenceReset.type],
         results_elided=counts.counts[ResultElided.type],
         approvals_requested=counts.counts[ApprovalRequested.type],

@@ -20,7 +20,7 @@ server's base URL, which is only known once it has started on a free port::
     ]
     [expect]
     status = "completed"
-    synthesized = false        # false: a plain answer; "repeated_tool" / "budget"; absent: any
+    synthesized = false   # false: plain answer; "repeated_tool"/"budget"/"deadline"; absent: any
     page_hits = { "/job" = 1 }
 
 Counts in ``[expect]`` are a number (exactly) or ``{ min = N, max = M }``. `loading.py` reads
@@ -255,7 +255,7 @@ class Expect(_Strict):
     status: RunEnd
     failure: FailureKind | None = None
     """With status "failed": the failure kind the run must end with."""
-    synthesized: Literal["repeated_tool", "budget", False] | None = None
+    synthesized: Literal["repeated_tool", "budget", "deadline", False] | None = None
     """With status "completed": the synthesis reason, or false for a plain answer."""
     model_calls: Count | None = None
     tool_calls: Count | None = None

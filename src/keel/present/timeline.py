@@ -20,6 +20,7 @@ from keel.records import (
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
+    OutputRejected,
     ResultElided,
     RunCompleted,
     RunFailed,
@@ -63,7 +64,7 @@ def _finite(value: Any) -> Any:
 
 def run_json(record: RunRecord) -> dict[str, Any]:
     """The run's fields, the same as `keel run --json` prints."""
-    return record.state.result(record.run_id).to_dict()
+    return record.state.result(record.run_id, record.conversation_id).to_dict()
 
 
 def event_json(event: Event) -> dict[str, Any]:
@@ -186,6 +187,8 @@ def _detail(event: Event) -> str:
         case ModelResponseReceived():
             calls = ", ".join(c.name for c in event.tool_calls)
             tokens = f"{event.usage.input_tokens}+{event.usage.output_tokens} tokens"
+            if event.cost is not None:
+                tokens += f" · ${event.cost:.4f}"
             if calls:
                 return f"asks for {calls} · {tokens}"
             return "(empty turn)" if event.empty else f"answers · {tokens}"
@@ -204,7 +207,9 @@ def _detail(event: Event) -> str:
         case ToolChoiceIgnored():
             return f"asked tool_choice={event.requested}; the answer came without a tool call"
         case ApprovalRequested():
-            return f"{event.call_id} · " + "\n".join(describe_call(event.name, event.arguments))
+            note = f"\nnote: {event.note}" if event.note else ""
+            call = "\n".join(describe_call(event.name, event.arguments))
+            return f"{event.call_id} · {call}{note}"
         case ApprovalDecided():
             verdict = "approved" if event.approved else "denied"
             reason = f": {event.reason}" if event.reason else ""
@@ -212,7 +217,12 @@ def _detail(event: Event) -> str:
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
             cut = " · cut off at the output limit" if event.cut_off else ""
-            return f"answer{how}{cut}"
+            shaped = ""
+            if event.output is not None:
+                shaped = " · structured output" + (", partial" if event.partial else "")
+            return f"answer{how}{cut}{shaped}"
         case RunFailed():
             return f"{event.kind}: {event.message}"
+        case OutputRejected():
+            return f"answer rejected by the output schema: {event.feedback}"[:200]
     return ""

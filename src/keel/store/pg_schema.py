@@ -29,9 +29,11 @@ CREATE TABLE IF NOT EXISTS keel.runs (
     config TEXT NOT NULL,
     state TEXT NOT NULL,
     lease_owner TEXT,
-    lease_until DOUBLE PRECISION
+    lease_until DOUBLE PRECISION,
+    conversation_id TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_time ON keel.runs (created_at);
+CREATE INDEX IF NOT EXISTS runs_by_conversation ON keel.runs (conversation_id, created_at);
 CREATE INDEX IF NOT EXISTS runs_by_status ON keel.runs (status, created_at);
 CREATE TABLE IF NOT EXISTS keel.events (
     run_id TEXT NOT NULL,
@@ -80,6 +82,9 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE keel.dispatch ADD COLUMN IF NOT EXISTS rescues INTEGER NOT NULL DEFAULT 0;"
     " ALTER TABLE keel.dispatch ADD COLUMN IF NOT EXISTS rescued_progress INTEGER NOT NULL"
     " DEFAULT -1;",
+    # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
+    "ALTER TABLE keel.runs ADD COLUMN IF NOT EXISTS conversation_id TEXT;"
+    " UPDATE keel.runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
 ]
 """Statements that bring version N (index N-1) to N+1."""
 VERSION = len(MIGRATIONS) + 1

@@ -230,6 +230,16 @@ class PostgresStore:
 
         return self._now(read, "the runs could not be listed")
 
+    def conversation(self, conversation_id: str) -> list[RunRecord]:
+        def read(conn: Conn) -> list[RunRecord]:
+            rows = conn.execute(
+                _RUN_SELECT + " WHERE conversation_id = %s ORDER BY created_at, run_id",
+                (conversation_id,),
+            ).fetchall()
+            return [RunRecord.from_row(row) for row in rows]
+
+        return self._now(read, f"conversation {conversation_id} could not be read")
+
     def count_runs(self, status: str | None = None) -> int:
         def read(conn: Conn) -> int:
             where, args = (" WHERE status = %s", (status,)) if status else ("", ())
@@ -291,8 +301,8 @@ def insert_run(
     now = time.time()
     conn.execute(
         "INSERT INTO keel.runs (run_id, created_at, updated_at, question, model, status, config,"
-        f" state, lease_owner, lease_until) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s,"
-        f" CASE WHEN %s::text IS NULL THEN NULL ELSE {NOW} + %s END)",
+        f" state, lease_owner, lease_until, conversation_id) VALUES (%s, %s, %s, %s, %s, %s, %s,"
+        f" %s, %s, CASE WHEN %s::text IS NULL THEN NULL ELSE {NOW} + %s END, %s)",
         (
             run_id,
             now,
@@ -305,6 +315,7 @@ def insert_run(
             lease,
             lease,
             lease_ttl,
+            _plain(config.conversation_id or run_id),
         ),
     )
 

@@ -84,6 +84,12 @@ class RunRecord:
             RunState.decode(json.loads(state)),
         )
 
+    @property
+    def conversation_id(self) -> str:
+        """The conversation the run belongs to: its first run's id (this run's, if it began
+        one)."""
+        return self.config.conversation_id or self.run_id
+
 
 @dataclass(slots=True)
 class Checkpoint:
@@ -148,6 +154,9 @@ class RunStore(Protocol):
         """Newest first; `status` keeps only runs with that status, `offset` pages on."""
 
     def count_runs(self, status: str | None = None) -> int: ...
+
+    def conversation(self, conversation_id: str) -> list[RunRecord]:
+        """The runs of a conversation, oldest first (empty: no such conversation)."""
 
     def events(self, run_id: str, after: int = -1) -> list[Event]:
         """The run's events in order (after seq `after`); a tool result's `elided` is set from

@@ -32,6 +32,7 @@ __all__ = [
     "RunRecord",
     "blob",
     "connect_read_only",
+    "conversation",
     "count_runs",
     "counter_rows",
     "elided",
@@ -99,6 +100,14 @@ def list_runs(
     where, args = _status_filter(status)
     rows = conn.execute(
         _RUN_SELECT + where + " ORDER BY created_at DESC LIMIT ? OFFSET ?", (*args, limit, offset)
+    ).fetchall()
+    return [RunRecord.from_row(row) for row in rows]
+
+
+def conversation(conn: sqlite3.Connection, conversation_id: str) -> list[RunRecord]:
+    """The runs of a conversation, oldest first."""
+    rows = conn.execute(
+        _RUN_SELECT + " WHERE conversation_id = ? ORDER BY created_at, rowid", (conversation_id,)
     ).fetchall()
     return [RunRecord.from_row(row) for row in rows]
 

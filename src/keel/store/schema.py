@@ -20,9 +20,11 @@ CREATE TABLE IF NOT EXISTS runs (
     config TEXT NOT NULL,
     state TEXT NOT NULL,
     lease_owner TEXT,
-    lease_until REAL
+    lease_until REAL,
+    conversation_id TEXT
 );
 CREATE INDEX IF NOT EXISTS runs_by_time ON runs (created_at);
+CREATE INDEX IF NOT EXISTS runs_by_conversation ON runs (conversation_id, created_at);
 CREATE TABLE IF NOT EXISTS events (
     run_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
@@ -60,6 +62,9 @@ MIGRATIONS: list[str] = [
     # 2 -> 3: what the `progress` loop policy keeps per key (ADR 0029).
     "ALTER TABLE counters ADD COLUMN world INTEGER NOT NULL DEFAULT 0;"
     " ALTER TABLE counters ADD COLUMN change_resets INTEGER NOT NULL DEFAULT 0;",
+    # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
+    "ALTER TABLE runs ADD COLUMN conversation_id TEXT;"
+    " UPDATE runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
 ]
 VERSION = len(MIGRATIONS) + 1
 

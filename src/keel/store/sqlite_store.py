@@ -126,7 +126,8 @@ class Store:
         def write(conn: sqlite3.Connection) -> None:
             conn.execute(
                 "INSERT INTO runs (run_id, created_at, updated_at, question, model, status,"
-                " config, state, lease_owner, lease_until) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " config, state, lease_owner, lease_until, conversation_id)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (
                     run_id,
                     now,
@@ -138,6 +139,7 @@ class Store:
                     _dumps(state.encode()),
                     lease,
                     until,
+                    config.conversation_id or run_id,
                 ),
             )
             _insert_events(conn, run_id, events)
@@ -240,6 +242,13 @@ class Store:
             lambda c: reading.count_runs(c, status), "the runs could not be counted"
         )
         return found
+
+    def conversation(self, conversation_id: str) -> list[RunRecord]:
+        runs: list[RunRecord] = self._read(
+            lambda c: reading.conversation(c, conversation_id),
+            f"conversation {conversation_id} could not be read",
+        )
+        return runs
 
     def events(self, run_id: str, after: int = -1) -> list[Event]:
         """The run's events in order (those after seq `after`: what a live view has not seen);

@@ -26,10 +26,12 @@ import httpx2
 import openai
 
 from keel.errors import ConfigError, ProviderError
-from keel.messages import ModelResponse, ToolResult
+from keel.messages import ModelResponse, OutputSchema, ToolResult
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+from keel.transports.sse_readers import Events
+from keel.transports.streaming import OnText, cut_short, sse_events
 from keel.transports.wire import decode_json
 
 __all__ = [
@@ -39,8 +41,10 @@ __all__ = [
     "PROVIDER",
     "build_client",
     "decode_body",
+    "json_schema_format",
     "map_error",
     "post",
+    "post_streaming",
     "resolve_api_key",
     "server_address",
     "tool_output_text",
@@ -129,6 +133,39 @@ def server_address(client: openai.AsyncOpenAI) -> tuple[str, int]:
     """Where `client` sends requests, for traces: host and port (the scheme's default)."""
     url = client.base_url
     return url.host, url.port or (443 if url.scheme == "https" else 80)
+
+
+def json_schema_format(output: OutputSchema) -> dict[str, Any]:
+    """OpenAI's structured-output format for a schema, as both APIs take it (the Responses
+    API flat in ``text.format``, Chat Completions under ``response_format.json_schema``).
+    ``strict`` is off: strict mode accepts only schemas with every property required and no
+    additional properties, which most pydantic models and user schemas are not; Keel
+    validates every answer itself (keel/structured.py)."""
+    return {"type": "json_schema", "name": output.name, "schema": output.schema, "strict": False}
+
+
+async def post_streaming(
+    client: openai.AsyncOpenAI,
+    create: Callable[..., Any],
+    body: dict[str, Any],
+    read: Callable[[Events, OnText, str], Awaitable[dict[str, Any] | None]],
+    on_text: OnText,
+    from_wire: Callable[[dict[str, Any]], ModelResponse],
+) -> ModelResponse:
+    """`post`, streamed (ADR 0039): `create` is the endpoint's ``with_streaming_response
+    .create``; `read` folds the events into the answer `from_wire` maps."""
+
+    async def send() -> ModelResponse | None:
+        async with create(**body) as raw:
+            answer = await read(sse_events(raw.iter_lines(), PROVIDER), on_text, PROVIDER)
+        return None if answer is None else from_wire(answer)
+
+    return await attempt(
+        lambda: cut_short(send, PROVIDER),
+        foreign=openai.OpenAIError,
+        to_error=map_error,
+        secret=client.api_key,
+    )
 
 
 def tool_output_text(result: ToolResult) -> str:

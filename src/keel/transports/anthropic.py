@@ -19,6 +19,13 @@ the run, so it still serves after the context builder elides the results that fo
 last history item (the next request extends this one). The volatile controls come after every
 breakpoint, so they are never cached or read from a cache. See ADR 0021.
 
+Structured output (keel/structured.py): the Messages API takes no response schema, so a request
+with `ModelRequest.output` declares one more tool, ``keel_answer``, whose input schema is the
+answer's; the model answers by calling it, and its input comes back as the turn's text (the
+answer tool ends the turn: other calls beside it are not run). In a synthesis turn (tool_choice
+"none") tool_choice names that tool, so the model must answer, in the schema, and can call
+nothing else.
+
 Answers are untrusted: the body arrives bounded (`keel.transports.bounded`, which also carries
 an injected ``httpx.AsyncClient`` across to the SDK's ``httpx2``), is decoded strictly and read
 against its declared shape (`_Message`, `keel.transports.wire`); thinking blocks are kept whole
@@ -43,6 +50,7 @@ from keel.messages import (
     Item,
     ModelRequest,
     ModelResponse,
+    OutputSchema,
     ToolCall,
     ToolResult,
     Usage,
@@ -52,9 +60,12 @@ from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
+from keel.transports.sse_readers import read_anthropic
+from keel.transports.streaming import OnText, cut_short, sse_events
 from keel.transports.wire import Opaque, Shape, TokenCount, decode_json, parse
 
 __all__ = [
+    "ANSWER_TOOL",
     "ANTHROPIC_HOST",
     "CACHE_BREAKPOINT",
     "PROVIDER",
@@ -66,6 +77,8 @@ __all__ = [
     "to_wire",
 ]
 
+ANSWER_TOOL = "keel_answer"
+"""The tool a structured answer is given through (see the module docstring)."""
 PROVIDER = "anthropic"
 """How messages about this transport's answers begin."""
 THINKING_KEY = "anthropic_thinking"
@@ -105,18 +118,38 @@ def to_wire(
         body["system"] = [
             {"type": "text", "text": request.system, "cache_control": CACHE_BREAKPOINT}
         ]
-    if request.tools:
+    tools = [
+        {"name": t.name, "description": t.description, "input_schema": t.parameters}
+        for t in request.tools
+    ]
+    if request.output is not None:
+        tools.append(_answer_tool(request.output))
+    if tools:
         # Kept in synthesis turns too: the replayed tool_use blocks must name declared tools.
-        body["tools"] = [
-            {"name": t.name, "description": t.description, "input_schema": t.parameters}
-            for t in request.tools
-        ]
-        body["tools"][-1]["cache_control"] = CACHE_BREAKPOINT
+        body["tools"] = tools
+        tools[-1]["cache_control"] = CACHE_BREAKPOINT
         # Without tools the model cannot call one anyway, so neither needs a key then.
         choice = request.tool_choice or tool_choice
-        if choice is not None:
+        if request.tool_choice == "none" and request.output is not None:
+            body["tool_choice"] = {"type": "tool", "name": ANSWER_TOOL}  # answer, in the schema
+        elif choice is not None:
             body["tool_choice"] = {"type": _TOOL_CHOICE[choice]}
     return body
+
+
+def _answer_tool(output: OutputSchema) -> dict[str, Any]:
+    what = (
+        "an object with the answer under output, as far as the evidence supports it, and "
+        "the open gaps under gaps"
+        if output.partial
+        else "the answer itself"
+    )
+    return {
+        "name": ANSWER_TOOL,
+        "description": f"Give your final answer ({output.name}) by calling this tool: its "
+        f"input is {what}, in the required schema. Call it only when you are done researching.",
+        "input_schema": output.schema,
+    }
 
 
 def _messages(items: Iterable[Item], volatile: Iterable[str], marked: set[int]) -> list[_Turn]:
@@ -194,21 +227,27 @@ def _tool_result_block(result: ToolResult, ids: Mapping[str, str]) -> _Block:
 # --- from the wire ---------------------------------------------------------------------------
 
 
-def from_wire(data: Mapping[str, Any]) -> ModelResponse:
+def from_wire(data: Mapping[str, Any], *, structured: bool = False) -> ModelResponse:
     """A Messages API response body (a ``message`` object) as a ModelResponse. The body is read
-    as `_Message` first, so a field of the wrong type is a ProviderError naming it."""
+    as `_Message` first, so a field of the wrong type is a ProviderError naming it.
+    `structured`: the request declared the answer tool, whose call is the answer."""
     message = parse(_Message, data, PROVIDER)
     texts: list[str] = []
     calls: list[ToolCall] = []
     opaque: list[_Block] = []
+    answer: str | None = None
     for block in message.content or ():
         if isinstance(block, _Text):
             texts.append(block.text or "")
+        elif isinstance(block, _ToolUse) and structured and block.name == ANSWER_TOOL:
+            answer = json.dumps(block.input or {}, ensure_ascii=False)
         elif isinstance(block, _ToolUse):
             arguments = json.dumps(block.input or {}, ensure_ascii=False)
             calls.append(ToolCall.from_raw(block.id, block.name, arguments))
         elif isinstance(block, Opaque):
             opaque.append(dict(block.raw))
+    if answer is not None:  # the answer tool ends the turn: its input is the answer
+        texts, calls = [answer], []
     return ModelResponse(
         text="".join(texts) if texts else None,
         tool_calls=tuple(calls),
@@ -343,6 +382,9 @@ class AnthropicTransport:
     its default) HTTP client, bounded (`keel.transports.bounded`).
     """
 
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
+
     def __init__(
         self,
         model: str,
@@ -402,12 +444,34 @@ class AnthropicTransport:
             request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
         )
         return await attempt(
-            lambda: self._send(body),
+            lambda: self._send(body, structured=request.output is not None),
             foreign=anthropic.AnthropicError,
             to_error=map_error,
             secret=self._client.api_key,
         )
 
-    async def _send(self, body: dict[str, Any]) -> ModelResponse:
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true``: text to `on_text` as it comes (ADR 0039)."""
+        wire = to_wire(
+            request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
+        )
+        body = {**wire, "stream": True}
+        structured = request.output is not None
+
+        async def send() -> ModelResponse | None:
+            create = self._client.messages.with_streaming_response.create
+            async with create(**body) as raw:
+                events = sse_events(raw.iter_lines(), PROVIDER)
+                answer = await read_anthropic(events, on_text, PROVIDER)
+            return None if answer is None else from_wire(answer, structured=structured)
+
+        return await attempt(
+            lambda: cut_short(send, PROVIDER),
+            foreign=anthropic.AnthropicError,
+            to_error=map_error,
+            secret=self._client.api_key,
+        )
+
+    async def _send(self, body: dict[str, Any], *, structured: bool) -> ModelResponse:
         raw = await self._client.messages.with_raw_response.create(**body)
-        return from_wire(decode_json(await raw.read(), PROVIDER))
+        return from_wire(decode_json(await raw.read(), PROVIDER), structured=structured)

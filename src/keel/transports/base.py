@@ -14,6 +14,8 @@ with ``isinstance``, never by probing attribute names:
   byte estimate, without a window (the XML fallback over a server: `CalibratedCounter`);
 - `RemoteServer`: it sends its requests to a server at a known host and port, which traces
   name (``server.address``, ``server.port``); `server_of` finds it under a wrapper too.
+- `Priced`: its calls are priced as another spec than its name (a script that names the model
+  it stands in for; the XML fallback, as the transport it wraps: keel/pricing.py).
 
 A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
 """
@@ -30,6 +32,7 @@ __all__ = [
     "CountsTokens",
     "LocalModel",
     "PinnedSampling",
+    "Priced",
     "RemoteServer",
     "Resumable",
     "ServerToolChoice",
@@ -127,3 +130,12 @@ def server_of(transport: object) -> tuple[str, int] | None:
         if transport is None:
             return None
     return None
+
+
+@runtime_checkable
+class Priced(Protocol):
+    """A transport whose calls cost what another spec's cost (keel/pricing.py)."""
+
+    def priced_as(self) -> str:
+        """The model spec to price this transport's calls by, e.g. ``openai:gpt-4o``."""
+        ...

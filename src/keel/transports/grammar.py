@@ -11,6 +11,10 @@ one per turn, from `turn_grammar`:
 - a synthesis turn ("none"): ``root ::= answer``. The model cannot write a call there, whatever
   its weights prefer: the rule that a synthesis turn answers is enforced at the sampler.
 
+With an output schema (structured output, keel/structured.py) the answer is not free text but
+JSON that fits that schema (`schema_rule` of it), in every kind of turn: the model can only
+write a call or the answer in the caller's shape.
+
 A call is one ``<tool_call>`` block (one call per turn: after it the grammar is complete, so
 the model must end its turn instead of inventing the result it waits for). Its JSON is written
 the way `keel.transports.qwen_format` replays calls (``", "`` and ``": "`` separators, required
@@ -66,7 +70,7 @@ _PRIMITIVES = {
     "string": f'"\\"" char{{0,{MAX_STRING}}} "\\""',
     "char": r'[^"\\\x00-\x1f] | "\\" (["\\/bfnrt] | "u" [0-9a-fA-F]{4})',
     "integer": r'"-"? ("0" | [1-9] [0-9]{0,18})',
-    "number": r'integer ("." [0-9]{1,17})? ([eE] [-+]? [0-9]{1,3})?',
+    "number": r'integer ("." [0-9]{1,21})? ([eE] [-+]? [0-9]{1,3})?',  # repr: 0.000 + 17 digits
     "boolean": '"true" | "false"',
     "null": '"null"',
 }
@@ -87,8 +91,13 @@ def literal(text: str) -> str:
     return '"' + "".join(out) + '"'
 
 
-def turn_grammar(tools: Sequence[ToolDefinition], tool_choice: ToolChoice) -> str:
-    """The GBNF grammar for one turn (pure). Raises ConfigError for "required" without tools."""
+def turn_grammar(
+    tools: Sequence[ToolDefinition],
+    tool_choice: ToolChoice,
+    output_schema: Mapping[str, Any] | None = None,
+) -> str:
+    """The GBNF grammar for one turn (pure). Raises ConfigError for "required" without tools.
+    `output_schema`: the answer must be JSON that fits it, instead of free text."""
     rules = _Rules()
     if tool_choice == "none" or not tools:
         if tool_choice == "required":
@@ -105,7 +114,10 @@ def turn_grammar(tools: Sequence[ToolDefinition], tool_choice: ToolChoice) -> st
         rules.add("call-json", f'{opening} call-body "}}"')
         rules.add("call", f"{literal(CALL_OPEN)} call-json {literal(CALL_CLOSE)} | call-json")
         rules.add("root", "call" if tool_choice == "required" else "call | answer")
-    rules.add("answer", ANSWER_RULE)
+    if output_schema is None:
+        rules.add("answer", ANSWER_RULE)
+    else:
+        rules.add("answer", schema_rule(rules, output_schema, "output"))
     return rules.text()
 
 

@@ -16,6 +16,9 @@ by `keel.transports.constrained.GrammarMask`:
 
 What else it does:
 
+- **Structured output** (keel/structured.py): with `ModelRequest.output` the answer branch of
+  the grammar is the answer's JSON Schema, so the model writes a call or a JSON answer that
+  fits it, in every turn (even without tools).
 - **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
   seed is set again before every generation, so the same prompt gives the same output on the
   same machine. The run records `sampling` with its settings and ``keel show`` prints it.
@@ -62,8 +65,10 @@ from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
 from keel.transports.base import LocalModel, PinnedSampling
 from keel.transports.grammar import turn_grammar
+from keel.transports.local_stream import Pieces
 from keel.transports.policy import attempt
 from keel.transports.qwen_format import highest_call_number, read_output, render_prompt
+from keel.transports.streaming import OnText
 
 __all__ = [
     "DEFAULT_NAME",
@@ -230,15 +235,29 @@ class LocalTransport(LocalModel, PinnedSampling):
         """A counter using this model's tokenizer (loads the model if needed)."""
         return LlamaTokenCounter(self._load())
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request`, the answer's text handed to `on_text` as it is generated."""
+        return await self.request(request, on_text)
+
+    async def request(
+        self, request: ModelRequest, on_text: OnText | None = None
+    ) -> ModelResponse:
         tools = request.tools
         choice = request.tool_choice if tools else "none"
-        grammar = turn_grammar(tools, choice) if tools else None  # ConfigError: misuse
+        schema = None if request.output is None else request.output.schema
+        # ConfigError: misuse. With an output schema the answer is JSON in that schema.
+        grammar = turn_grammar(tools, choice, schema) if tools or schema is not None else None
         prompt = render_prompt(request)
         cancel = threading.Event()
+        pieces = None
+        if on_text is not None:
+            pieces = Pieces(on_text, asyncio.get_running_loop(), may_call=choice != "none")
         try:
             generation = await attempt(
-                lambda: asyncio.to_thread(self.generate, prompt, grammar, cancel),
+                lambda: asyncio.to_thread(self.generate, prompt, grammar, cancel, pieces),
                 foreign=Exception,  # llama.cpp raises whatever it likes
                 to_error=lambda exc: map_error(exc, n_ctx=self.n_ctx),
                 secret=None,
@@ -266,7 +285,11 @@ class LocalTransport(LocalModel, PinnedSampling):
     # -- in the worker thread ----------------------------------------------------------------
 
     def generate(
-        self, prompt: str, grammar: str | None, cancel: threading.Event | None = None
+        self,
+        prompt: str,
+        grammar: str | None,
+        cancel: threading.Event | None = None,
+        pieces: Pieces | None = None,
     ) -> Generation:
         """One generation for a rendered prompt, under `grammar` (GBNF) when given. Blocking:
         `request` runs it in a worker thread; benchmarks call it directly."""
@@ -282,7 +305,9 @@ class LocalTransport(LocalModel, PinnedSampling):
             if not self.prompt_cache:
                 llama.reset()
             cached = min(_common_prefix(llama.input_ids[: llama.n_tokens], tokens), len(tokens) - 1)
-            self.last_generation = self._sample(llama, tokens, grammar, cancel, max(cached, 0))
+            self.last_generation = self._sample(
+                llama, tokens, grammar, cancel, max(cached, 0), pieces
+            )
             return self.last_generation
 
     def _sample(
@@ -292,6 +317,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         grammar: str | None,
         cancel: threading.Event | None,
         cached: int,
+        pieces: Pieces | None = None,
     ) -> Generation:
         from keel.transports.constrained import GrammarMask  # numpy comes with llama.cpp
 
@@ -330,6 +356,8 @@ class LocalTransport(LocalModel, PinnedSampling):
                         limit = max(limit, self.n_ctx - len(tokens) - 1)
                 if self.on_tokens is not None:
                     self.on_tokens(len(out), now - first)
+                if pieces is not None:
+                    pieces.tokens(llama, out)
                 if len(out) >= limit or (cancel is not None and cancel.is_set()):
                     break
         except RuntimeError:
@@ -344,6 +372,8 @@ class LocalTransport(LocalModel, PinnedSampling):
                 mask.close()
         ended = time.perf_counter()
         text = llama.detokenize(out, special=False).decode("utf-8", "replace")
+        if pieces is not None:
+            pieces.finish(text)
         return Generation(
             text=text,
             output_tokens=len(out),

@@ -47,12 +47,16 @@ from keel.transports._openai_common import (
     OPENAI_HOST,
     PROVIDER,
     build_client,
+    json_schema_format,
     post,
+    post_streaming,
     server_address,
     tool_output_text,
 )
 from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.sse_readers import read_chat
+from keel.transports.streaming import OnText
 from keel.transports.wire import Shape, TokenCount, parse
 
 __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
@@ -61,6 +65,9 @@ __all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"
 
 class OpenAIChatTransport:
     """Speaks Chat Completions through the ``openai`` SDK; one attempt per call."""
+
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
 
     def __init__(
         self,
@@ -97,8 +104,9 @@ class OpenAIChatTransport:
     def server_address(self) -> tuple[str, int]:
         return server_address(self._client)
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        body = to_wire(
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        """The request's body, the same streamed or not (but for the stream flags)."""
+        return to_wire(
             request,
             model=self.model,
             max_tokens=self.max_tokens,
@@ -106,8 +114,18 @@ class OpenAIChatTransport:
             send_cache_key=self._at_openai,
             tool_choice=self.tool_choice,
         )
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
         create = self._client.chat.completions.with_raw_response.create
-        return await post(self._client, create, body, from_wire)
+        return await post(self._client, create, self._body(request), from_wire)
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true`` (and the usage asked for in the last chunk, which
+        a streamed completion otherwise leaves out): text to `on_text` as it comes (ADR 0039)."""
+        body = self._body(request)
+        body["stream"], body["stream_options"] = True, {"include_usage": True}
+        create = self._client.chat.completions.with_streaming_response.create
+        return await post_streaming(self._client, create, body, read_chat, on_text, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------
@@ -150,6 +168,10 @@ def to_wire(
         body[limit_field] = max_tokens
     if send_cache_key and request.cache_key:
         body["prompt_cache_key"] = request.cache_key
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        schema = json_schema_format(request.output)
+        del schema["type"]
+        body["response_format"] = {"type": "json_schema", "json_schema": schema}
     return body
 
 

@@ -58,12 +58,16 @@ from keel.messages import (
 from keel.transports._openai_common import (
     PROVIDER,
     build_client,
+    json_schema_format,
     post,
+    post_streaming,
     server_address,
     tool_output_text,
 )
 from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.sse_readers import read_responses
+from keel.transports.streaming import OnText
 from keel.transports.wire import Opaque, Shape, TokenCount, parse
 
 __all__ = ["PROVIDER_KEY", "OpenAIResponsesTransport", "from_wire", "to_wire", "usage"]
@@ -77,6 +81,9 @@ _RETRYABLE_FAILURES = frozenset({"server_error", "rate_limit_exceeded"})
 
 class OpenAIResponsesTransport:
     """Speaks the Responses API through the ``openai`` SDK; one attempt per call."""
+
+    streams = True
+    """It streams its answer's text to a listener (`request_streaming`, ADR 0039)."""
 
     def __init__(
         self,
@@ -111,15 +118,25 @@ class OpenAIResponsesTransport:
     def server_address(self) -> tuple[str, int]:
         return server_address(self._client)
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
-        body = to_wire(
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        """The request's body, the same streamed or not (but for the stream flag)."""
+        return to_wire(
             request,
             model=self.model,
             max_output_tokens=self.max_output_tokens,
             tool_choice=self.tool_choice,
         )
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
         create = self._client.responses.with_raw_response.create
-        return await post(self._client, create, body, from_wire)
+        return await post(self._client, create, self._body(request), from_wire)
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request` with ``"stream": true``: text to `on_text` as it comes (ADR 0039)."""
+        body = self._body(request)
+        body["stream"] = True
+        create = self._client.responses.with_streaming_response.create
+        return await post_streaming(self._client, create, body, read_responses, on_text, from_wire)
 
 
 # --- to the wire ------------------------------------------------------------------------------
@@ -149,6 +166,8 @@ def to_wire(
         body["prompt_cache_key"] = request.cache_key
     if max_output_tokens is not None:
         body["max_output_tokens"] = max_output_tokens
+    if request.output is not None:  # structured output, natively (keel/structured.py)
+        body["text"] = {"format": json_schema_format(request.output)}
     return body
 
 

@@ -2,7 +2,8 @@
 
 ``--model script:FILE`` loads a JSON file of the form::
 
-    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?}
+    {"turns": [TURN, ...], "on_synthesis": TURN?, "latency_ms": N?, "stream_ms": N?,
+     "model": SPEC?}
 
     TURN = {"text": "..."}                                  an answer
          | {"tool_calls": [{"name": "...", "arguments": {...} | "raw text"}], "text"?: "..."}
@@ -12,8 +13,11 @@
 
 Turns are consumed one per model call *attempt*, so retries are scripted too. ``on_synthesis``,
 when given, answers every synthesis-only request (tool_choice "none") without consuming a turn.
-A script that runs out fails loudly (a non-retryable ProviderError), and ``assert_consumed``
-fails a test that left turns unused: a scripted test must say exactly what the model does.
+``model``, when given, names the model the script stands in for (``openai:gpt-4o``): its calls
+are priced as that model's (keel/pricing.py), so a test can exercise a cost limit; without it a
+scripted call costs nothing. A script that runs out fails loudly (a non-retryable
+ProviderError), and ``assert_consumed`` fails a test that left turns unused: a scripted test
+must say exactly what the model does.
 
 The whole script is validated and turned into ready answers at load time, so a call costs an
 index step and a few small objects: benchmarks run hundreds of scripted runs at once.
@@ -24,6 +28,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +50,9 @@ from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
+from keel.transports.streaming import OnText
+
+_WORDS = re.compile(r"\s*\S+|\s+")
 
 __all__ = ["MAX_SCRIPT_BYTES", "MAX_TURNS", "SCRIPTED_STOP_REASONS", "ScriptedTransport"]
 
@@ -151,6 +159,8 @@ class _Script(_Strict):
     turns: list[_Turn]
     on_synthesis: _Turn | None = None
     latency_ms: float = Field(default=0, ge=0)
+    model: str | None = Field(default=None, min_length=1)
+    stream_ms: float | None = Field(default=None, ge=0)
 
 
 def _path(loc: tuple[int | str, ...]) -> str:
@@ -273,6 +283,11 @@ class ScriptedTransport(Resumable):
             None if script.on_synthesis is None else _expand(script.on_synthesis, "on_synthesis")[0]
         )
         self._latency = script.latency_ms / 1000
+        self._priced_as = script.model
+        self._token_delay = None if script.stream_ms is None else script.stream_ms / 1000
+        self.streams = self._token_delay is not None
+        """With ``stream_ms``, a listener hears each answer word by word, that many
+        milliseconds apart (ADR 0039); without, the script does not stream."""
         self._consumed = 0
         self._ids = 0
         self._requests: list[ModelRequest] | None = [] if record else None
@@ -302,6 +317,10 @@ class ScriptedTransport(Resumable):
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"script {path}: not valid JSON: {exc}") from None
         return cls.from_dict(data, str(path), record=record)
+
+    def priced_as(self) -> str:
+        """The model the script stands in for, when it names one; else its own (free) name."""
+        return self._priced_as or self.name
 
     @property
     def consumed(self) -> int:
@@ -373,6 +392,15 @@ class ScriptedTransport(Resumable):
             usage=Usage(request.estimated_input_tokens, answer.output_tokens),
             stop_reason=SCRIPTED_STOP_REASONS[bool(answer.calls)],
         )
+
+    async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
+        """`request`, its text handed out a word at a time, ``stream_ms`` apart."""
+        response = await self.request(request)
+        for n, piece in enumerate(_WORDS.findall(response.text or "")):
+            if n and self._token_delay:
+                await asyncio.sleep(self._token_delay)
+            on_text(piece)
+        return response
 
     def _stamp(self, call: ToolCall) -> ToolCall:
         self._ids += 1

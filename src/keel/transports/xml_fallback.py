@@ -12,6 +12,11 @@ server without native tool calling) and never sends it a tool. Instead:
 * the inner transport's answer is parsed by `keel.transports.xml_parse.parse_calls`, which turns
   every block, even a broken one, into a `ToolCall` the executor can answer.
 
+Structured output (keel/structured.py) is asked for in words too: a request with
+`ModelRequest.output` gets `output_instruction` (the answer's JSON Schema, and "reply with only
+the JSON") as its last volatile control, and the inner transport is sent no schema, so the
+model stays free to write call blocks; the run parses and validates the answer it writes.
+
 In a synthesis turn (``tool_choice="none"``, ADR 0002) the instruction and schemas are left out, so
 nothing invites a call; the history still replays as text. The mapping both ways is pure
 (`to_text_request`, `from_text_response`); the transport is a thin shell around the inner one, and
@@ -37,13 +42,14 @@ from keel.messages import (
     Item,
     ModelRequest,
     ModelResponse,
+    OutputSchema,
     ToolCall,
     ToolDefinition,
     ToolResult,
     UserMessage,
 )
 from keel.tokens import CalibratedCounter, TokenCounter
-from keel.transports.base import LocalModel, Resumable, Transport
+from keel.transports.base import LocalModel, Priced, Resumable, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
     "XmlFallbackTransport",
     "call_block",
     "from_text_response",
+    "output_instruction",
     "parse_calls",
     "result_block",
     "to_text_request",
@@ -113,20 +120,33 @@ def to_text_request(request: ModelRequest) -> ModelRequest:
     """The tool-less request for the inner transport (pure).
 
     Ordinary turns with tools get the instruction and schemas after the system text; synthesis
-    turns (tool_choice "none") and tool-less requests do not. Volatile controls pass unchanged.
+    turns (tool_choice "none") and tool-less requests do not. Volatile controls pass unchanged,
+    followed by the output schema's instruction when the request has one.
     """
     system = request.system
     if request.tools and request.tool_choice != "none":
         system = "\n\n".join(part for part in (system, tool_prompt(request.tools)) if part)
+    volatile = request.volatile
+    if request.output is not None:
+        volatile += (output_instruction(request.output),)
     return ModelRequest(
         system=system,
         tools=(),
         items=tuple(_replay(request.items)),
         tool_choice=None,
-        volatile=request.volatile,
+        volatile=volatile,
         estimated_input_tokens=request.estimated_input_tokens,
         settled_items=_settled(request.items, request.settled_items),
         cache_key=request.cache_key,
+    )
+
+
+def output_instruction(output: OutputSchema) -> str:
+    """How the final answer must be written when the run asked for structured output."""
+    schema = json.dumps(output.schema, ensure_ascii=False, sort_keys=True)
+    return (
+        "When you give your final answer (instead of a call), reply with only a JSON value, "
+        f"no prose and no code fence, that matches this JSON Schema ({output.name}): {schema}"
     )
 
 
@@ -187,6 +207,11 @@ class XmlFallbackTransport:
         self._issued = max(self._issued, _highest_xml_id(request.items))
         response = await self.inner.request(to_text_request(request))
         return from_text_response(response, self._new_id)
+
+    def priced_as(self) -> str:
+        """Priced as the transport it wraps (`keel.transports.base.Priced`)."""
+        inner = self.inner
+        return f"xml:{inner.priced_as() if isinstance(inner, Priced) else inner.name}"
 
     def _new_id(self) -> str:
         self._issued += 1

@@ -40,6 +40,19 @@ class RunsPage:
     def pages(self) -> int:
         return max(1, -(-self.total // PAGE_SIZE))
 
+    @property
+    def rows(self) -> list[tuple[RunRecord, bool]]:
+        """The page's runs with each conversation's together (ADR 0038), in the place of its
+        newest run, oldest first within it; True marks a follow-up."""
+        groups: dict[str, list[RunRecord]] = {}
+        for record in self.records:
+            groups.setdefault(record.conversation_id, []).append(record)
+        return [
+            (record, record.config.continues_from is not None)
+            for runs in groups.values()
+            for record in reversed(runs)
+        ]
+
 
 @dataclass(slots=True)
 class RunView:

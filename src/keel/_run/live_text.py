@@ -1,0 +1,74 @@
+"""The run side of streaming text (ADR 0039): which attempts stream, and the discard marker.
+
+Made only when someone listens for text and the transport can stream (`for_run`); otherwise
+the turn calls the transport's `request` as before and nothing here exists, so a run nobody
+listens to pays nothing for it. Deltas go to the text listeners only: they are not events of
+the record, have no `seq`, and are neither saved nor counted.
+"""
+
+from __future__ import annotations
+
+from keel.messages import ModelRequest, ModelResponse
+from keel.transports.base import Transport
+from keel.transports.streaming import (
+    OnText,
+    Streams,
+    TextDelta,
+    TextDiscarded,
+    TextEvent,
+    TextListener,
+)
+
+__all__ = ["LiveText"]
+
+
+class LiveText:
+    """Streams each model attempt of a run to its text listeners."""
+
+    def __init__(self, transport: Streams, listeners: tuple[TextListener, ...]) -> None:
+        self._transport = transport
+        self._listeners = listeners
+        self._streamed = False
+        """The current attempt has handed out text."""
+
+    @classmethod
+    def for_run(cls, transport: Transport, listeners: tuple[TextListener, ...]) -> LiveText | None:
+        if not listeners or not isinstance(transport, Streams) or not transport.streams:
+            return None
+        return cls(transport, listeners)
+
+    def attempt(self, step: int, attempt: int) -> Transport:
+        """The transport for attempt `attempt` of step `step`: its text goes to the
+        listeners as it arrives."""
+        self._streamed = False
+
+        def on_text(text: str) -> None:
+            self._streamed = True
+            self._tell(TextDelta(text, step, attempt))
+
+        return _Streamed(self._transport, on_text)
+
+    def failed(self, step: int, attempt: int) -> None:
+        """The attempt failed: if it streamed text, the listeners are told to drop it."""
+        if self._streamed:
+            self._streamed = False
+            self._tell(TextDiscarded(step, attempt))
+
+    def _tell(self, event: TextEvent) -> None:
+        for listener in self._listeners:
+            try:
+                listener(event)
+            except Exception:  # a listener's failure never fails the run
+                continue
+
+
+class _Streamed:
+    """A transport whose `request` streams (what the gateway calls for one attempt)."""
+
+    def __init__(self, transport: Streams, on_text: OnText) -> None:
+        self._transport = transport
+        self._on_text = on_text
+        self.name: str = getattr(transport, "name", "model")
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        return await self._transport.request_streaming(request, self._on_text)

@@ -1,0 +1,170 @@
+"""Each provider's stream read back into the answer it streams (ADR 0039).
+
+Every reader takes the stream's events (`streaming.sse_events`), hands each piece of answer
+text to `on_text`, and returns the provider's complete answer as the JSON object the
+transport's `from_wire` reads for a request without the stream flag, or None when the stream
+ended before the answer was complete:
+
+- Responses API: the `response` of `response.completed` (or `.incomplete`/`.failed`), as the
+  provider sends it whole; text from `response.output_text.delta`.
+- Chat Completions: the chunks folded into one `chat.completion` (content and each tool call's
+  arguments concatenated by index, the finish reason, the usage of the last chunk).
+- Anthropic Messages: `message_start`'s message, each content block from its start and deltas
+  (text, tool input JSON, thinking, signature), `message_delta`'s stop reason and usage.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from keel.errors import ProviderError
+from keel.transports.streaming import OnText
+
+__all__ = ["Events", "read_anthropic", "read_chat", "read_responses"]
+
+Events = AsyncIterator[dict[str, Any]]
+
+
+async def read_responses(events: Events, on_text: OnText, provider: str) -> dict[str, Any] | None:
+    async for event in events:
+        kind = event.get("type")
+        if kind == "response.output_text.delta":
+            _hand(event.get("delta"), on_text)
+        elif kind in ("response.completed", "response.incomplete", "response.failed"):
+            response = event.get("response")
+            if not isinstance(response, dict):
+                raise ProviderError(f"{provider}: {kind} carries no response object")
+            return response
+        elif kind == "error":
+            raise ProviderError(
+                f"{provider}: the stream reported an error: {str(event.get('message'))[:500]}",
+                retryable=True,
+            )
+    return None
+
+
+async def read_chat(events: Events, on_text: OnText, provider: str) -> dict[str, Any] | None:
+    first: dict[str, Any] | None = None
+    content: list[str] = []
+    calls: dict[int, dict[str, Any]] = {}
+    finish: Any = None
+    usage: Any = None
+    for_message: dict[str, Any] = {"role": "assistant"}
+    async for chunk in events:
+        first = first or chunk
+        if chunk.get("usage") is not None:
+            usage = chunk["usage"]
+        for choice in chunk.get("choices") or ():
+            if not isinstance(choice, dict) or choice.get("index", 0) != 0:
+                continue
+            delta = choice.get("delta") or {}
+            text = delta.get("content") if isinstance(delta, dict) else None
+            if isinstance(text, str) and text:
+                content.append(text)
+                on_text(text)
+            for key in ("refusal", "reasoning_content"):
+                if isinstance(delta, dict) and isinstance(delta.get(key), str):
+                    for_message[key] = for_message.get(key, "") + delta[key]
+            for call in (delta.get("tool_calls") if isinstance(delta, dict) else None) or ():
+                _fold_call(calls, call)
+            if choice.get("finish_reason") is not None:
+                finish = choice["finish_reason"]
+    if first is None or finish is None:
+        return None
+    message: dict[str, Any] = {**for_message, "content": "".join(content) if content else None}
+    if calls:
+        message["tool_calls"] = [calls[i] for i in sorted(calls)]
+    return {
+        "id": first.get("id"),
+        "object": "chat.completion",
+        "created": first.get("created"),
+        "model": first.get("model"),
+        "choices": [{"index": 0, "message": message, "finish_reason": finish}],
+        "usage": usage,
+    }
+
+
+def _fold_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
+    if not isinstance(part, dict) or not isinstance(part.get("index"), int):
+        return
+    call = calls.setdefault(
+        part["index"], {"id": None, "type": "function", "function": {"name": "", "arguments": ""}}
+    )
+    if part.get("id"):
+        call["id"] = part["id"]
+    function = part.get("function") or {}
+    if isinstance(function, dict):
+        for key in ("name", "arguments"):
+            if isinstance(function.get(key), str):
+                call["function"][key] += function[key]
+
+
+async def read_anthropic(events: Events, on_text: OnText, provider: str) -> dict[str, Any] | None:
+    message: dict[str, Any] | None = None
+    blocks: dict[int, dict[str, Any]] = {}
+    inputs: dict[int, list[str]] = {}
+    async for event in events:
+        kind = event.get("type")
+        if kind == "message_start" and isinstance(event.get("message"), dict):
+            message = dict(event["message"])
+        elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
+            blocks[_index(event)] = dict(event["content_block"])
+        elif kind == "content_block_delta":
+            _fold_block(blocks, inputs, _index(event), event.get("delta") or {}, on_text)
+        elif kind == "message_delta" and message is not None:
+            message.update(event.get("delta") or {})
+            message["usage"] = {**(message.get("usage") or {}), **(event.get("usage") or {})}
+        elif kind == "message_stop" and message is not None:
+            for index, parts in inputs.items():
+                blocks[index]["input"] = _json_input("".join(parts), provider)
+            message["content"] = [blocks[i] for i in sorted(blocks)]
+            return message
+        elif kind == "error":
+            error = event.get("error") or {}
+            raise ProviderError(
+                f"{provider}: the stream reported an error: {str(error)[:500]}", retryable=True
+            )
+    return None
+
+
+def _index(event: dict[str, Any]) -> int:
+    index = event.get("index")
+    return index if isinstance(index, int) else 0
+
+
+def _fold_block(
+    blocks: dict[int, dict[str, Any]],
+    inputs: dict[int, list[str]],
+    index: int,
+    delta: dict[str, Any],
+    on_text: OnText,
+) -> None:
+    block = blocks.setdefault(index, {"type": "text", "text": ""})
+    kind = delta.get("type")
+    if kind == "text_delta" and isinstance(delta.get("text"), str):
+        block["text"] = block.get("text", "") + delta["text"]
+        _hand(delta["text"], on_text)
+    elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
+        inputs.setdefault(index, []).append(delta["partial_json"])
+    elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
+        block["thinking"] = block.get("thinking", "") + delta["thinking"]
+    elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
+        block["signature"] = block.get("signature", "") + delta["signature"]
+
+
+def _json_input(text: str, provider: str) -> Any:
+    if not text:
+        return {}
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise ProviderError(
+            f"{provider}: a streamed tool input is not JSON: {text[:200]!r}"
+        ) from None
+
+
+def _hand(text: Any, on_text: OnText) -> None:
+    if isinstance(text, str) and text:
+        on_text(text)
