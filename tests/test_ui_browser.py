@@ -1,6 +1,7 @@
 """`keel ui` in a real Chromium (Playwright over Debian's `chromium`, as the browser tools
 use it): the runs page, a synthesized run with its synthesis turn and counter chart, approving
-and denying a paused run through the forms, and a running run's page following it live.
+and denying a paused run through the forms, a running run's page following it live, and the
+answer growing on it while the model writes.
 
 Each test serves a real store with `keel ui --port 0` in a process of its own, and writes
 screenshots of what it saw under its temporary folder (`screenshots/`). Skipped only when
@@ -196,3 +197,35 @@ def wait_for_a_run(store: Path, timeout: float = 60) -> str:
                     return runs[0].run_id
         time.sleep(0.05)
     raise AssertionError("the run never appeared in the store")
+
+
+def test_watch_the_answer_grow_while_the_model_writes_it(tmp_path: Path, store: Path) -> None:
+    """`keel ui` first (it asks for live text on the store), then a run whose model writes a
+    word every 300 ms: the page shows the words as they come, markup as text, and drops them
+    for the recorded answer."""
+    words = "<b>bold?</b> " + " ".join(f"word{i}" for i in range(20))
+    script = tmp_path / "slow.json"
+    script.write_text(json.dumps({"turns": [{"text": words}], "stream_ms": 300}))
+    Store(store).close()
+    with keel_ui(store) as url, chromium(tmp_path / "screenshots") as (page, shot):
+        run = subprocess.Popen(
+            [sys.executable, "-m", "keel", "run", "Q", "--model", f"script:{script}",
+             "--store", str(store), "--json"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )  # fmt: skip
+        try:
+            run_id = wait_for_a_run(store)
+            page.goto(f"{url}runs/{run_id}")
+            growing = page.locator("#live-answer")
+            expect(growing).to_contain_text("<b>bold?</b> word", timeout=WAIT_MS)
+            assert growing.locator("b").count() == 0  # the model's markup is text
+            expect(growing).not_to_contain_text("word19")  # not yet: it is being written
+            shot("live-text-growing")
+            expect(growing).to_contain_text("word5", timeout=WAIT_MS)
+            expect(page.locator("#status")).to_have_text("completed", timeout=WAIT_MS)
+            expect(growing).to_be_empty()
+            expect(page.locator("#answer")).to_contain_text("word19")
+            shot("live-text-recorded")
+        finally:
+            run.wait(60)

@@ -8,7 +8,11 @@ the record, have no `seq`, and are neither saved nor counted.
 
 from __future__ import annotations
 
+from typing import Protocol, runtime_checkable
+
+from keel._run.recorder import Listener
 from keel.messages import ModelRequest, ModelResponse
+from keel.records import Event
 from keel.transports.base import Transport
 from keel.transports.streaming import (
     OnText,
@@ -19,7 +23,39 @@ from keel.transports.streaming import (
     TextListener,
 )
 
-__all__ = ["LiveText"]
+__all__ = ["LiveText", "PerRun", "for_run"]
+
+
+class RunTextListener(Protocol):
+    """A text listener of one run that also hears the run's events (when to drop its text)."""
+
+    def __call__(self, event: TextEvent) -> None: ...
+
+    def heard(self, event: Event) -> None: ...
+
+
+@runtime_checkable
+class PerRun(Protocol):
+    """A text listener that needs to know the run it hears (`keel.live_file.LiveFiles`)."""
+
+    def for_run(self, run_id: str) -> RunTextListener: ...
+
+
+def for_run(
+    run_id: str, text_listeners: tuple[TextListener, ...]
+) -> tuple[tuple[TextListener, ...], tuple[Listener, ...]]:
+    """The run's text listeners, each `PerRun` one bound to `run_id`, and the event
+    listeners those bound ones add."""
+    text: list[TextListener] = []
+    events: list[Listener] = []
+    for listener in text_listeners:
+        if isinstance(listener, PerRun):
+            bound = listener.for_run(run_id)
+            text.append(bound)
+            events.append(bound.heard)
+        else:
+            text.append(listener)
+    return tuple(text), tuple(events)
 
 
 class LiveText:

@@ -22,7 +22,7 @@ from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
 from keel._run.lease import Lease
-from keel._run.live_text import LiveText
+from keel._run.live_text import LiveText, for_run
 from keel._run.parts import (
     Completed,
     Continue,
@@ -105,7 +105,8 @@ class RunLoop:
         # one provider cache key for the whole run, and for the conversation it continues
         setup.context.cache_key = setup.config.conversation_id or run_id
         self.lease = Lease(setup.store, run_id, setup.lease_ttl, setup.lease_owner)
-        self.recorder = StepRecorder(run_id, setup.store, state, setup.listeners)
+        text_listeners, heard = for_run(run_id, setup.text_listeners)
+        self.recorder = StepRecorder(run_id, setup.store, state, (*setup.listeners, *heard))
         breaker = IdenticalCallBreaker(
             setup.limits.loop_threshold,
             setup.limits.evidence_reset_cap,
@@ -126,7 +127,7 @@ class RunLoop:
             checkpoint=self.checkpoint,
             price=setup.price,
             output=setup.output,
-            live=LiveText.for_run(setup.transport, setup.text_listeners),
+            live=LiveText.for_run(setup.transport, text_listeners),
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on

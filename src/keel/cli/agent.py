@@ -17,6 +17,7 @@ from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.limits import Limits
+from keel.live_file import wanted
 from keel.models import resolve_model
 from keel.present.progress import ProgressPrinter
 from keel.pricing import configured_prices
@@ -27,6 +28,7 @@ from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 from keel.transports.base import TOOL_CHOICES, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = ["agent_for_record", "command_agent"]
 
@@ -78,7 +80,7 @@ def command_agent(
             system_prompt=system_prompt,
             store=store,
             listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True))),
-            text_listeners=extras.text_listeners(),
+            text_listeners=(*extras.text_listeners(), *_live_files(store)),
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},
             trace_content=extras.otel_content or None,
@@ -142,3 +144,9 @@ def _transport(model: str, base_url: str | None, settings: JsonObject) -> Transp
 
 def _text(value: JsonValue) -> str | None:
     return None if value is None else str(value)
+
+
+def _live_files(store: object) -> tuple[TextListener, ...]:
+    """The UI's live text (keel/live_file.py), when `keel ui` asked for it on this store."""
+    files = wanted(store)
+    return () if files is None else (files,)

@@ -28,6 +28,7 @@ from keel.store.locate import is_url
 from keel.ui import live
 from keel.ui.actions import decide, going_on
 from keel.ui.chart import ChartFold
+from keel.ui.live_text import LiveTexts
 from keel.ui.pages import PAGE_SIZE, STATUSES, Pages, RunsPage, RunView
 from keel.ui.security import FormError, Guard, new_token, parse_form, token_matches
 
@@ -53,6 +54,8 @@ class _Ui:
         self.poll = live.POLL_SECONDS
         self.live = live.LiveRuns(self.pages)
         """The chart folds the open pages of a run share (see `live`)."""
+        self.answers = None if is_url(target) else LiveTexts(Path(target))
+        """The answers being written, from the running processes' live files (SQLite)."""
         self.stopping = False
         """Set when the server is asked to stop: live streams close at their next poll."""
 
@@ -97,6 +100,7 @@ class _Ui:
             stopping=lambda: self.stopping,
             poll=self.poll,
             live=self.live,
+            answer=None if self.answers is None else self.answers.fragment,
         )
         return StreamingResponse(
             stream,
@@ -161,6 +165,8 @@ class _Ui:
             yield
         finally:
             self.store.close()
+            if self.answers is not None:
+                self.answers.close()
 
 
 def create_app(

@@ -136,6 +136,7 @@ async def follow(
     stopping: Callable[[], bool] = lambda: False,
     poll: float = POLL_SECONDS,
     live: LiveRuns | None = None,
+    answer: Callable[[str], str] | None = None,
 ) -> AsyncIterator[str]:
     """The event stream of one run's page, as SSE text; `live` shares the charts' folds with
     the other open pages (a stream of its own without).
@@ -143,7 +144,9 @@ async def follow(
     Each round reads the run first and its new events second: a step's state and events are
     saved in one transaction, so the events read cover every state seen, and the `end` of a
     run is never sent before its last rows. When the server is `stopping`, the stream just
-    closes (no `end`): the browser retries, and a restarted `keel ui` picks up from there."""
+    closes (no `end`): the browser retries, and a restarted `keel ui` picks up from there.
+    `answer`: the escaped text a running run's model is writing (`live_text.py`), sent as a
+    `text` message each time it changes, and as "" once it is gone."""
     live = live if live is not None else LiveRuns(pages)
     with live.watching(run_id):
         shown: object = None
@@ -153,6 +156,8 @@ async def follow(
         them again unchanged would wipe what a person is typing."""
         quiet = 0.0
         """Seconds since anything was sent."""
+        writing = ""
+        """The growing answer the page shows."""
         while True:
             record = await asyncio.to_thread(store.get_run, run_id)
             if record is None:
@@ -177,6 +182,12 @@ async def follow(
                     after, quiet = last, 0.0
                 shown = now
             del new  # nothing of the run is held between polls
+            if answer is not None:
+                running = record.status == "running"
+                growing = await asyncio.to_thread(answer, run_id) if running else ""
+                if growing != writing:
+                    yield _message("text", {"html": growing})
+                    writing = growing
             if record.status not in LIVE_STATUSES:
                 yield _message("end", {"status": record.status})
                 return

@@ -1,6 +1,6 @@
 // Keel's only script: a running run's page follows the store through server-sent events.
 // The server sends HTML it rendered and escaped itself: rows to append, summary and charts to
-// replace. Nothing here builds markup from data.
+// replace, the answer being written. Nothing here builds markup from data.
 (function () {
   "use strict";
   var body = document.body;
@@ -16,6 +16,9 @@
       if (typeof data[id] === "string") document.getElementById(id).innerHTML = data[id];
     });
     body.dataset.seq = String(data.seq);
+  });
+  source.addEventListener("text", function (message) {
+    document.getElementById("live-answer").innerHTML = JSON.parse(message.data).html;
   });
   source.addEventListener("end", function () {
     source.close();
