@@ -1,0 +1,187 @@
+"""The commands that look at stored runs and decide on their pauses: `keel show`, `keel runs`,
+`keel approve`, `keel deny`. They open an existing store and never start a model."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, get_args
+
+import typer
+from rich.console import Console
+
+from keel import approvals
+from keel.cli.common import (
+    ByOption,
+    JsonOption,
+    StoreOption,
+    err,
+    guard,
+    json_errors,
+    known_run,
+    open_run_store,
+    resume_line,
+    text_of,
+    usage_error,
+)
+from keel.cli.conversation import continues_line, conversation_lines
+from keel.limits import Limits
+from keel.models import endpoint
+from keel.pool.commands import after_decision
+from keel.present.terminal import safe_text
+from keel.present.timeline import event_json, json_text, run_json, timeline
+from keel.pricing import cost_text
+from keel.result import RunStatus
+from keel.store import RunRecord
+
+__all__ = ["approve", "deny", "runs", "show"]
+
+
+def approve(
+    run_id: Annotated[str, typer.Argument(help="The paused run.")],
+    call_id: Annotated[
+        str | None, typer.Argument(help="The call to approve, by Keel's id (e.g. k2_0).")
+    ] = None,
+    all_calls: Annotated[bool, typer.Option("--all", help="Approve every pending call.")] = False,
+    by: ByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Approve a pending call (or all with --all); `keel resume` then runs it. Final: a call
+    someone decided already is refused (exit 2), naming who decided, what and when."""
+    if (call_id is None) == (not all_calls):
+        usage_error("name one CALL_ID, or pass --all (and not both)")
+    db = open_run_store(store)
+    try:
+        ids = guard(lambda: approvals.approve(db, run_id, call_id, by))
+    finally:
+        db.close()
+    if not ids:
+        usage_error(f"run {run_id} has no call awaiting a decision")
+    for one in ids:
+        typer.echo(f"approved {one}")
+    err.print(guard(lambda: after_decision(store, run_id)), highlight=False)
+
+
+def deny(
+    run_id: Annotated[str, typer.Argument(help="The paused run.")],
+    call_id: Annotated[str, typer.Argument(help="The call to deny, by Keel's id (e.g. k2_0).")],
+    reason: Annotated[str, typer.Option(help="Why; the model is told.")],
+    by: ByOption = None,
+    store: StoreOption = None,
+) -> None:
+    """Deny a pending call; the model hears who denied it and why, and not to retry it. Final,
+    like an approval."""
+    db = open_run_store(store)
+    try:
+        guard(lambda: approvals.deny(db, run_id, call_id, reason, by))
+    finally:
+        db.close()
+    typer.echo(f"denied {call_id}")
+    err.print(guard(lambda: after_decision(store, run_id)), highlight=False)
+
+
+@json_errors
+def show(
+    run_id: Annotated[str, typer.Argument(help="The run's id, as `keel runs` lists it.")],
+    as_json: JsonOption = False,
+    store: StoreOption = None,
+) -> None:
+    """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
+    db = open_run_store(store, read_only=True)
+    try:
+        record = guard(lambda: known_run(db, run_id))
+        events = guard(lambda: db.events(run_id))
+    finally:
+        db.close()
+    sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
+    if as_json:
+        shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        shown["loop_rules"] = _loop_rules(record.config.limits)
+        if sampling is not None:
+            shown["sampling"] = sampling
+        typer.echo(json_text(shown))
+        return
+    out = Console()
+    summary = run_json(record)
+    where = endpoint(record.config.model, text_of(record.config.settings.get("base_url")))
+    out.print(
+        f"{record.run_id} · {summary['status']} · model {safe_text(record.model)} at "
+        f"{safe_text(where)}",
+        highlight=False,
+        markup=False,
+        soft_wrap=True,
+    )
+    if isinstance(sampling, dict):
+        pinned = ", ".join(f"{k} {v}" for k, v in sampling.items())
+        out.print(f"sampling: {safe_text(pinned)}", highlight=False, markup=False)
+    rules = _loop_rules(record.config.limits)
+    out.print(
+        f"loop rules: policy {rules['policy']}, threshold {rules['threshold']}, "
+        f"evidence resets {rules['evidence_reset_cap']} per key",
+        highlight=False,
+        markup=False,
+    )
+    if record.status == "cancelled":
+        out.print(
+            f"interrupted at step {record.state.step}; continue it with: "
+            f"{resume_line(record.run_id, db)}",
+            highlight=False,
+            markup=False,
+            soft_wrap=True,
+        )
+    follows = continues_line(record)
+    if follows is not None:
+        out.print(follows, highlight=False, markup=False)
+    out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
+    out.print(timeline(events))
+    state = record.state
+    out.print(
+        f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
+        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
+        f"{cost_text(state.cost)}",
+        highlight=False,
+        markup=False,
+    )
+    if summary["answer"]:
+        out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+
+
+def _loop_rules(limits: Limits) -> dict[str, Any]:
+    """The identical-call rules a run was started with (and resumes with)."""
+    return {
+        "policy": limits.loop_policy,
+        "threshold": limits.loop_threshold,
+        "evidence_reset_cap": limits.evidence_reset_cap,
+    }
+
+
+def runs(
+    store: StoreOption = None,
+    limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
+    status: Annotated[
+        str | None,
+        typer.Option(help="Only runs in this status: queued, running, awaiting_approval, ..."),
+    ] = None,
+) -> None:
+    """List recent runs, newest first."""
+    if status is not None and status not in get_args(RunStatus):
+        usage_error(f"--status must be one of {', '.join(get_args(RunStatus))}")
+    db = open_run_store(store, read_only=True)
+    try:
+        records = guard(lambda: db.list_runs(limit, status))
+    finally:
+        db.close()
+
+    def line(r: RunRecord) -> str:
+        return (
+            f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
+            f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
+            f"{safe_text(r.question[:70])}"
+        )
+
+    for text in conversation_lines(records, line):
+        typer.echo(text)
+    interrupted = [r.run_id for r in records if r.status == "cancelled"]
+    if interrupted:
+        typer.echo(
+            f"\ncancelled runs were interrupted, not ended; continue one with: "
+            f"{resume_line(interrupted[0], db)}"
+        )
