@@ -88,8 +88,12 @@ def litellm_bin(pytestconfig: pytest.Config) -> Path:
     stamp = LITELLM_VENV / f".installed-{LITELLM.replace('[proxy]==', '-')}"
     if not stamp.exists():
         reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        if reporter is not None:
-            reporter.write_line(f"installing {LITELLM} into {LITELLM_VENV} (its own venv, once)")
+        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
+        if reporter is not None and capture is not None:  # one line, shown past the capture
+            with capture.global_and_fixture_disabled():
+                reporter.write_line(
+                    f"installing {LITELLM} into {LITELLM_VENV} (its own venv, once)"
+                )
         failed = install(LITELLM_VENV, LITELLM)
         if failed:
             pytest.skip(failed)
