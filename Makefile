@@ -52,4 +52,4 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/replay.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

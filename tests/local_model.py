@@ -10,6 +10,7 @@
   once per session; yields the base URL ``http://127.0.0.1:PORT/v1`` and stops the server at the
   end. It needs llama-cpp-python's ``server`` extra (uvicorn, fastapi, sse-starlette,
   starlette-context, pydantic-settings).
+- `function_server`: the same with ``--chat_format chatml-function-calling`` (native tools).
 """
 
 from __future__ import annotations
@@ -74,13 +75,25 @@ def llama_server(local_model_path: Path) -> Iterator[str]:
         pytest.fail(
             f"llama_server needs {', '.join(missing)}: pip install 'llama-cpp-python[server]'"
         )
+    yield from _serve(local_model_path, "chatml")
+
+
+@pytest.fixture(scope="session")
+def function_server(local_model_path: Path) -> Iterator[str]:
+    """The same server with ``chatml-function-calling`` (native tools), for the compatibility
+    suite (``test_compat_servers.py``, ``test_compat_litellm.py``); plain chatml prompts (the XML
+    fallback's) render the same there."""
+    yield from _serve(local_model_path, "chatml-function-calling")
+
+
+def _serve(model: Path, chat_format: str) -> Iterator[str]:
     port = _free_port()
     command = [
         sys.executable, "-m", "llama_cpp.server",
-        "--model", str(local_model_path),
+        "--model", str(model),
         "--host", "127.0.0.1",
         "--port", str(port),
-        "--chat_format", "chatml",
+        "--chat_format", chat_format,
         "--n_ctx", "4096",
         "--n_threads", "2",
     ]  # fmt: skip
@@ -90,7 +103,7 @@ def llama_server(local_model_path: Path) -> Iterator[str]:
         try:
             base_url = f"http://127.0.0.1:{port}/v1"
             _wait_until_ready(base_url, process, log)
-            timings["llama_server_start"] = time.perf_counter() - started
+            timings[f"llama_server_start_{chat_format}"] = time.perf_counter() - started
             yield base_url
         finally:
             process.terminate()

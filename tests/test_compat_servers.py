@@ -12,9 +12,9 @@ OpenAI-compatible server with the embedded model, and the official MCP reference
   loopback page) under the breaker and approvals; the fetch server without a prefix is refused
   with a message naming both sources.
 
-LiteLLM's proxy (for ``openai:`` and ``anthropic:``) is not installed in the dev extra: see
-`test_litellm_proxy` for why, and the offline tests of its answers in
-`test_server_compat_rules.py`.
+The server is `local_model.function_server` (one per session, shared with
+`test_compat_litellm.py`, which runs ``openai-chat:``, ``openai:`` and ``anthropic:`` through
+LiteLLM's proxy in front of it).
 """
 
 from __future__ import annotations
@@ -23,8 +23,6 @@ import importlib.util
 import json
 import subprocess
 import sys
-import tempfile
-from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -38,7 +36,6 @@ from keel.tokens import CalibratedCounter, EstimatingCounter
 from keel.tools.mcp_servers import McpServer
 from keel.transports.openai_chat import OpenAIChatTransport
 from keel.transports.xml_fallback import XmlFallbackTransport
-from local_model import _free_port, _wait_until_ready
 from loopback_http import QuietHandler, serving
 from support import call
 
@@ -48,31 +45,6 @@ SERVER_MODEL = "qwen2.5-coder-0.5b"
 PORT_NOTE = "The widget listens on port 8421 by default; set WIDGET_PORT to change it.\n"
 TOKEN_TOLERANCE = 0.15
 """How far a request's estimate may be from the server's count of its prompt tokens."""
-
-
-@pytest.fixture(scope="module")
-def function_server(local_model_path: Path) -> Iterator[str]:
-    """``python -m llama_cpp.server`` with ``chatml-function-calling`` (native tools) for this
-    module; its base URL. Plain chatml prompts (the XML fallback's) render the same there."""
-    port = _free_port()
-    command = [
-        sys.executable, "-m", "llama_cpp.server", "--model", str(local_model_path),
-        "--host", "127.0.0.1", "--port", str(port), "--chat_format", "chatml-function-calling",
-        "--n_ctx", "4096", "--n_threads", "2",
-    ]  # fmt: skip
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
-        try:
-            base_url = f"http://127.0.0.1:{port}/v1"
-            _wait_until_ready(base_url, process, log)
-            yield base_url
-        finally:
-            process.terminate()
-            try:
-                process.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
 
 
 class Bodies:
@@ -316,16 +288,3 @@ def test_the_official_fetch_server_without_a_prefix_is_refused_naming_both(
     for fix in (["--mcp", f"prefix=web_:{fetch}"], ["--mcp", fetch, "--without-tool", "fetch"]):
         fixed = subprocess.run([*base, *fix], capture_output=True, text=True, timeout=120)
         assert fixed.returncode == 0, fixed.stderr
-
-
-# --- LiteLLM's proxy --------------------------------------------------------------------------
-
-
-@pytest.mark.skip(
-    reason="LiteLLM's proxy is not in the dev extra: `pip download 'litellm[proxy]'` fetched "
-    "116 wheels, 174 MB (boto3, azure, polars...) for the openai:/anthropic: runs, past the CI "
-    "budget (ADR 0035); its HTTP 200 error bodies are tested offline in "
-    "test_server_compat_rules.py"
-)
-def test_openai_and_anthropic_runs_through_litellm_proxy() -> None:
-    raise AssertionError("skipped: see the reason")
