@@ -96,7 +96,13 @@ def test_a_paused_runs_open_page_renders_nothing_while_nothing_changes(
 
     async def watch() -> tuple[int, int, int, list[str]]:
         tab = Tab(follow(store, pages, run_id, last, lambda _: None, poll=0.02))  # type: ignore[arg-type]
-        await asyncio.sleep(0.5)  # the first rounds: the page's baseline
+        # The first round renders the page's baseline; on a loaded machine it can take longer
+        # than a fixed wait (a CI run saw it land inside the measured 3 s): wait for it.
+        for _ in range(200):
+            if pages.renders:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.5)
         renders, events, reads = pages.renders, store.events_read, store.get_runs
         await asyncio.sleep(3.0)
         assert not tab.task.done(), "the stream of a paused run ended"
