@@ -10,16 +10,13 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import pytest
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from typer.testing import CliRunner
 
 import keel
-from in_memory_spans import EXPORTER, SWITCH, install
 from keel._run.budgets import deadline_reserve
 from keel._run.synthesis import BUDGET_CONTROL, DEADLINE_CONTROL
 from keel.cli.app import app
@@ -148,18 +145,6 @@ async def test_resume_keeps_the_absolute_deadline_and_the_timings(tmp_path: Path
     done = await first.aresume(paused.run_id)
     assert done.status == "completed" and done.synthesized == "deadline"
     assert done.model_calls == 2
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    install()
-    EXPORTER.clear()
-    SWITCH.on = True
-    try:
-        yield EXPORTER
-    finally:
-        SWITCH.on = False
-        EXPORTER.clear()
 
 
 async def test_traces_name_the_deadline_synthesis(spans: InMemorySpanExporter) -> None:

@@ -16,7 +16,6 @@ the real servers in `test_compat_servers.py`.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +29,6 @@ from typer.testing import CliRunner
 import keel
 from contract import case_anthropic, case_openai_chat, case_openai_responses
 from contract.harness import Recorder, ordinary_request, synthesis_request
-from in_memory_spans import EXPORTER, SWITCH, install
 from keel.cli.app import app
 from keel.errors import ConfigError, ProviderError
 from keel.messages import AssistantMessage, ModelRequest, ToolCall, UserMessage
@@ -234,18 +232,6 @@ def test_a_json_error_is_one_json_object_on_stdout_and_a_line_on_stderr(tmp_path
 
 
 # --- traces -----------------------------------------------------------------------------------
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    install()
-    EXPORTER.clear()
-    SWITCH.on = True
-    try:
-        yield EXPORTER
-    finally:
-        SWITCH.on = False
-        EXPORTER.clear()
 
 
 async def test_chat_spans_carry_the_server_and_the_response_model(

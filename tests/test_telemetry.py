@@ -8,7 +8,6 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,27 +18,12 @@ from opentelemetry.semconv._incubating.attributes import gen_ai_attributes as ge
 from opentelemetry.semconv.attributes.error_attributes import ERROR_TYPE
 
 import keel
-from in_memory_spans import EXPORTER, SWITCH, install
 from keel.transports.openai_chat import from_wire
 from otlp_collector import Collector
 from support import call
 
 OP = gen_ai.GenAiOperationNameValues
 SYNTHESIS = {"text": "Best supported answer; research stopped because it was repeating."}
-
-
-@pytest.fixture
-def spans() -> Iterator[InMemorySpanExporter]:
-    """The SDK installed globally once (`in_memory_spans.install`), recording during this
-    test only."""
-    install()
-    EXPORTER.clear()
-    SWITCH.on = True
-    try:
-        yield EXPORTER
-    finally:
-        SWITCH.on = False
-        EXPORTER.clear()
 
 
 @keel.tool
