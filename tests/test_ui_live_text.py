@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -42,6 +43,21 @@ def start(args: list[str], cwd: Path) -> subprocess.Popen[str]:
     )
 
 
+def live_texts(lines: Iterator[str]) -> list[str]:
+    """The `text` messages of a page's event stream, read as the browser reads them, up to its
+    `end`."""
+    texts: list[str] = []
+    kind = ""
+    for line in lines:
+        if line.startswith("event: "):
+            kind = line[7:]
+        elif line.startswith("data: ") and kind == "text":
+            texts.append(json.loads(line[6:])["html"])
+        elif kind == "end":
+            break
+    return texts
+
+
 def running_run(store: Path, timeout: float = 30) -> str:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -69,16 +85,8 @@ def test_the_live_page_shows_the_answer_growing_from_another_process_escaped(
         assert live_dir(store).is_dir()  # `keel ui` asks for live text on this store
         run = start(["run", "Q", "--model", f"script:{model}", "--store", str(store)], tmp_path)
         run_id = running_run(store)
-        texts: list[str] = []
         with httpx.stream("GET", f"{url}runs/{run_id}/live", timeout=30) as stream:
-            kind = ""
-            for line in stream.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind == "text":
-                    texts.append(json.loads(line[6:])["html"])
-                elif kind == "end":
-                    break
+            texts = live_texts(stream.iter_lines())
         growing = [t for t in texts if t]
         assert len(growing) >= 2 and len(growing[0]) < len(growing[-1])  # it grew
         assert "&lt;b&gt;x&lt;/b&gt;" in growing[0] and "<b>" not in "".join(texts)
@@ -168,7 +176,6 @@ def test_a_discarded_attempts_text_disappears_from_the_live_page(tmp_path: Path)
     Store(store).close()
     app = create_app(store, served_hosts("127.0.0.1", 8350))
     app.state.ui.poll = 0.05
-    texts: list[str] = []
     with TestClient(app, base_url="http://127.0.0.1:8350") as client:
         agent = keel.Agent(CutOnce(), store=store, text_listeners=[LiveFiles(live_dir(store))])
         done: list[keel.RunResult] = []
@@ -176,14 +183,7 @@ def test_a_discarded_attempts_text_disappears_from_the_live_page(tmp_path: Path)
         runner.start()
         run_id = running_run(store)
         with client.stream("GET", f"/runs/{run_id}/live") as stream:
-            kind = ""
-            for line in stream.iter_lines():
-                if line.startswith("event: "):
-                    kind = line[7:]
-                elif line.startswith("data: ") and kind == "text":
-                    texts.append(json.loads(line[6:])["html"])
-                elif kind == "end":
-                    break
+            texts = live_texts(stream.iter_lines())
         runner.join(30)
     assert done and done[0].answer == "right answer"
     wrong = next(i for i, t in enumerate(texts) if "wrong" in t)
