@@ -27,6 +27,7 @@ import openai
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelResponse, OutputSchema, ToolResult
+from keel.transports.base import address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
@@ -131,8 +132,7 @@ async def post(
 
 def server_address(client: openai.AsyncOpenAI) -> tuple[str, int]:
     """Where `client` sends requests, for traces: host and port (the scheme's default)."""
-    url = client.base_url
-    return url.host, url.port or (443 if url.scheme == "https" else 80)
+    return address_of(client.base_url)
 
 
 def json_schema_format(output: OutputSchema) -> dict[str, Any]:

@@ -56,7 +56,7 @@ from keel.messages import (
     Usage,
     wire_call_ids,
 )
-from keel.transports.base import ServerToolChoice
+from keel.transports.base import ServerToolChoice, address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import endpoint_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
@@ -436,8 +436,7 @@ class AnthropicTransport:
 
     @property
     def server_address(self) -> tuple[str, int]:
-        url = self._client.base_url
-        return url.host, url.port or (443 if url.scheme == "https" else 80)
+        return address_of(self._client.base_url)
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(

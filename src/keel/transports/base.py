@@ -37,6 +37,7 @@ __all__ = [
     "Resumable",
     "ServerToolChoice",
     "Transport",
+    "address_of",
     "server_of",
 ]
 
@@ -118,6 +119,22 @@ class RemoteServer(Protocol):
     def server_address(self) -> tuple[str, int]:
         """The server's host and port (the scheme's default when the URL gives none)."""
         ...
+
+
+class _BaseUrl(Protocol):
+    """What `address_of` reads of an SDK client's base URL (httpx's or httpx2's)."""
+
+    @property
+    def host(self) -> str: ...
+    @property
+    def port(self) -> int | None: ...
+    @property
+    def scheme(self) -> str: ...
+
+
+def address_of(url: _BaseUrl) -> tuple[str, int]:
+    """A base URL's host and port, the scheme's default when it gives none (`RemoteServer`)."""
+    return url.host, url.port or (443 if url.scheme == "https" else 80)
 
 
 def server_of(transport: object) -> tuple[str, int] | None:
