@@ -44,6 +44,7 @@ from keel.cli.conversation import ask_command
 from keel.cli.inspect import approve, deny, runs, show
 from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
+from keel.cli.serve import SERVING, serve_command
 from keel.cli.signals import Signals, own_process, stoppable
 from keel.config import choose_loop_policy, config_files, public_url, trust, unknown_keys
 from keel.durability import choose_durability
@@ -246,6 +247,9 @@ def run(
     if submit_:
         guard(lambda: submit_run(agent, question, as_json))
         return
+    if (serving := SERVING.get()) is not None:  # `keel serve`: this agent, served
+        serving(agent, extras)
+        return
     guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
     if ask_run is not None:  # refused here (one line), before the header and any model load
         guard(lambda: continuation(agent.store, ask_run, fork=fork))
@@ -291,6 +295,7 @@ def submit(**options: Any) -> None:
 
 app.command("worker")(worker_command)
 app.command("ask")(ask_command(run))
+app.command("serve")(serve_command(run))
 
 
 @app.command()

@@ -1,0 +1,246 @@
+"""Keel runs as A2A tasks: a run is a task, its conversation the task's context, its record the
+task's status, history and artifacts (ADR 0040). Pure conversions from the store's records to
+the `a2a-sdk`'s protobuf types; nothing is kept beside the record.
+
+- state: queued -> submitted, running -> working, awaiting_approval -> input-required,
+  completed -> completed, failed -> failed, cancelled -> canceled.
+- history: the question (the user's message), then one agent message per recorded event, a
+  data part holding the event as `keel show --json` prints it; `metadata.keel_seq` is its seq.
+  The task's `metadata.keel_last_seq` says how far the history goes, so a subscriber that
+  reads the task first, then the updates after it, sees every event once.
+- input-required: the status message names each pending call, every argument, target first,
+  as a data part `{"keel_pending": [...]}`; the reply is a data part `{"keel_decisions": ...}`
+  (`decisions_of`).
+- completed: an `answer` artifact, the answer's text, and the structured output as a data part
+  when the run asked for one. failed: the status message says `kind: message` and carries
+  `{"kind", "message"}` as data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from a2a.helpers.proto_helpers import get_data_parts, new_data_part, new_text_part
+from a2a.types import (
+    Artifact,
+    Message,
+    Part,
+    Role,
+    Task,
+    TaskArtifactUpdateEvent,
+    TaskState,
+    TaskStatus,
+    TaskStatusUpdateEvent,
+)
+from google.protobuf.json_format import ParseDict
+from google.protobuf.struct_pb2 import Struct
+
+from keel.present.terminal import TARGET_FIRST
+from keel.present.timeline import event_json
+from keel.records import Event
+from keel.result import RunStatus
+from keel.serve.runs import Decision, waiting
+from keel.store import RunRecord
+
+__all__ = [
+    "DECISIONS_KEY",
+    "PENDING_KEY",
+    "STATES",
+    "answer_artifact",
+    "decisions_of",
+    "event_update",
+    "final_events",
+    "question_of",
+    "state_of",
+    "status_of",
+    "task_of",
+]
+
+STATES: dict[RunStatus, TaskState] = {
+    "queued": TaskState.TASK_STATE_SUBMITTED,
+    "running": TaskState.TASK_STATE_WORKING,
+    "awaiting_approval": TaskState.TASK_STATE_INPUT_REQUIRED,
+    "completed": TaskState.TASK_STATE_COMPLETED,
+    "failed": TaskState.TASK_STATE_FAILED,
+    "cancelled": TaskState.TASK_STATE_CANCELED,
+}
+PENDING_KEY = "keel_pending"
+DECISIONS_KEY = "keel_decisions"
+ANSWER = "answer"
+
+
+def state_of(record: RunRecord) -> TaskState:
+    """A paused run whose calls are all decided is about to go on: working."""
+    if record.status == "awaiting_approval" and not waiting(record):
+        return TaskState.TASK_STATE_WORKING
+    return STATES[record.status]
+
+
+def _metadata(values: dict[str, Any]) -> Struct:
+    return ParseDict(values, Struct())
+
+
+def _message(record: RunRecord, message_id: str, parts: list[Part], **meta: Any) -> Message:
+    return Message(
+        message_id=message_id,
+        context_id=record.conversation_id,
+        task_id=record.run_id,
+        role=Role.ROLE_AGENT,
+        parts=parts,
+        metadata=_metadata(meta) if meta else None,
+    )
+
+
+def event_message(record: RunRecord, event: Event) -> Message:
+    """One recorded event as an agent message (its data part: the event as `keel show --json`
+    prints it)."""
+    return _message(
+        record,
+        f"{record.run_id}/{event.seq}",
+        [new_data_part(event_json(event))],
+        keel_seq=event.seq,
+    )
+
+
+def _pending(record: RunRecord) -> list[dict[str, Any]]:
+    waiting = [p for p in record.state.pending if p.call_id not in record.state.decisions]
+    shown = []
+    for call in waiting:
+        arguments = call.arguments if isinstance(call.arguments, dict) else {"raw": call.arguments}
+        order = sorted(
+            arguments, key=lambda k: (TARGET_FIRST.index(k) if k in TARGET_FIRST else 99, k)
+        )
+        shown.append(
+            {
+                "call_id": call.call_id,
+                "name": call.name,
+                "arguments": [{"name": k, "value": arguments[k]} for k in order],
+                **({"note": call.note} if call.note else {}),
+            }
+        )
+    return shown
+
+
+def status_of(record: RunRecord) -> TaskStatus:
+    """The task's status from the run's record, with what a client must read or answer."""
+    status = TaskStatus(state=state_of(record))
+    status.timestamp.FromSeconds(int(record.updated_at))
+    if state_of(record) == TaskState.TASK_STATE_INPUT_REQUIRED:
+        pending = _pending(record)
+        text = (
+            f"run {record.run_id} waits for a decision on {len(pending)} call(s): reply on this "
+            f'task with a data part {{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true}} '
+            '| {"call_id": ..., "approve": false, "reason": "..."}]}'
+        )
+        parts = [new_text_part(text), new_data_part({PENDING_KEY: pending})]
+        status.message.CopyFrom(_message(record, f"{record.run_id}/awaiting", parts))
+    elif record.status == "failed" and record.state.failure is not None:
+        failure = record.state.failure
+        parts = [
+            new_text_part(f"{failure.kind}: {failure.message}"),
+            new_data_part({"kind": failure.kind, "message": failure.message}),
+        ]
+        status.message.CopyFrom(_message(record, f"{record.run_id}/failure", parts))
+    return status
+
+
+def answer_artifact(record: RunRecord) -> Artifact | None:
+    """The answer of a completed run: its text, and its structured output when it had one."""
+    state = record.state
+    if record.status != "completed" or state.answer is None:
+        return None
+    parts = [new_text_part(state.answer, "text/markdown")]
+    if state.output is not None:
+        parts.append(new_data_part(state.output, "application/json"))
+    meta: dict[str, Any] = {"synthesized": state.synthesized or "", "cut_off": state.cut_off}
+    if state.partial:
+        meta |= {"partial": True, "gaps": list(state.gaps)}
+    return Artifact(
+        artifact_id=f"{record.run_id}/{ANSWER}",
+        name=ANSWER,
+        parts=parts,
+        metadata=_metadata(meta),
+    )
+
+
+def question_of(record: RunRecord) -> Message:
+    return Message(
+        message_id=f"{record.run_id}/question",
+        context_id=record.conversation_id,
+        task_id=record.run_id,
+        role=Role.ROLE_USER,
+        parts=[new_text_part(record.question)],
+    )
+
+
+def task_of(record: RunRecord, events: list[Event], *, artifacts: bool = True) -> Task:
+    """The whole task: status, the question and every event given as history."""
+    last = events[-1].seq if events else -1
+    task = Task(
+        id=record.run_id,
+        context_id=record.conversation_id,
+        status=status_of(record),
+        history=[question_of(record), *(event_message(record, e) for e in events)],
+        metadata=_metadata({"keel_last_seq": last, "keel_status": record.status}),
+    )
+    artifact = answer_artifact(record) if artifacts else None
+    if artifact is not None:
+        task.artifacts.append(artifact)
+    return task
+
+
+def event_update(record: RunRecord, event: Event) -> TaskStatusUpdateEvent:
+    """A recorded event as it streams: the task still working, the event as its message."""
+    status = TaskStatus(state=TaskState.TASK_STATE_WORKING, message=event_message(record, event))
+    status.timestamp.FromSeconds(int(event.at))
+    return TaskStatusUpdateEvent(
+        task_id=record.run_id,
+        context_id=record.conversation_id,
+        status=status,
+        metadata=_metadata({"keel_seq": event.seq}),
+    )
+
+
+def final_events(record: RunRecord) -> list[TaskStatusUpdateEvent | TaskArtifactUpdateEvent]:
+    """What closes a stream once the run stops: the answer artifact, then the final status."""
+    closing: list[TaskStatusUpdateEvent | TaskArtifactUpdateEvent] = []
+    artifact = answer_artifact(record)
+    if artifact is not None:
+        closing.append(
+            TaskArtifactUpdateEvent(
+                task_id=record.run_id,
+                context_id=record.conversation_id,
+                artifact=artifact,
+                last_chunk=True,
+            )
+        )
+    closing.append(
+        TaskStatusUpdateEvent(
+            task_id=record.run_id,
+            context_id=record.conversation_id,
+            status=status_of(record),
+            metadata=_metadata({"keel_status": record.status}),
+        )
+    )
+    return closing
+
+
+def decisions_of(message: Message) -> list[Decision] | None:
+    """The decisions a reply carries (`{"keel_decisions": [...]}` in a data part); None when
+    it carries none. ValueError: a decision that cannot be read."""
+    found: list[Decision] | None = None
+    for data in get_data_parts(message.parts):
+        if not isinstance(data, dict) or DECISIONS_KEY not in data:
+            continue
+        given = data[DECISIONS_KEY]
+        if not isinstance(given, list):
+            raise ValueError(f"{DECISIONS_KEY} must be a list of decisions")
+        found = found or []
+        for item in given:
+            if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
+                raise ValueError(f"each of {DECISIONS_KEY} needs a call_id (text)")
+            if not isinstance(item.get("approve"), bool):
+                raise ValueError(f"decision on {item['call_id']}: approve must be true or false")
+            reason = item.get("reason", "")
+            found.append(Decision(item["call_id"], item["approve"], str(reason or "")))
+    return found

@@ -1,0 +1,163 @@
+"""`keel serve`'s web app: A2A (JSON-RPC and HTTP+JSON, the `a2a-sdk`'s routes over Keel's
+request handler), the agent card, and whatever other protocol's routes are handed in, all
+behind one door (ADR 0040):
+
+- the Host guard of `keel ui` (a page elsewhere cannot reach a loopback server through DNS
+  rebinding), and
+- with a token, a bearer check on every request but the agent card's (a client reads the card
+  to learn it must send one): a request without the token gets 401 before any handler runs,
+  so it records nothing.
+
+Runs go on in this process's event loop (`runs.RunService`); at start the served runs a killed
+server left behind are taken up, at shutdown the running ones stop after their step, saved.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hmac
+from collections.abc import AsyncIterator, Callable, Collection, Sequence
+
+from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
+from a2a.types import (
+    AgentCapabilities,
+    AgentCard,
+    AgentInterface,
+    AgentSkill,
+    HTTPAuthSecurityScheme,
+    SecurityRequirement,
+    SecurityScheme,
+    StringList,
+)
+from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.routing import BaseRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from keel.serve.a2a_handler import KeelRequestHandler
+from keel.serve.runs import RunService
+from keel.ui.security import Guard
+
+__all__ = ["JSONRPC_PATH", "REST_PATH", "BearerGuard", "agent_card", "build_app"]
+
+JSONRPC_PATH = "/a2a/jsonrpc"
+REST_PATH = "/a2a/rest"
+OPEN_PATHS = frozenset({AGENT_CARD_WELL_KNOWN_PATH})
+"""Read without the token: the card, which says a token is needed and holds no run."""
+SCHEME = "bearer"
+
+
+class BearerGuard:
+    """ASGI middleware: `Authorization: Bearer TOKEN` on every request but the card's."""
+
+    def __init__(self, app: ASGIApp, token: str) -> None:
+        self.app = app
+        self.token = token.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["path"] in OPEN_PATHS or self._allowed(scope):
+            await self.app(scope, receive, send)
+            return
+        await send(
+            {
+                "type": "http.response.start",
+                "status": 401,
+                "headers": [
+                    (b"content-type", b"text/plain; charset=utf-8"),
+                    (b"www-authenticate", b'Bearer realm="keel serve"'),
+                ],
+            }
+        )
+        await send({"type": "http.response.body", "body": b"a bearer token is required\n"})
+
+    def _allowed(self, scope: Scope) -> bool:
+        for key, value in scope.get("headers", []):
+            if key == b"authorization":
+                kind, _, given = bytes(value).partition(b" ")
+                return kind.lower() == SCHEME.encode() and hmac.compare_digest(
+                    given.strip(), self.token
+                )
+        return False
+
+
+def agent_card(base_url: str, description: str, *, token: bool) -> AgentCard:
+    """What Keel really offers: streaming, yes; push notifications, no (not implemented)."""
+    card = AgentCard(
+        name="Keel research agent",
+        description=description,
+        version="1.0",
+        supported_interfaces=[
+            AgentInterface(
+                url=base_url + JSONRPC_PATH,
+                protocol_binding="JSONRPC",
+                protocol_version=PROTOCOL_VERSION_CURRENT,
+            ),
+            AgentInterface(
+                url=base_url + REST_PATH,
+                protocol_binding="HTTP+JSON",
+                protocol_version=PROTOCOL_VERSION_CURRENT,
+            ),
+        ],
+        capabilities=AgentCapabilities(streaming=True, push_notifications=False),
+        default_input_modes=["text/plain", "application/json"],
+        default_output_modes=["text/markdown", "application/json"],
+        skills=[
+            AgentSkill(
+                id="research",
+                name="Research a question",
+                description="Answers a question from the repository and the web with evidence; "
+                "side-effecting calls wait for approval (input-required), and every run ends "
+                "in an answer, a classified failure, or a durable pause.",
+                tags=["research", "approvals", "durable"],
+                examples=["Which modules does the run loop import?"],
+            )
+        ],
+    )
+    if token:
+        card.security_schemes["bearer"].CopyFrom(
+            SecurityScheme(http_auth_security_scheme=HTTPAuthSecurityScheme(scheme="Bearer"))
+        )
+        card.security_requirements.append(
+            SecurityRequirement(schemes={"bearer": StringList(list=[])})
+        )
+    return card
+
+
+def build_app(
+    service: RunService,
+    *,
+    base_url: str,
+    hosts: Collection[str],
+    token: str | None,
+    extra_routes: Sequence[BaseRoute] = (),
+    description: str = "A Keel agent: research runs that never end abruptly or lose work.",
+    on_ready: Callable[[], None] = lambda: None,
+) -> Starlette:
+    """The app; `extra_routes` (another protocol's endpoints) sit behind the same guards.
+    `on_ready` is called once the runs left behind are taken up and requests are served."""
+    handler = KeelRequestHandler(service)
+    card = agent_card(base_url, description, token=token is not None)
+    routes: list[BaseRoute] = [
+        *extra_routes,
+        *create_agent_card_routes(card),
+        *create_jsonrpc_routes(handler, JSONRPC_PATH),
+        *create_rest_routes(handler, path_prefix=REST_PATH),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: Starlette) -> AsyncIterator[None]:
+        service.recover()
+        on_ready()
+        try:
+            yield
+        finally:
+            service.close()
+            await service.wait_stopped()
+
+    middleware = [Middleware(Guard, hosts=hosts)]
+    if token is not None:
+        middleware.append(Middleware(BearerGuard, token=token))
+    app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
+    app.state.service = service
+    return app

@@ -1,0 +1,228 @@
+"""The runs `keel serve` starts, cancels, decides and follows: one service under every protocol.
+
+Nothing here is the record: a run's state and events live in the store, and every answer a
+protocol gives is read from there (`record`, `follow`). What this process holds in memory is
+only the handles of the runs it is advancing right now, so that a cancel can stop one at once;
+a restart loses none of what a client can ask about (ADR 0040).
+
+- A new question starts a run in this process (`Agent.start`); on a conversation, as a
+  follow-up on its newest run (ADR 0038).
+- A decision is recorded as `keel approve`/`keel deny` record it; once no call waits, the run
+  goes on: in this process on SQLite, through the workers' queue on Postgres when a
+  `keel worker` has set it up (else here too).
+- A cancel stops a run this process advances (recorded `cancelled`, nothing recorded lost); a
+  paused run is taken up and cancelled before it does anything, so it too ends `cancelled`.
+- `recover` takes up, at start, the served runs left `running` by a process that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+
+from keel import approvals
+from keel._run.resume import FINISHED
+from keel.agent import Agent, RunHandle
+from keel.errors import ConfigError, KeelError, LeaseHeld
+from keel.records import Event
+from keel.store import RunRecord, RunStore
+from keel.store.locate import is_url
+
+__all__ = ["SERVED", "Decision", "NotCancelable", "RunService", "stopped", "waiting"]
+
+SERVED = "served_by"
+"""The setting every run `keel serve` starts carries (so a restart knows which to take up)."""
+POLL_SECONDS = 0.1
+"""How often a follower reads the store for a run's new events."""
+STOP_SECONDS = 10.0
+"""How long a shutdown waits for the running runs to reach the end of their step."""
+OPEN_SECONDS = 10.0
+"""How long a new run may take to be recorded before the request gives up on it."""
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """A person's (or an agent's) word on one pending call."""
+
+    call_id: str
+    approved: bool
+    reason: str = ""
+
+
+class NotCancelable(Exception):
+    """The run cannot be cancelled from here: it has ended, or another process advances it."""
+
+
+class RunService:
+    """Starts and follows the runs of one agent on its store (`agent.store`)."""
+
+    def __init__(self, agent: Agent, target: str, *, by: str = "an A2A client") -> None:
+        self.agent = agent
+        self.target = target
+        """The store as named (a path or a postgresql:// URL), for the workers' queue."""
+        self.by = by
+        self.handles: dict[str, RunHandle] = {}
+        self.agent.run_config[SERVED] = "keel serve"
+
+    @property
+    def store(self) -> RunStore:
+        return self.agent.store
+
+    def record(self, run_id: str) -> RunRecord | None:
+        return self.store.get_run(run_id)
+
+    def events(self, run_id: str, after: int = -1) -> list[Event]:
+        return self.store.events(run_id, after)
+
+    # -- starting, deciding, cancelling ----------------------------------------------------------
+
+    async def start(self, question: str, conversation: str | None = None) -> RunRecord:
+        """A new run of `question` (on `conversation`, a follow-up), once it is recorded.
+        ConfigError: an empty question, an unknown conversation, one whose newest run has not
+        ended."""
+        if not question.strip():
+            raise ConfigError("the message holds no question: send it as a text part")
+        handle = self.agent.start(question, conversation=conversation)
+        self._keep(handle)
+        return await self._opened(handle)
+
+    async def decide(self, run_id: str, decisions: Sequence[Decision]) -> None:
+        """Record `decisions` on a paused run's calls, then let the run go on once none is
+        left waiting. ConfigError: a call that is not pending; AlreadyDecided: one decided
+        before (decisions are final)."""
+        if not decisions:
+            raise ConfigError("no decisions: the run waits for approve/deny on its calls")
+        for decision in decisions:
+            if decision.approved:
+                approvals.approve(self.store, run_id, decision.call_id, by=self.by)
+            else:
+                reason = decision.reason or "denied by the A2A client"
+                approvals.deny(self.store, run_id, decision.call_id, reason, by=self.by)
+        if approvals.pending(self.store, run_id):
+            return
+        if is_url(self.target) and await asyncio.to_thread(self._queued, run_id):
+            return
+        self._keep(self.agent.start_resume(run_id))
+
+    def _queued(self, run_id: str) -> bool:
+        """On Postgres: handed to the workers' queue (False: no worker has set it up)."""
+        from keel.pool.dispatch import hand_on_decided
+
+        return hand_on_decided(self.target, run_id).queued
+
+    async def cancel(self, run_id: str) -> RunRecord:
+        """Cancel the run for real: recorded `cancelled`, nothing recorded lost."""
+        record = self._known(run_id)
+        if record.status in FINISHED:
+            raise NotCancelable(f"run {run_id} has already ended ({record.status})")
+        handle = self.handles.get(run_id)
+        if handle is None:  # paused or queued, or left by a process that died: take it up
+            try:
+                handle = self.agent.start_resume(run_id)
+            except LeaseHeld as exc:
+                raise NotCancelable(f"another process is advancing run {run_id}: {exc}") from None
+            self._keep(handle)
+        handle.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await handle
+        return self._known(run_id)
+
+    def recover(self) -> list[str]:
+        """Take up the runs this server started that are left `running` or decided with no
+        process advancing them (it was killed): each goes on from its last saved step."""
+        taken = []
+        for record in self.store.list_runs(1000, status="running"):
+            if record.config.settings.get(SERVED) is None:
+                continue
+            try:
+                self._keep(self.agent.start_resume(record.run_id))
+            except (LeaseHeld, ConfigError):
+                continue  # a live process advances it, or it cannot be taken up: left as it is
+            taken.append(record.run_id)
+        return taken
+
+    def close(self) -> None:
+        """Leave every run this process advances for a later `keel serve` (or `keel resume`)
+        to continue: each stops after its current step, saved and its lease released."""
+        for handle in list(self.handles.values()):
+            handle.stop()
+
+    async def wait_stopped(self, timeout: float = STOP_SECONDS) -> None:
+        """Wait for the runs `close` stopped, `timeout` at most: one still inside a step then
+        is cancelled as the process ends (recorded `cancelled`, an interruption that
+        `keel resume` continues)."""
+        waiting = [asyncio.ensure_future(_settled(h)) for h in self.handles.values()]
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout)
+
+    # -- following -------------------------------------------------------------------------------
+
+    async def follow(
+        self, run_id: str, after: int = -1
+    ) -> AsyncIterator[tuple[list[Event], RunRecord]]:
+        """The run's events after seq `after` as they are recorded, each batch with the record
+        read before it (its state at least as new as the events). Ends once the run has
+        stopped advancing (ended, paused, or cancelled) and every event up to that was given."""
+        while True:
+            record = self._known(run_id)
+            batch = self.events(run_id, after)
+            if batch:
+                after = batch[-1].seq
+            yield batch, record
+            if stopped(record) and after >= record.state.next_seq - 1:
+                return
+            if not batch:
+                await asyncio.sleep(POLL_SECONDS)
+
+    # -- helpers ---------------------------------------------------------------------------------
+
+    def _known(self, run_id: str) -> RunRecord:
+        record = self.record(run_id)
+        if record is None:
+            raise ConfigError(f"no run {run_id} in {self.store.path}")
+        return record
+
+    def _keep(self, handle: RunHandle) -> None:
+        self.handles[handle.run_id] = handle
+        task = asyncio.ensure_future(_settled(handle))
+        task.add_done_callback(lambda _: self._forget(handle))
+
+    def _forget(self, handle: RunHandle) -> None:
+        if self.handles.get(handle.run_id) is handle:
+            del self.handles[handle.run_id]
+
+    async def _opened(self, handle: RunHandle) -> RunRecord:
+        deadline = asyncio.get_running_loop().time() + OPEN_SECONDS
+        while True:
+            record = self.record(handle.run_id)
+            if record is not None:
+                return record
+            if handle._task.done():  # it ended before it was recorded: say why
+                handle._task.result()
+                raise KeelError(f"run {handle.run_id} ended before it was recorded")
+            if asyncio.get_running_loop().time() > deadline:
+                raise KeelError(f"run {handle.run_id} was not recorded in {OPEN_SECONDS:.0f} s")
+            await asyncio.sleep(0.02)
+
+
+def waiting(record: RunRecord) -> bool:
+    """Paused with a call still undecided (a paused run whose calls are all decided is about
+    to go on)."""
+    decided = record.state.decisions
+    return record.status == "awaiting_approval" and any(
+        p.call_id not in decided for p in record.state.pending
+    )
+
+
+def stopped(record: RunRecord) -> bool:
+    """The run will not advance by itself: it has ended, or waits for a decision."""
+    return record.status in FINISHED or waiting(record)
+
+
+async def _settled(handle: RunHandle) -> None:
+    """Wait for a run to end without letting its outcome escape as an unhandled error: the
+    outcome is in the store."""
+    with contextlib.suppress(Exception, asyncio.CancelledError):
+        await handle
