@@ -107,7 +107,7 @@ def stop(processes: list[subprocess.Popen[str]]) -> None:
 
 @contextmanager
 def keel_servers(
-    tmp: Path, specs: dict[str, Spec], store: Path | None = None
+    tmp: Path, specs: dict[str, Spec], store: Path | str | None = None
 ) -> Iterator[dict[str, tuple[str, subprocess.Popen[str]]]]:
     """`keel serve`s on free loopback ports, started at once (one store); by name: the URL
     and the process of each."""
@@ -300,6 +300,27 @@ async def test_a_message_to_a_finished_task_is_refused(answer_server: Served) ->
         with pytest.raises(UnsupportedOperationError, match="terminal state"):
             await collect(client.send_message(reply))
     assert len(runs_in(answer_server.store)) == before
+
+
+async def test_list_tasks_pages_newest_first_and_filters_by_state(answer_server: Served) -> None:
+    async with a2a(answer_server.url) as client:
+        for n in range(3):
+            await collect(client.send_message(question(f"Listed {n}?")))
+        first = await client.list_tasks(ListTasksRequest(page_size=2))
+        rest = await client.list_tasks(
+            ListTasksRequest(page_size=2, page_token=first.next_page_token)
+        )
+        done = await client.list_tasks(
+            ListTasksRequest(status=TaskState.TASK_STATE_COMPLETED, page_size=100)
+        )
+        paused = await client.list_tasks(
+            ListTasksRequest(status=TaskState.TASK_STATE_INPUT_REQUIRED)
+        )
+    ids = [r.run_id for r in runs_in(answer_server.store)]  # newest first
+    assert [t.id for t in first.tasks] == ids[:2]
+    assert first.total_size == len(ids) and first.next_page_token
+    assert [t.id for t in rest.tasks] == ids[2:4]
+    assert {t.id for t in done.tasks} == set(ids) and paused.tasks == []
 
 
 # -- approvals ---------------------------------------------------------------------------------

@@ -92,21 +92,30 @@ class KeelRequestHandler(RequestHandler):
             offset = int(params.page_token or 0)
         except ValueError:
             raise InvalidParamsError(message="page_token is not one this server gave") from None
-        records = self._listed(params)
-        page = records[offset : offset + size]
-        more = offset + size < len(records)
+        page, total = self._listed(params, offset, size)
         listed = [
             apply_history_length(self._task(r, artifacts=params.include_artifacts), params)
             for r in page
         ]
         return ListTasksResponse(
             tasks=listed,
-            next_page_token=str(offset + size) if more else "",
+            next_page_token=str(offset + size) if offset + size < total else "",
             page_size=size,
-            total_size=len(records),
+            total_size=total,
         )
 
-    def _listed(self, params: ListTasksRequest) -> list[RunRecord]:
+    def _listed(
+        self, params: ListTasksRequest, offset: int, size: int
+    ) -> tuple[list[RunRecord], int]:
+        """One page of the runs, and how many there are in all."""
+        store = self.service.store
+        plain = params.status == TaskState.TASK_STATE_UNSPECIFIED
+        if plain and not params.context_id and not params.HasField("status_timestamp_after"):
+            return store.list_runs(size, offset=offset), store.count_runs()
+        records = self._filtered(params)
+        return records[offset : offset + size], len(records)
+
+    def _filtered(self, params: ListTasksRequest) -> list[RunRecord]:
         store = self.service.store
         if params.context_id:
             records = list(reversed(store.conversation(params.context_id)))
