@@ -469,6 +469,29 @@ async def test_a_killed_server_restarted_answers_get_task_for_every_task(tmp_pat
     assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED
 
 
+async def test_a_task_decided_while_the_server_was_down_goes_on_when_it_starts(
+    tmp_path: Path,
+) -> None:
+    with keel_serve(tmp_path, WRITE, "--allow-writes", name="w") as (url, _):
+        async with a2a(url) as client:
+            task_id, call = await paused(client)
+    approved = subprocess.run(
+        [sys.executable, "-m", "keel", "approve", task_id, call["call_id"], "--store",
+         str(tmp_path / "runs.db")],
+        capture_output=True, text=True, env={**os.environ, "PYTHONPATH": SRC}, check=False,
+    )  # fmt: skip
+    assert approved.returncode == 0, approved.stderr
+    with keel_serve(tmp_path, WRITE, "--allow-writes", name="w") as (url, _):
+        async with a2a(url) as client:
+            for _ in range(100):  # taken up at start: it may be done before we ask
+                task = await client.get_task(GetTaskRequest(id=task_id))
+                if task.status.state == TaskState.TASK_STATE_COMPLETED:
+                    break
+                await asyncio.sleep(0.1)
+    assert task.status.state == TaskState.TASK_STATE_COMPLETED
+    assert (tmp_path / "repo" / "out.txt").read_text() == "hello\n"
+
+
 # -- the token ---------------------------------------------------------------------------------
 
 

@@ -94,6 +94,12 @@ class RunService:
         before (decisions are final)."""
         if not decisions:
             raise ConfigError("no decisions: the run waits for approve/deny on its calls")
+        record = self._known(run_id)
+        if not is_url(self.target) and (why := self.foreign(record)):
+            raise ConfigError(
+                f"run {run_id} cannot go on here: {why}; decide with `keel approve`/`keel deny` "
+                "and continue it with `keel resume`"
+            )
         for decision in decisions:
             if decision.approved:
                 approvals.approve(self.store, run_id, decision.call_id, by=self.by)
@@ -102,8 +108,10 @@ class RunService:
                 approvals.deny(self.store, run_id, decision.call_id, reason, by=self.by)
         if approvals.pending(self.store, run_id):
             return
-        if is_url(self.target) and await asyncio.to_thread(self._queued, run_id):
-            return
+        if is_url(self.target) and (
+            await asyncio.to_thread(self._queued, run_id) or self.foreign(record)
+        ):
+            return  # the workers' queue has it, or will once a worker sets it up
         self._keep(self.agent.start_resume(run_id))
 
     def _queued(self, run_id: str) -> bool:
@@ -133,8 +141,18 @@ class RunService:
         """Take up the runs this server started that are left `running` or decided with no
         process advancing them (it was killed): each goes on from its last saved step."""
         taken = []
-        for record in self.store.list_runs(1000, status="running"):
-            if record.config.settings.get(SERVED) is None:
+        left = [
+            *self.store.list_runs(self.store.count_runs("running"), status="running"),
+            *(
+                r
+                for r in self.store.list_runs(
+                    self.store.count_runs("awaiting_approval"), status="awaiting_approval"
+                )
+                if not waiting(r)  # decided, but the server died before it went on
+            ),
+        ]
+        for record in left:
+            if record.config.settings.get(SERVED) is None or self.foreign(record):
                 continue
             try:
                 self._keep(self.agent.start_resume(record.run_id))
@@ -156,6 +174,17 @@ class RunService:
         waiting = [asyncio.ensure_future(_settled(h)) for h in self.handles.values()]
         if waiting:
             await asyncio.wait(waiting, timeout=timeout)
+
+    def foreign(self, record: RunRecord) -> str | None:
+        """Why this server's agent cannot continue `record` (another model, or tools it does not
+        have), or None: it can."""
+        mine = self.agent.config()
+        if record.config.model != mine.model:
+            return f"it runs on {record.config.model}, this server on {mine.model}"
+        missing = set(record.config.tools) - set(mine.tools)
+        if missing:
+            return f"it uses tools this server does not offer ({', '.join(sorted(missing))})"
+        return None
 
     # -- following -------------------------------------------------------------------------------
 
