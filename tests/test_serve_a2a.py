@@ -492,6 +492,22 @@ async def test_a_task_decided_while_the_server_was_down_goes_on_when_it_starts(
     assert (tmp_path / "repo" / "out.txt").read_text() == "hello\n"
 
 
+async def test_without_a_token_a_request_under_another_host_name_is_refused(
+    answer_server: Served,
+) -> None:
+    """DNS rebinding: a page elsewhere reaches the loopback server under its own name."""
+    before = len(runs_in(answer_server.store))
+    body = {"jsonrpc": "2.0", "id": 1, "method": "SendMessage",
+            "params": {"message": {"messageId": "m1", "role": "ROLE_USER",
+                                   "parts": [{"text": "Rebound?"}]}}}  # fmt: skip
+    async with httpx.AsyncClient() as http:
+        refused = await http.post(
+            answer_server.url + "/a2a/jsonrpc", json=body, headers={"Host": "evil.example"}
+        )
+    assert refused.status_code == 403
+    assert len(runs_in(answer_server.store)) == before
+
+
 # -- the token ---------------------------------------------------------------------------------
 
 
@@ -549,6 +565,17 @@ async def test_a_request_without_the_token_gets_401_and_records_nothing(tmp_path
         assert bare.headers["www-authenticate"].startswith("Bearer")
         assert "bearer" in card["securitySchemes"]
         assert runs_in(tmp_path / "runs.db") == []
+        async with httpx.AsyncClient() as http:  # with the token, any name for the host does
+            renamed = await http.post(
+                url + "/a2a/jsonrpc",
+                json={**body, "method": "GetTask", "params": {"id": "run_none"}},
+                headers={
+                    "Authorization": "Bearer s3cret",
+                    "Host": "keel.internal",
+                    "A2A-Version": "1.0",
+                },
+            )
+        assert renamed.status_code == 200 and "run_none" in renamed.text
         async with a2a(url, token="s3cret") as client:
             events = await collect(client.send_message(question("With the token?")))
     assert final_state(events) == TaskState.TASK_STATE_COMPLETED

@@ -2,11 +2,12 @@
 request handler), the agent card, and whatever other protocol's routes are handed in, all
 behind one door (ADR 0040):
 
-- the Host guard of `keel ui` (a page elsewhere cannot reach a loopback server through DNS
-  rebinding), and
 - with a token, a bearer check on every request but the agent card's (a client reads the card
   to learn it must send one): a request without the token gets 401 before any handler runs,
-  so it records nothing.
+  so it records nothing; clients may then use any name for this machine (a proxy's, a
+  service's);
+- without one (loopback only), the Host guard of `keel ui`: a page elsewhere cannot reach the
+  server through DNS rebinding, since a browser sends that page's host name.
 
 Runs go on in this process's event loop (`runs.RunService`); at start the served runs a killed
 server left behind are taken up, at shutdown the running ones stop after their step, saved.
@@ -155,9 +156,10 @@ def build_app(
             service.close()
             await service.wait_stopped()
 
-    middleware = [Middleware(Guard, hosts=hosts)]
-    if token is not None:
-        middleware.append(Middleware(BearerGuard, token=token))
+    if token is None:  # loopback: a page elsewhere could reach it under a rebound name
+        middleware = [Middleware(Guard, hosts=hosts)]
+    else:  # the token is the door: any name the clients use for this machine will do
+        middleware = [Middleware(BearerGuard, token=token)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.service = service
     return app
