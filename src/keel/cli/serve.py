@@ -60,7 +60,7 @@ def serve_command(run: Callable[..., None]) -> Callable[..., None]:
 
         mark = SERVING.set(serving)
         try:
-            run(question="(keel serve)", as_json=True, events=False, **options)
+            run(question="(keel serve)", as_json=False, events=False, **options)
         finally:
             SERVING.reset(mark)
 
@@ -123,6 +123,10 @@ def _serve(
     if isinstance(store_target(target), Path) and not Path(target).parent.is_dir():
         usage_error(f"no folder for the store {target}")
     guard(lambda: agent.store)  # a store that cannot open is one line, before listening
+    # Served runs print nothing here: no progress lines, no answer written to the terminal
+    # (the live files `keel ui` reads stay).
+    agent.listeners = ()
+    agent.text_listeners = tuple(t for t in agent.text_listeners if t is not extras.live)
     with extras, agent:
         service = RunService(agent, target)
         try:
