@@ -10,8 +10,7 @@ from pathlib import Path
 
 from a2a.types import GetTaskRequest, TaskState
 
-from pool import Pool
-from test_serve_a2a import (
+from a2a_serving import (
     WRITE,
     a2a,
     collect,
@@ -20,6 +19,7 @@ from test_serve_a2a import (
     keel_servers,
     paused,
 )
+from pool import Pool
 
 
 def wait_for_line(path: Path, text: str, timeout: float = 60) -> None:
