@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from a2a.client import A2ACardResolver, ClientConfig, create_client
-from a2a.helpers.proto_helpers import get_data_parts
+from a2a.helpers.proto_helpers import get_data_parts, new_data_part
 from a2a.types import (
     CancelTaskRequest,
     GetTaskRequest,
@@ -184,11 +184,29 @@ async def test_a_denial_is_recorded_and_the_run_goes_on_without_the_write(
             await collect(client.send_message(bad))
         with pytest.raises(InvalidParamsError, match="keel_decisions"):
             await collect(client.send_message(question("yes", task_id=task_id)))
+        shapeless = question("", task_id=task_id)
+        shapeless.message.parts[0].CopyFrom(new_data_part({"keel_decisions": "yes"}))
+        with pytest.raises(InvalidParamsError, match="must be a list"):
+            await collect(client.send_message(shapeless))
         deny = {"call_id": call["call_id"], "approve": False, "reason": "not there"}
         after = await collect(client.send_message(decisions(task_id, deny)))
     assert final_state(after) == TaskState.TASK_STATE_COMPLETED
     [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
     assert run.state.decisions[call["call_id"]].reason == "not there"
+
+
+async def test_a_decision_on_another_agents_run_is_refused_before_it_is_recorded(
+    write_server: Served, tmp_path: Path
+) -> None:
+    async with a2a(write_server.url) as client:
+        task_id, call = await paused(client)
+    with keel_serve(tmp_path, ANSWER, name="other", store=write_server.store) as (url, _):
+        async with a2a(url) as client:
+            approve = decisions(task_id, {"call_id": call["call_id"], "approve": True})
+            with pytest.raises(InvalidParamsError, match="cannot go on here"):
+                await collect(client.send_message(approve))
+    [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
+    assert run.status == "awaiting_approval" and run.state.decisions == {}
 
 
 async def test_cancelling_a_paused_task_ends_it_cancelled(write_server: Served) -> None:
