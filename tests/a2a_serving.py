@@ -44,7 +44,6 @@ WRITE = {
         {"text": "Wrote out.txt."},
     ]
 }
-SLOW = {"turns": [{"text": "late"}], "latency_ms": 20_000}
 STEPS = {
     "turns": [
         *(

@@ -24,7 +24,6 @@ from a2a.utils.errors import (
 from a2a_serving import (
     ANSWER,
     FAILS,
-    SLOW,
     SRC,
     STEPS,
     WRITE,
@@ -45,21 +44,34 @@ from a2a_serving import (
 
 
 async def test_cancel_ends_the_run_cancelled(tmp_path: Path) -> None:
-    with keel_serve(tmp_path, SLOW) as (url, _):
+    """Mid-run, during the model call after a tool's result was recorded: recorded
+    `cancelled`, and every event recorded before it is still there."""
+    script = {
+        "turns": [
+            {"tool_calls": [{"name": "list_files", "arguments": {"path": "."}}]},
+            {"text": "late"},
+        ],
+        "latency_ms": 1_500,
+    }
+    with keel_serve(tmp_path, script) as (url, _):
         async with a2a(url) as client:
             sent = client.send_message(question("Take your time."))
-            first = await anext(sent)
+            task_id = (await anext(sent)).task.id
+            async for event in sent:  # until the tool's result is recorded
+                data = get_data_parts(event.status_update.status.message.parts)
+                if data and data[0]["type"] == "tool_result":
+                    break
             await sent.aclose()
-            task = await asyncio.wait_for(
-                client.cancel_task(CancelTaskRequest(id=first.task.id)), 10
-            )
-            assert task.status.state == TaskState.TASK_STATE_CANCELED
-            again = await client.get_task(GetTaskRequest(id=first.task.id))
-            assert again.status.state == TaskState.TASK_STATE_CANCELED
+            task = await asyncio.wait_for(client.cancel_task(CancelTaskRequest(id=task_id)), 10)
+            again = await client.get_task(GetTaskRequest(id=task_id))
             with pytest.raises(TaskNotCancelableError, match="already ended"):
-                await client.cancel_task(CancelTaskRequest(id=first.task.id))
+                await client.cancel_task(CancelTaskRequest(id=task_id))
+    assert task.status.state == again.status.state == TaskState.TASK_STATE_CANCELED
     [run] = runs_in(tmp_path / "runs.db")
     assert run.status == "cancelled"
+    kinds = [get_data_parts(m.parts)[0]["type"] for m in again.history[1:]]
+    assert kinds[0] == "run_started" and kinds[-1] == "run_cancelled"
+    assert "tool_result" in kinds and kinds.count("model_request") == 2
 
 
 async def test_a_dropped_stream_resubscribed_continues_without_loss_or_repeat(
