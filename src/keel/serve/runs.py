@@ -194,9 +194,9 @@ class RunService:
         """The run's events after seq `after` as they are recorded, each batch with the record
         read before it (its state at least as new as the events). Ends once the run has
         stopped advancing (ended, paused, or cancelled) and every event up to that was given."""
-        while True:
-            record = self._known(run_id)
-            batch = self.events(run_id, after)
+        while True:  # read off the event loop: the runs advance on it meanwhile
+            record = await asyncio.to_thread(self._known, run_id)
+            batch = await asyncio.to_thread(self.events, run_id, after)
             if batch:
                 after = batch[-1].seq
             yield batch, record
