@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -164,3 +165,32 @@ async def test_a_task_decided_while_the_server_was_down_goes_on_when_it_starts(
                 await asyncio.sleep(0.1)
     assert task.status.state == TaskState.TASK_STATE_COMPLETED
     assert (tmp_path / "repo" / "out.txt").read_text() == "hello\n"
+
+
+async def test_sigterm_stops_a_run_after_its_step_and_a_restart_finishes_it(
+    tmp_path: Path,
+) -> None:
+    script = {
+        "turns": [
+            {"tool_calls": [{"name": "list_files", "arguments": {"path": "."}}]},
+            {"text": "Finished after the restart."},
+        ],
+        "latency_ms": 1_500,
+    }
+    with keel_serve(tmp_path, script) as (url, process):
+        async with a2a(url) as client:
+            sent = client.send_message(question("Long?"))
+            task_id = (await anext(sent)).task.id
+            await sent.aclose()
+        process.send_signal(signal.SIGTERM)  # inside the first model call
+        assert process.wait(30) == 0
+    [run] = runs_in(tmp_path / "runs.db")
+    assert (run.status, run.state.step) == ("running", 1)  # its step saved, left to go on
+    with keel_serve(tmp_path, script) as (url, _):
+        async with a2a(url) as client:
+            for _ in range(100):
+                task = await client.get_task(GetTaskRequest(id=task_id))
+                if task.status.state == TaskState.TASK_STATE_COMPLETED:
+                    break
+                await asyncio.sleep(0.1)
+    assert task.artifacts[0].parts[0].text == "Finished after the restart."
