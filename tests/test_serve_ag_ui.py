@@ -521,6 +521,75 @@ def test_a_resume_sent_again_records_nothing_twice_and_a_contrary_one_is_refused
     assert [(d.approved, d.by) for d in decided] == [(True, "alice")]
 
 
+def test_a_client_that_goes_away_leaves_the_run_going_to_its_end(tmp_path: Path) -> None:
+    """The stream is closed after its first event: the run is still running then, and it
+    completes, recorded, without anyone listening."""
+    slow = {
+        "turns": [
+            {"tool_calls": [{"name": "list_files", "arguments": {"path": "."}}]},
+            {"text": "Done."},
+        ],
+        "latency_ms": 400,
+    }
+    store = tmp_path / "runs.sqlite"
+    with served(write_script(tmp_path, slow), store, tmp_path) as (url, _):
+        body = run_input("t", "r", user("List?"))
+        with httpx.stream("POST", url, json=body, timeout=30) as response:
+            lines = response.iter_lines()
+            next(line for line in lines if line.startswith("data: "))  # RUN_STARTED
+            keel_run = json.loads(next(line for line in lines if line.startswith("data: "))[6:])
+        run_id = keel_run["value"]["run_id"]
+        statuses = []
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            db = stored(store)
+            try:
+                record = db.get_run(run_id)
+            finally:
+                db.close()
+            statuses.append(record.status if record else None)
+            if statuses[-1] == "completed":
+                break
+            time.sleep(0.1)
+    assert statuses[0] in ("running", None) and statuses[-1] == "completed", statuses
+    assert record.state.answer == "Done."
+
+
+def test_a_resume_of_a_run_another_process_holds_ends_with_run_error_lease_held(
+    tmp_path: Path,
+) -> None:
+    """Another live process holds the paused run's lease (a `keel resume` elsewhere): the
+    decision is recorded, and the stream ends with RUN_ERROR `LeaseHeld`, the run not run
+    twice; the resume can be sent again once that process is done."""
+    import asyncio
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    store = tmp_path / "runs.sqlite"
+    with served(write_script(tmp_path, WRITE_SCRIPT), store, repo) as (url, _):
+        paused = sse_events(httpx.post(url, json=run_input("t", "r0", user("Note")), timeout=30))
+        run_id = paused[1]["value"]["run_id"]
+        db = stored(store)
+        try:  # a holder on another machine: only its lease's expiry could free the run
+            asyncio.run(db.acquire_lease(run_id, "elsewhere:1:other", 60))
+        finally:
+            db.close()
+        entry = {
+            "interruptId": f"{run_id}:k1_0",
+            "status": "resolved",
+            "payload": {"approved": True},
+        }
+        events = sse_events(httpx.post(url, json=run_input("t", "r1", resume=[entry]), timeout=30))
+    check_sequence(events, resumed_calls=frozenset({entry["interruptId"]}))
+    assert events[-1]["type"] == "RUN_ERROR" and events[-1]["code"] == "LeaseHeld"
+    assert "elsewhere:1:other" in events[-1]["message"]
+    assert [e["name"] for e in events if e["type"] == "CUSTOM"] == [
+        "keel.run",
+        "keel.approval_decided",
+    ]
+    assert not (repo / "note.txt").exists()
+
+
 def test_a_failed_run_ends_with_run_error_carrying_the_failure_kind(tmp_path: Path) -> None:
     """A provider that refuses: the stream ends with RUN_ERROR, its code the classified kind
     (`ModelError`), after the snapshots; nothing after it."""

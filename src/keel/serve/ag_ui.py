@@ -23,6 +23,8 @@ recorded, and `keel show` has it.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
@@ -110,6 +112,8 @@ class AgUiEndpoint:
 
     def __init__(self, agent: Agent) -> None:
         self.agent = agent
+        self._draining: set[asyncio.Task[None]] = set()
+        """Runs whose client went away, followed to their end (never their state: the store's)."""
 
     async def handle(self, request: Request) -> Response:
         try:
@@ -191,21 +195,41 @@ class AgUiEndpoint:
         for decision in decided:
             for out in mapper.feed(decision):
                 yield encoder.encode(out)
+        ended = False
         try:
             async for event in stream:
                 for out in mapper.feed(event):
                     yield encoder.encode(out)
             result = await stream
+            ended = True
         except KeelError as error:  # the run could not go on: another process holds it
+            ended = True
             for out in mapper.close():
                 yield encoder.encode(out)
             yield encoder.encode(RunErrorEvent(message=str(error), code=type(error).__name__))
             return
+        finally:
+            if not ended:  # the client went away (the response was cancelled)
+                self._drain(stream)
         for out in mapper.close():
             yield encoder.encode(out)
         for out in self._snapshots(run, keel_run):
             yield encoder.encode(out)
         yield encoder.encode(ending(run.thread_id, run.run_id, result))
+
+    def _drain(self, stream: RunStream) -> None:
+        """The run goes on without its client: its events are taken and dropped as they come
+        (the store has them), and its task stays referenced until it ends."""
+
+        async def drain() -> None:
+            with contextlib.suppress(KeelError):
+                async for _ in stream:
+                    pass
+                await stream
+
+        task = asyncio.ensure_future(drain())
+        self._draining.add(task)
+        task.add_done_callback(self._draining.discard)
 
     def _snapshots(self, run: RunAgentInput, run_id: str) -> list[BaseEvent]:
         """STATE_SNAPSHOT and MESSAGES_SNAPSHOT from the stored run, before the terminal
