@@ -344,6 +344,8 @@ def test_a_paused_run_ends_in_an_interrupt_and_the_resume_completes_it(
     assert outcome["type"] == "interrupt"
     assert interrupt["id"] == interrupt["toolCallId"] == f"{run_id}:k1_0"
     assert interrupt["metadata"]["keel"]["arguments"] == {"path": "note.txt", "content": "hello"}
+    deltas = [e["delta"] for e in first if e["type"] == "TEXT_MESSAGE_CONTENT"]
+    assert len(deltas) > 1 and "".join(deltas) == "I will write the note."  # streamed (ADR 0039)
     pending = first[-3]["snapshot"]["keel"]["pending_approvals"]
     assert [p["interrupt_id"] for p in pending] == [interrupt["id"]]
     check_sequence(second, resumed_calls=frozenset({interrupt["id"]}))
@@ -435,6 +437,10 @@ def test_a_request_that_is_not_a_valid_run_or_resume_is_refused_and_records_noth
              422, "one interrupt twice"),
         ]  # fmt: skip
         refused.append((b"x" * (MAX_BODY_BYTES + 1), 413, "larger than"))
+        lone = b'{"threadId": "t", "runId": "r", "messages": [{"id": "m", "role": "user", '
+        refused.append((lone + b'"content": "\\ud800"}]}', 422, "hex escape"))  # a lone surrogate
+        on_paused = run_input("t", "r2", *paused[-2]["messages"], user("And?", id="m2"))
+        refused.append((on_paused, 409, "has not ended (awaiting_approval): resume it first"))
         for body, status, said in refused:
             sent = (
                 httpx.post(url, content=body, timeout=10)
@@ -663,6 +669,28 @@ def test_a_discarded_attempts_text_is_closed_marked_and_left_out_of_the_snapshot
         ("run_x:question", "Hi?"),
         ("run_x:s1a2", "Hello there."),
     ]
+
+
+@pytest.mark.parametrize("reason", ["repeated_tool", "budget", "deadline"])
+def test_every_synthesis_reason_names_its_step_and_says_why(reason: str) -> None:
+    """A synthesis-only turn, whatever its reason, is a step named for it and a
+    `keel.synthesis` custom event with the reason and why the run answers now."""
+    from keel.messages import SynthesisReason
+    from keel.records import ModelRequestSent
+    from keel.serve.ag_ui_events import SYNTHESIS_WHY, EventMapper
+
+    turn = ModelRequestSent(
+        step=4, attempt=1, tool_choice="none", synthesis=SynthesisReason(reason), items=3,
+        estimated_input_tokens=10,
+    )  # fmt: skip
+    started, said = EventMapper("run_x").feed(turn)
+    assert started.model_dump(by_alias=True)["stepName"] == f"synthesis:{reason}"
+    assert said.model_dump()["name"] == "keel.synthesis"
+    assert said.model_dump()["value"] == {
+        "reason": reason,
+        "step": 4,
+        "why": SYNTHESIS_WHY[SynthesisReason(reason)],
+    }
 
 
 def test_a_registry_outage_skips_with_npms_error(tmp_path: Path) -> None:
