@@ -485,6 +485,37 @@ def test_a_dismissed_interrupt_denies_the_call_and_the_run_goes_on(tmp_path: Pat
     assert (decided.approved, decided.reason, decided.by) == (False, CANCELLED_REASON, "ag-ui")
 
 
+def test_a_denials_reason_is_cleaned_and_capped_before_the_model_hears_it(
+    tmp_path: Path,
+) -> None:
+    """The reason comes from the front end and is told to the model: terminal escapes and
+    control characters are removed and it is cut at `MAX_REASON`, as the web view does."""
+    from keel.records import ApprovalDecided, ToolResultRecorded
+    from keel.serve.ag_ui import MAX_REASON
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    store = tmp_path / "runs.sqlite"
+    with served(write_script(tmp_path, WRITE_SCRIPT), store, repo) as (url, _):
+        paused = sse_events(httpx.post(url, json=run_input("t", "r0", user("Note")), timeout=30))
+        run_id = paused[1]["value"]["run_id"]
+        reason = "\x1b[2J\x1b]0;owned\x07no\x00" + "x" * 3 * MAX_REASON
+        payload = {"approved": False, "reason": reason}
+        entry = {"interruptId": f"{run_id}:k1_0", "status": "resolved", "payload": payload}
+        resumed = sse_events(httpx.post(url, json=run_input("t", "r", resume=[entry]), timeout=30))
+    assert resumed[-1]["outcome"] == {"type": "success"}
+    db = stored(store)
+    try:
+        events = db.events(run_id)
+    finally:
+        db.close()
+    (decided,) = [e for e in events if isinstance(e, ApprovalDecided)]
+    assert decided.reason is not None and len(decided.reason) == MAX_REASON
+    assert decided.reason.startswith("no") and decided.reason.isprintable()
+    (told,) = [e for e in events if isinstance(e, ToolResultRecorded)]
+    assert "\x1b" not in told.content and "owned" not in told.content
+
+
 def test_a_resume_sent_again_records_nothing_twice_and_a_contrary_one_is_refused(
     tmp_path: Path,
 ) -> None:

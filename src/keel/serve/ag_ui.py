@@ -59,8 +59,9 @@ from keel.serve.ag_ui_events import (
     state_snapshot,
 )
 from keel.store import RunRecord
+from keel.ui.text import clean
 
-__all__ = ["CANCELLED_REASON", "MAX_BODY_BYTES", "ag_ui_routes"]
+__all__ = ["CANCELLED_REASON", "MAX_BODY_BYTES", "MAX_REASON", "ag_ui_routes"]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """The largest request body read: a thread's messages, not a file upload."""
@@ -69,6 +70,8 @@ CANCELLED_REASON = "the person dismissed the approval in the front end (AG-UI: c
 reason told to the model."""
 DENIED_REASON = "denied in the front end"
 """The reason recorded for a denial that gave none."""
+MAX_REASON = 2_000
+"""A denial's reason is cut here (as the web view's is)."""
 _ENDED = ("completed", "failed")
 
 
@@ -169,8 +172,8 @@ class AgUiEndpoint:
                 continue
             if answer.approved:
                 approvals.approve(self.agent.store, run_id, answer.call_id, by="ag-ui")
-            else:
-                reason = answer.reason or DENIED_REASON
+            else:  # the reason is untrusted and told to the model: cleaned as `keel ui` does
+                reason = clean(answer.reason or "").strip()[:MAX_REASON] or DENIED_REASON
                 approvals.deny(self.agent.store, run_id, answer.call_id, reason, by="ag-ui")
         return run_id, {a.call_id for a in answers}
 
