@@ -83,7 +83,9 @@ def serve_main(argv: list[str]) -> None:
 
 
 @contextmanager
-def served(script: Path, store: Path, repo: Path) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+def served(
+    script: Path, store: Path | str, repo: Path
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """The endpoint's URL, served by a process of its own, stopped after the block."""
     process = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--script", str(script), "--store", str(store),
@@ -258,10 +260,11 @@ def write_script(tmp_path: Path, script: dict[str, Any]) -> Path:
     return path
 
 
-def stored(store: Path) -> Any:
-    from keel.store import Store
+def stored(store: Path | str) -> Any:
+    """The store a server served (a SQLite file or a `postgresql://` URL), opened here."""
+    from keel.store import open_store
 
-    return Store(store)
+    return open_store(store)
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -367,16 +370,16 @@ def test_a_paused_run_ends_in_an_interrupt_and_the_resume_completes_it(
 
 
 def test_a_resume_after_the_server_was_killed_continues_the_run_from_the_store(
-    ag_ui_client: Path, tmp_path: Path
+    ag_ui_client: Path, tmp_path: Path, store_target: str | Path
 ) -> None:
     """The thread is saved by the client, the server killed with SIGKILL while the run
-    waits; another server on the same store takes the client's denial and finishes the
-    run. Nothing but the store connects the two."""
+    waits; another server on the same store (a SQLite file, or Postgres) takes the client's
+    denial and finishes the run. Nothing but the store connects the two."""
     from keel.records import ApprovalDecided
 
     repo = tmp_path / "repo"
     repo.mkdir()
-    store, thread = tmp_path / "runs.sqlite", tmp_path / "thread.json"
+    store, thread = store_target, tmp_path / "thread.json"
     script = write_script(tmp_path, WRITE_SCRIPT)
     with served(script, store, repo) as (url, process):
         first = run_client(ag_ui_client, url, "--question", "Note hello", "--save", str(thread))
