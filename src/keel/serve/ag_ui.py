@@ -16,8 +16,9 @@ Nothing is kept in this process between requests: the interrupt ids and message 
 run and call they are, and the store holds the rest, so a resume sent after a restart (or to
 another process on the same store) continues the run. A request the endpoint refuses (a body
 that is not a `RunAgentInput`, no question, an interrupt that is not pending) is a 4xx with a
-JSON `{"error": ...}` and records nothing. Once the stream is open, whatever happens ends it
-with RUN_FINISHED or RUN_ERROR. A client that goes away does not stop the run: it goes on,
+JSON `{"error": ...}` and records nothing. Once the stream is open it ends with RUN_FINISHED,
+or RUN_ERROR: the run failed, or a Keel error stopped it (another process holds it, the store
+could not save a step). A client that goes away does not stop the run: it goes on,
 recorded, and `keel show` has it.
 """
 
@@ -205,7 +206,7 @@ class AgUiEndpoint:
                     yield encoder.encode(out)
             result = await stream
             ended = True
-        except KeelError as error:  # the run could not go on: another process holds it
+        except KeelError as error:  # the run could not go on: LeaseHeld, LeaseLost, StoreError
             ended = True
             for out in mapper.close():
                 yield encoder.encode(out)
