@@ -282,6 +282,39 @@ def test_the_sequence_check_rejects_an_unclosed_message_and_a_second_terminal_ev
     check_sequence([start, opened, {"type": "TEXT_MESSAGE_END", "messageId": "m"}, finish])
 
 
+def test_the_official_client_refuses_a_stream_that_breaks_the_order_rules(
+    ag_ui_client: Path,
+) -> None:
+    """The client's verification is on: text for a message never started ends its run with
+    an error, so the valid sequences the other tests see were checked by the client too."""
+    from http.server import ThreadingHTTPServer
+
+    from loopback_http import QuietHandler, serving
+
+    broken = [
+        {"type": "RUN_STARTED", "threadId": "t", "runId": "r"},
+        {"type": "TEXT_MESSAGE_CONTENT", "messageId": "m", "delta": "orphan"},
+        {"type": "RUN_FINISHED", "threadId": "t", "runId": "r"},
+    ]
+    body = "".join(f"data: {json.dumps(e)}\n\n" for e in broken).encode()
+
+    class Broken(QuietHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.reply(body, "text/event-stream")
+
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Broken)) as server:
+        url = f"http://127.0.0.1:{server.server_address[1]}/ag-ui"
+        done = subprocess.run(
+            ["node", str(ag_ui_client), url, "--question", "Hi?"],
+            capture_output=True, text=True, timeout=CLIENT_TIMEOUT, cwd=ag_ui_client.parent,
+        )  # fmt: skip
+    lines = [json.loads(line) for line in done.stdout.splitlines() if line.strip()]
+    (error,) = [line for line in lines if line["kind"] == "error"]
+    assert "No active text message found with ID 'm'" in error["error"], error
+    assert done.returncode == 1
+
+
 def test_a_synthesized_run_reaches_the_official_client_as_a_valid_sequence(
     ag_ui_client: Path, tmp_path: Path
 ) -> None:
