@@ -266,6 +266,35 @@ def test_beyond_loopback_keel_serve_refuses_to_start_without_a_token(tmp_path: P
     assert "give a token (--token or KEEL_SERVE_TOKEN)" in done.stderr
 
 
+AG_UI_RUN = {
+    "threadId": "t1",
+    "runId": "r1",
+    "state": None,
+    "messages": [{"id": "m1", "role": "user", "content": "Sneak in?"}],
+    "tools": [],
+    "context": [],
+    "forwardedProps": None,
+}
+
+
+async def test_keel_serve_answers_ag_ui_beside_a2a(tmp_path: Path) -> None:
+    with keel_serve(tmp_path, ANSWER, "--token", "s3cret") as (url, _):
+        async with httpx.AsyncClient(timeout=30) as http:
+            reply = await http.post(
+                url + "/ag-ui",
+                json=AG_UI_RUN,
+                headers={"Authorization": "Bearer s3cret", "Accept": "text/event-stream"},
+            )
+    assert reply.status_code == 200
+    types = [
+        json.loads(line[len("data: ") :])["type"]
+        for line in reply.text.splitlines()
+        if line.startswith("data: ")
+    ]
+    assert types[0] == "RUN_STARTED" and types[-1] == "RUN_FINISHED"
+    assert [run.status for run in runs_in(tmp_path / "runs.db")] == ["completed"]
+
+
 async def test_a_request_without_the_token_gets_401_and_records_nothing(tmp_path: Path) -> None:
     with keel_serve(tmp_path, ANSWER, "--token", "s3cret") as (url, _):
         body = {
@@ -286,8 +315,10 @@ async def test_a_request_without_the_token_gets_401_and_records_nothing(tmp_path
                 url + "/a2a/jsonrpc", json=body, headers={"Authorization": "Bearer nope"}
             )
             rest = await http.post(url + "/a2a/rest/message:send", json=body["params"])
+            ag_ui = await http.post(url + "/ag-ui", json=AG_UI_RUN)
             card = (await http.get(url + "/.well-known/agent-card.json")).json()
         assert [bare.status_code, wrong.status_code, rest.status_code] == [401, 401, 401]
+        assert ag_ui.status_code == 401  # the AG-UI route is behind the same token
         assert bare.headers["www-authenticate"].startswith("Bearer")
         assert "bearer" in card["securitySchemes"]
         assert runs_in(tmp_path / "runs.db") == []

@@ -1,5 +1,5 @@
 """`keel serve`: the agent `keel run`'s options describe, served to other agents over A2A
-(ADR 0040) until interrupted.
+(ADR 0040) and to front ends over AG-UI (ADR 0041) until interrupted.
 
 It takes every `keel run` option that shapes the agent (`--model`, `--repo`, `--allow-writes`,
 `--approve-tools`, the limits, `--output-schema`, `--store`, ...) and builds the agent exactly as
@@ -66,8 +66,8 @@ def serve_command(run: Callable[..., None]) -> Callable[..., None]:
 
     serve.__doc__ = (
         "Serve the agent that `keel run`'s options describe to other agents over A2A "
-        "(JSON-RPC and HTTP+JSON; the card at /.well-known/agent-card.json), until "
-        "interrupted. Each task is a run in the store."
+        "(JSON-RPC and HTTP+JSON; the card at /.well-known/agent-card.json) and to front "
+        "ends over AG-UI (POST /ag-ui), until interrupted. Each task is a run in the store."
     )
     kept = [
         p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
@@ -116,6 +116,7 @@ def _serve(
     agent: Agent, extras: RunExtras, target: str, host: str, port: int, token: str | None
 ) -> None:
     try:
+        from keel.serve.ag_ui import ag_ui_routes
         from keel.serve.runs import RunService
         from keel.serve.server import serve
     except ImportError as exc:
@@ -130,7 +131,9 @@ def _serve(
     with extras, agent:
         service = RunService(agent, target)
         try:
-            serve(service, host, port, token, announce=_announce)
+            serve(
+                service, host, port, token, announce=_announce, extra_routes=ag_ui_routes(agent)
+            )
         except ValueError as exc:
             usage_error(str(exc))
         except OSError as exc:
@@ -140,7 +143,8 @@ def _serve(
 def _announce(url: str) -> None:
     typer.echo(url, err=False)
     err.print(
-        f"serving A2A at {url}/a2a/jsonrpc (card: {url}/.well-known/agent-card.json)",
+        f"serving A2A at {url}/a2a/jsonrpc (card: {url}/.well-known/agent-card.json)"
+        f" and AG-UI at {url}/ag-ui",
         highlight=False,
         markup=False,
         soft_wrap=True,
