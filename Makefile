@@ -4,9 +4,26 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP_RUN := $(VENV)/.installed-run
 STAMP_DEV := $(VENV)/.installed-dev
-# llama-cpp-python compiles llama.cpp from source the first time (minutes on 2 cores); pip
-# caches the wheel afterwards.
-export CMAKE_BUILD_PARALLEL_LEVEL ?= $(shell nproc 2>/dev/null || echo 2)
+STAMP_LLAMA := $(VENV)/.installed-llama
+# llama-cpp-python compiles llama.cpp from source the first time; pip caches the wheel and every
+# later install takes seconds (ADR 0028). It is installed in a step of its own that says so, with
+# pip's progress (--verbose; cmake.verbose=false turns llama-cpp-python's own setting off, so the
+# build prints one "[12/83] Building CXX object ..." line per file, not every compiler command);
+# the other steps stay --quiet.
+LLAMA := $(shell sed -n 's/.*"\(llama-cpp-python==[0-9.]*\)".*/\1/p' pyproject.toml | head -1)
+NPROC := $(shell nproc 2>/dev/null || echo 2)
+export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
+# Build only what the binding loads (libllama and ggml): not the multimodal library
+# (LLAVA_BUILD) nor llama.cpp's `common` library and its HTTP client (cmake/llama-cpp-lean.cmake);
+# and without -Wall (LLAMA_ALL_WARNINGS), whose 800 warnings from GCC's AVX-512 headers would
+# bury the progress lines. Your own CMAKE_ARGS (a GPU backend, say) come after these. pip's
+# wheel cache does not look at them: a wheel it built before is reused as it is.
+LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_ALL_WARNINGS=OFF \
+	-DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-lean.cmake
+# CPU minutes the compile took with these flags (ADR 0028: 241 s; 7.8 min of wall time on 2 cores
+# with other jobs running); the line printed before it spreads them over this machine's cores,
+# plus a minute for the download and CMake.
+LLAMA_CPU_MINUTES := 4
 QUESTION ?= Which modules does the run loop in src/keel/_run/loop.py depend on?
 
 .PHONY: run demo test lint bench clean
@@ -15,11 +32,19 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP_RUN): pyproject.toml | $(BIN)/python
+$(STAMP_LLAMA): pyproject.toml | $(BIN)/python
+	@echo "keel: installing $(LLAMA): pip compiles llama.cpp (C++) unless its cache has the" \
+		"wheel, about $$(( ($(LLAMA_CPU_MINUTES) + $(NPROC) - 1) / $(NPROC) + 1 )) min on" \
+		"$(NPROC) idle cores (longer on a busy machine), seconds once cached"
+	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/pip install --verbose \
+		--config-settings=cmake.verbose=false '$(LLAMA)'
+	touch $@
+
+$(STAMP_RUN): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[local]'
 	touch $@
 
-$(STAMP_DEV): pyproject.toml | $(BIN)/python
+$(STAMP_DEV): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
 	$(BIN)/pip install --quiet -e '.[dev,local,browser]'
 	touch $@ $(STAMP_RUN)
 
@@ -50,6 +75,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/observability.py
 	$(BIN)/python benchmarks/pool.py
 	$(BIN)/python benchmarks/replay.py
+	$(BIN)/python benchmarks/startup.py
 
 clean:
 	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

@@ -11,53 +11,118 @@ agent = keel.Agent(model="script:demo.json", tools=[lookup], limits=keel.Limits(
 result = agent.run("What does the glossary say about leases?")
 """
 
-from keel.agent import Agent, RunHandle
-from keel.errors import (
-    AlreadyDecided,
-    BudgetExhausted,
-    ConfigError,
-    DeadlineExceeded,
-    EffectUnknown,
-    EmptyModelTurn,
-    FailureKind,
-    InvalidOutput,
-    KeelError,
-    LeaseHeld,
-    LeaseLost,
-    ModelError,
-    ProviderError,
-    RescuesExhausted,
-    RunFailure,
-    StoreError,
-    StoreUnavailable,
-    ToolError,
-    ToolLoopDetected,
-)
-from keel.events import RunStream
-from keel.limits import Limits
-from keel.messages import (
-    AssistantMessage,
-    ModelRequest,
-    ModelResponse,
-    ToolCall,
-    ToolDefinition,
-    ToolResult,
-    Usage,
-    UserMessage,
-)
-from keel.pricing import Price, PriceTable
-from keel.result import Failure, PendingApproval, RunResult, RunStatus
-from keel.store import RunStore, Store, open_store
-from keel.tools.base import Effect, Tool, tool
-from keel.tools.browser import browser_tools
-from keel.tools.files import file_tools
-from keel.tools.mcp import mcp_tools
-from keel.tools.mcp_servers import McpServer
-from keel.tools.web import web_tools
-from keel.tools.writes import write_tools
-from keel.transports.base import Transport
-from keel.transports.scripted import ScriptedTransport
-from keel.transports.streaming import TextDelta, TextDiscarded
+# `import keel` stays cheap (issue 25, ADR 0042): the command line imports `keel.cli.app`, and
+# with it this package, on every start; each public name is imported from its module on first
+# use (PEP 562, keel/_lazy.py). Only underscored names are bound here, so `vars(keel)` holds the
+# public surface alone.
+import typing as _typing
+
+from keel import _lazy
+
+if _typing.TYPE_CHECKING:
+    from keel.agent import Agent, RunHandle
+    from keel.errors import (
+        AlreadyDecided,
+        BudgetExhausted,
+        ConfigError,
+        DeadlineExceeded,
+        EffectUnknown,
+        EmptyModelTurn,
+        FailureKind,
+        InvalidOutput,
+        KeelError,
+        LeaseHeld,
+        LeaseLost,
+        ModelError,
+        ProviderError,
+        RescuesExhausted,
+        RunFailure,
+        StoreError,
+        StoreUnavailable,
+        ToolError,
+        ToolLoopDetected,
+    )
+    from keel.events import RunStream
+    from keel.limits import Limits
+    from keel.messages import (
+        AssistantMessage,
+        ModelRequest,
+        ModelResponse,
+        ToolCall,
+        ToolDefinition,
+        ToolResult,
+        Usage,
+        UserMessage,
+    )
+    from keel.pricing import Price, PriceTable
+    from keel.result import Failure, PendingApproval, RunResult, RunStatus
+    from keel.store import RunStore, Store, open_store
+    from keel.tools.base import Effect, Tool, tool
+    from keel.tools.browser import browser_tools
+    from keel.tools.files import file_tools
+    from keel.tools.mcp import mcp_tools
+    from keel.tools.mcp_servers import McpServer
+    from keel.tools.web import web_tools
+    from keel.tools.writes import write_tools
+    from keel.transports.base import Transport
+    from keel.transports.scripted import ScriptedTransport
+    from keel.transports.streaming import TextDelta, TextDiscarded
+
+_WHERE: dict[str, str] = {
+    "Agent": "keel.agent",
+    "AlreadyDecided": "keel.errors",
+    "AssistantMessage": "keel.messages",
+    "BudgetExhausted": "keel.errors",
+    "ConfigError": "keel.errors",
+    "DeadlineExceeded": "keel.errors",
+    "Effect": "keel.tools.base",
+    "EffectUnknown": "keel.errors",
+    "EmptyModelTurn": "keel.errors",
+    "Failure": "keel.result",
+    "FailureKind": "keel.errors",
+    "InvalidOutput": "keel.errors",
+    "KeelError": "keel.errors",
+    "LeaseHeld": "keel.errors",
+    "LeaseLost": "keel.errors",
+    "Limits": "keel.limits",
+    "McpServer": "keel.tools.mcp_servers",
+    "ModelError": "keel.errors",
+    "ModelRequest": "keel.messages",
+    "ModelResponse": "keel.messages",
+    "PendingApproval": "keel.result",
+    "Price": "keel.pricing",
+    "PriceTable": "keel.pricing",
+    "ProviderError": "keel.errors",
+    "RescuesExhausted": "keel.errors",
+    "RunFailure": "keel.errors",
+    "RunHandle": "keel.agent",
+    "RunResult": "keel.result",
+    "RunStatus": "keel.result",
+    "RunStore": "keel.store",
+    "RunStream": "keel.events",
+    "ScriptedTransport": "keel.transports.scripted",
+    "Store": "keel.store",
+    "StoreError": "keel.errors",
+    "StoreUnavailable": "keel.errors",
+    "TextDelta": "keel.transports.streaming",
+    "TextDiscarded": "keel.transports.streaming",
+    "Tool": "keel.tools.base",
+    "ToolCall": "keel.messages",
+    "ToolDefinition": "keel.messages",
+    "ToolError": "keel.errors",
+    "ToolLoopDetected": "keel.errors",
+    "ToolResult": "keel.messages",
+    "Transport": "keel.transports.base",
+    "Usage": "keel.messages",
+    "UserMessage": "keel.messages",
+    "browser_tools": "keel.tools.browser",
+    "file_tools": "keel.tools.files",
+    "mcp_tools": "keel.tools.mcp",
+    "open_store": "keel.store",
+    "tool": "keel.tools.base",
+    "web_tools": "keel.tools.web",
+    "write_tools": "keel.tools.writes",
+}
 
 __all__ = [
     "Agent",
@@ -114,3 +179,6 @@ __all__ = [
     "web_tools",
     "write_tools",
 ]
+
+
+__getattr__, __dir__ = _lazy.exports(__name__, _WHERE)

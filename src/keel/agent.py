@@ -8,10 +8,10 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Callable, Collection, Generator, Sequence
+from collections.abc import Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import pydantic
 
@@ -32,10 +32,10 @@ from keel.result import PendingApproval, RunResult
 from keel.store import RunStore, Store, open_store
 from keel.store.locate import default_store_path, is_url
 from keel.structured import OutputSpec
-from keel.telemetry import RunTrace, capture_content
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
+from keel.trace_hooks import capture_content, tracing_possible
 from keel.transports.base import (
     CountsTokens,
     LocalModel,
@@ -45,6 +45,9 @@ from keel.transports.base import (
     server_of,
 )
 from keel.transports.streaming import TextListener
+
+if TYPE_CHECKING:  # imported for a run that may be traced (`_begin_trace`)
+    from keel.telemetry import RunTrace
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
 
@@ -303,7 +306,7 @@ class Agent:
                 "(bytes that are not UTF-8?)"
             ) from None
         run_id = new_run_id()
-        traced = RunTrace.begin(
+        traced = _begin_trace(
             run_id,
             self._model_name,
             question,
@@ -340,7 +343,7 @@ class Agent:
         unknown or finished, LeaseHeld if another live process is advancing it."""
         point = history.resumed(self.store, resume.load(self.store, run_id))
         record = point.record
-        traced = RunTrace.begin(
+        traced = _begin_trace(
             run_id,
             self._model_name,
             record.question,
@@ -375,7 +378,7 @@ class Agent:
         if record is None or record.status != "queued":
             found = record.status if record else "no such run"
             raise ConfigError(f"run {run_id} is not waiting to start ({found})")
-        traced = RunTrace.begin(
+        traced = _begin_trace(
             run_id,
             self._model_name,
             record.question,
@@ -476,6 +479,26 @@ class Agent:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def _begin_trace(
+    run_id: str,
+    model: str,
+    question: str,
+    *,
+    settings: Mapping[str, Any] | None = None,
+    content: bool = False,
+    server: tuple[str, int] | None = None,
+) -> RunTrace | None:
+    """The run's trace (`RunTrace.begin`); None, without importing OpenTelemetry, when nothing
+    could record a span (ADR 0042)."""
+    if not tracing_possible():
+        return None
+    from keel.telemetry import RunTrace
+
+    return RunTrace.begin(
+        run_id, model, question, settings=settings, content=content, server=server
+    )
 
 
 def _launch(loop: RunLoop, traced: RunTrace | None) -> RunHandle:

@@ -26,13 +26,16 @@ import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import httpx
 import platformdirs
 
 from keel.errors import ConfigError
 from keel.limits import LOOP_POLICIES, LoopPolicy
+
+if TYPE_CHECKING:  # httpx is imported by the checks that parse a URL, not by every command
+    import httpx
 
 __all__ = [
     "CONFIG_NAME",
@@ -159,6 +162,8 @@ def unknown_keys(cwd: Path | None = None) -> list[str]:
 def http_url(url: str, what: str, example: str) -> httpx.URL:
     """`url` parsed, when it is an http(s) URL with a host; otherwise a ConfigError naming it as
     `what` ("base URL", "MCP server URL") with an `example` of a good one."""
+    import httpx
+
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL as exc:

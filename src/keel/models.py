@@ -19,10 +19,13 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from keel.config import config_files, http_url, public_url
 from keel.errors import ConfigError
-from keel.transports.base import ServerToolChoice, Transport
+
+if TYPE_CHECKING:  # the command line reads SPEC_HELP at start; a transport is built later
+    from keel.transports.base import ServerToolChoice, Transport
 
 __all__ = [
     "DEFAULT_ANTHROPIC",

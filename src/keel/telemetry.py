@@ -7,7 +7,8 @@
 Spans go to the tracer provider the application configured (`opentelemetry-api` alone is a
 no-op, and then Keel does nothing at all per step). A `RunTrace` watches one run from outside
 its loop: it is a listener of the run's typed events, plus two thin hooks the loop calls around
-a model attempt (`traced_attempt`) and a tool's own work (`traced_tool`), so those spans are
+a model attempt (`traced_attempt`) and a tool's own work (`traced_tool`, both in
+`keel/trace_hooks.py`, which the run imports without OpenTelemetry), so those spans are
 current while the provider or the tool runs (an MCP call carries the trace on to its server).
 
 Content (the question, answers, tool arguments and results) is recorded only when asked for:
@@ -21,10 +22,8 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import os
 import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
-from contextvars import ContextVar
 from typing import Any, Protocol
 
 from opentelemetry import context, trace
@@ -46,6 +45,7 @@ from keel.records import (
     ToolResultRecorded,
 )
 from keel.result import RunResult
+from keel.trace_hooks import ACTIVE, CONTENT_ENV, capture_content, traced_attempt, traced_tool
 
 __all__ = [
     "CONTENT_ENV",
@@ -56,12 +56,10 @@ __all__ = [
     "traced_tool",
 ]
 
-CONTENT_ENV = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"
 AGENT_NAME = "keel"
 SETTINGS_KEY = "trace"
 """Where a run's settings keep its first span's ids, so a resumed run joins the same trace."""
 
-_ACTIVE: ContextVar[RunTrace | None] = ContextVar("keel_run_trace", default=None)
 _log = logging.getLogger("keel.telemetry")
 _OP = gen_ai.GenAiOperationNameValues
 INVOKE_AGENT, CHAT, EXECUTE_TOOL = (
@@ -88,12 +86,6 @@ class RunView(Protocol):
     def was_denied(self, call_id: str, call_key: str) -> bool:
         """A person denied this call, or an identical one earlier in the run."""
         ...
-
-
-def capture_content(asked: bool | None = None) -> bool:
-    if asked is not None:
-        return asked
-    return os.environ.get(CONTENT_ENV, "").strip().lower() in ("1", "true", "yes")
 
 
 def provider_name(model: str) -> str:
@@ -185,7 +177,7 @@ class RunTrace:
         """Run the loop (`advance`) with this trace current: the hooks find it, the run's span
         is the parent of everything inside; `view` answers what events do not carry."""
         self._view = view
-        token = _ACTIVE.set(self)
+        token = ACTIVE.set(self)
         try:
             with trace.use_span(self.root, record_exception=False, set_status_on_exception=False):
                 result = await advance()
@@ -193,7 +185,7 @@ class RunTrace:
             self._end_all(type(exc).__qualname__)
             raise
         finally:
-            _ACTIVE.reset(token)
+            ACTIVE.reset(token)
         self._end_all(None, result)
         return result
 
@@ -222,7 +214,7 @@ class RunTrace:
 
     # -- chat: one model attempt ----------------------------------------------------------------
 
-    async def _chat(self, attempt: Awaitable[ModelResponse]) -> ModelResponse:
+    async def attempt(self, attempt: Awaitable[ModelResponse]) -> ModelResponse:
         request = self._request
         attributes = {**self._chat_attributes, **self._run_attributes()}
         if request is not None:
@@ -262,7 +254,7 @@ class RunTrace:
     # -- execute_tool: one tool call ------------------------------------------------------------
 
     @contextlib.contextmanager
-    def _tool(self, call: ToolCall) -> Iterator[None]:
+    def tool_work(self, call: ToolCall) -> Iterator[None]:
         span = self.tracer.start_span(
             f"{EXECUTE_TOOL} {call.name}", attributes=self._tool_attributes(call)
         )
@@ -410,26 +402,3 @@ def _output(response: ModelResponse) -> str:
 
 def _json(value: Any) -> str:
     return value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)
-
-
-# -- the hooks the loop calls -------------------------------------------------------------------
-
-
-async def traced_attempt(attempt: Awaitable[ModelResponse]) -> ModelResponse:
-    """One model attempt, inside a `chat` span when the run is traced."""
-    run = _ACTIVE.get()
-    if run is None:
-        return await attempt
-    return await run._chat(attempt)
-
-
-@contextlib.contextmanager
-def traced_tool(call: ToolCall) -> Iterator[None]:
-    """A tool's own work, inside an `execute_tool` span when the run is traced; the span ends
-    when the call's result is recorded."""
-    run = _ACTIVE.get()
-    if run is None:
-        yield
-        return
-    with run._tool(call):
-        yield

@@ -9,7 +9,7 @@ hold for every transport, the ones Keel ships and any a user writes:
 - an error message is kept to `Limits.max_error_chars` characters;
 - a response keeps the transport contract: text and a stop reason that are strings (or None),
   calls with string ids and names, usage in token counts (integers from 0 to
-  `keel.transports.wire.MAX_REPORTED_TOKENS`), provider details that are finite JSON. A
+  `keel.transports.base.MAX_REPORTED_TOKENS`), provider details that are finite JSON. A
   response that breaks it is a non-retryable ProviderError, so nothing non-finite or of the
   wrong type reaches the budgets, the store or the JSON Keel prints.
 """
@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from keel.errors import ProviderError
 from keel.limits import Limits
 from keel.messages import ModelRequest, ModelResponse
-from keel.transports.base import Transport
+from keel.transports.base import MAX_REPORTED_TOKENS, Transport
 from keel.transports.policy import shorten
-from keel.transports.wire import MAX_REPORTED_TOKENS
 
 __all__ = [
     "RetryPolicy",

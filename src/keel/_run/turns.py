@@ -27,7 +27,7 @@ from keel.records import (
     RecordedCall,
     ToolChoiceIgnored,
 )
-from keel.telemetry import traced_attempt
+from keel.trace_hooks import traced_attempt
 
 __all__ = ["current_mode", "next_turn"]
 

@@ -12,13 +12,10 @@ import json
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, cast
 
 import typer
 
-from keel._run.history import continuation
-from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent, RunHandle
-from keel.cli.agent import command_agent as _agent
 from keel.cli.common import (
     EXIT_CODES,
     ApiKeyEnvOption,
@@ -42,7 +39,6 @@ from keel.cli.common import (
 )
 from keel.cli.conversation import ask_command
 from keel.cli.inspect import approve, deny, runs, show
-from keel.cli.integrations import RunExtras, mcp_settings
 from keel.cli.output import Stdout, keep_standard_fds
 from keel.cli.serve import SERVING, serve_command
 from keel.cli.signals import Signals, own_process, stoppable
@@ -61,17 +57,18 @@ from keel.models import (
 )
 from keel.options import check_hosts
 from keel.pool.commands import submit_run, worker_command
-from keel.present.progress import watch_local_model
-from keel.present.summary import one_line, show_command
 from keel.present.terminal import describe_call, safe_text
-from keel.present.timeline import json_text
-from keel.pricing import cost_text
-from keel.records import JsonObject, JsonValue
 from keel.replay.command import replay_command
-from keel.result import RunResult
-from keel.store import store_target
-from keel.store.locate import default_store_path
 from keel.ui.command import ui_command
+
+if TYPE_CHECKING:
+    # The run core, the store, the transports and the tools are imported by the commands
+    # that use them, so `keel --help` starts without them (ADR 0042;
+    # tests/test_startup_imports.py names what it must not load).
+    from keel.agent import Agent, RunHandle
+    from keel.cli.integrations import RunExtras
+    from keel.records import JsonObject, JsonValue
+    from keel.result import RunResult
 
 __all__ = ["app", "main"]
 
@@ -177,6 +174,11 @@ def run(
     fork: Annotated[bool, typer.Option("--fork", hidden=True)] = False,
 ) -> None:
     """Run an agent on QUESTION with the research tools and print its answer."""
+    from keel._run.history import continuation
+    from keel.cli.agent import command_agent
+    from keel.cli.integrations import RunExtras, mcp_settings
+    from keel.store import store_target
+
     if not question.strip():
         usage_error("the question is empty: say what to research")
     if fork and ask_run is None:
@@ -184,7 +186,7 @@ def run(
     folder = (repo or Path(".")).resolve()
     settings: JsonObject = {
         "repo": str(folder),
-        "allow_hosts": cast(list[JsonValue], allow_host or []),
+        "allow_hosts": cast("list[JsonValue]", allow_host or []),
         "allow_writes": allow_writes,
         "browser": browser,
         "mcp": guard(lambda: mcp_settings(mcp or [], mcp_url or [])),
@@ -195,7 +197,7 @@ def run(
         ("api_key_env", api_key_env),
     ):
         if value:  # saved only when given: a run without them stores what it always did
-            settings[key] = cast(JsonValue, value)
+            settings[key] = cast("JsonValue", value)
 
     policy = guard(lambda: choose_loop_policy(loop_policy))
 
@@ -232,7 +234,7 @@ def run(
     extras = RunExtras(as_json, events, otel, otel_content)
     level = guard(lambda: choose_durability(durability))
     agent = guard(
-        lambda: _agent(
+        lambda: command_agent(
             choice.spec,
             settings,
             limits(),
@@ -316,6 +318,10 @@ def resume(
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, an interruption (Ctrl-C:
     the run is `cancelled`) or a crash."""
+    from keel.agent import DEFAULT_SYSTEM_PROMPT
+    from keel.cli.agent import command_agent
+    from keel.cli.integrations import RunExtras
+
     db = open_run_store(store, durability=guard(lambda: choose_durability(durability)))
     record = guard(lambda: known_run(db, run_id))
     config = record.config
@@ -332,7 +338,7 @@ def resume(
             soft_wrap=True,
         )
     agent = guard(
-        lambda: _agent(
+        lambda: command_agent(
             model or config.model,
             settings,
             config.limits,
@@ -388,6 +394,10 @@ def _header(spec: str, base_url: str | None, source: str) -> None:
 
 
 def _finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> NoReturn:
+    from keel.present.progress import watch_local_model
+    from keel.present.summary import one_line, show_command
+    from keel.store.locate import default_store_path
+
     guard(extras.start_export)
     with extras, agent:
         if not extras.quiet:
@@ -419,6 +429,9 @@ def _print_result(
     result: RunResult, as_json: bool, out: Stdout, *, answer_shown: bool = False
 ) -> None:
     """`answer_shown`: the answer was printed as it was written (a terminal)."""
+    from keel.present.timeline import json_text
+    from keel.pricing import cost_text
+
     if as_json:
         out.line(json_text(result.to_dict()))
         return

@@ -8,18 +8,17 @@ import functools
 from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any, NoReturn, TypeVar, cast
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar, cast
 
 import typer
 from rich.console import Console
 
-from keel.durability import Durability
 from keel.errors import ConfigError, KeelError
-from keel.present.summary import resume_command
-from keel.present.timeline import json_text
-from keel.records import JsonValue
-from keel.store import RunStore, Store, open_store, store_target
-from keel.store.locate import default_store_path
+
+if TYPE_CHECKING:  # imported where used: `keel --help` needs none of them (ADR 0042)
+    from keel.durability import Durability
+    from keel.records import JsonValue
+    from keel.store import RunStore
 
 __all__ = [
     "EXIT_CODES",
@@ -125,6 +124,9 @@ def json_errors(command: F) -> F:
 
 def resume_line(run_id: str, db: RunStore) -> str:
     """`keel resume RUN_ID`, with `--store` when the run is not in the default store."""
+    from keel.present.summary import resume_command
+    from keel.store.locate import default_store_path
+
     return resume_command(run_id, db.path, default_store_path())
 
 
@@ -137,6 +139,8 @@ def open_run_store(
 ) -> RunStore:
     """An existing store; `read_only` for the commands that only look (`runs`, `show`): they
     never write to it, not even a schema upgrade, and work on a read-only file or folder."""
+    from keel.store import Store, open_store, store_target
+
     target = guard(lambda: store_target(given))
     if isinstance(target, Path) and not target.exists():
         usage_error(f"no store at {target} (run `keel run` first)")
@@ -174,4 +178,6 @@ def usage_error(message: str, kind: str = "UsageError") -> NoReturn:
 
 def json_error(kind: str, message: str) -> None:
     if JSON_ERRORS.get():
+        from keel.present.timeline import json_text
+
         typer.echo(json_text({"error": {"kind": kind, "message": message}}))

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Callable
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
 from keel.present.terminal import safe_text
-from keel.store import RunRecord
+
+if TYPE_CHECKING:
+    from keel.store import RunRecord
 
 __all__ = ["ask_command", "continues_line", "conversation_lines"]
 

@@ -3,12 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
 from rich.console import Console
 
-from keel import approvals
 from keel.cli.common import (
     ByOption,
     JsonOption,
@@ -23,14 +22,11 @@ from keel.cli.common import (
     usage_error,
 )
 from keel.cli.conversation import continues_line, conversation_lines
-from keel.limits import Limits
-from keel.models import endpoint
-from keel.pool.commands import after_decision
 from keel.present.terminal import safe_text
-from keel.present.timeline import event_json, json_text, run_json, timeline
-from keel.pricing import cost_text
-from keel.result import RunStatus
-from keel.store import RunRecord
+
+if TYPE_CHECKING:  # each command imports what it uses: `keel --help` needs none (ADR 0042)
+    from keel.limits import Limits
+    from keel.store import RunRecord
 
 __all__ = ["approve", "deny", "runs", "show"]
 
@@ -46,6 +42,9 @@ def approve(
 ) -> None:
     """Approve a pending call (or all with --all); `keel resume` then runs it. Final: a call
     someone decided already is refused (exit 2), naming who decided, what and when."""
+    from keel import approvals
+    from keel.pool.commands import after_decision
+
     if (call_id is None) == (not all_calls):
         usage_error("name one CALL_ID, or pass --all (and not both)")
     db = open_run_store(store)
@@ -69,6 +68,9 @@ def deny(
 ) -> None:
     """Deny a pending call; the model hears who denied it and why, and not to retry it. Final,
     like an approval."""
+    from keel import approvals
+    from keel.pool.commands import after_decision
+
     db = open_run_store(store)
     try:
         guard(lambda: approvals.deny(db, run_id, call_id, reason, by))
@@ -85,6 +87,10 @@ def show(
     store: StoreOption = None,
 ) -> None:
     """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
+    from keel.models import endpoint
+    from keel.present.timeline import event_json, json_text, run_json, timeline
+    from keel.pricing import cost_text
+
     db = open_run_store(store, read_only=True)
     try:
         record = guard(lambda: known_run(db, run_id))
@@ -162,6 +168,9 @@ def runs(
     ] = None,
 ) -> None:
     """List recent runs, newest first."""
+    from keel.pricing import cost_text
+    from keel.result import RunStatus
+
     if status is not None and status not in get_args(RunStatus):
         usage_error(f"--status must be one of {', '.join(get_args(RunStatus))}")
     db = open_run_store(store, read_only=True)

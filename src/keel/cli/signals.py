@@ -23,7 +23,6 @@ once nothing is left to clean up; a program that calls the command gets `Stopped
 
 from __future__ import annotations
 
-import asyncio
 import atexit
 import functools
 import os
@@ -32,13 +31,17 @@ import threading
 from collections.abc import Callable
 from contextvars import ContextVar
 from types import FrameType, TracebackType
-from typing import Literal, ParamSpec, TypeVar
+from typing import TYPE_CHECKING, Literal, ParamSpec, TypeVar
 
 import typer
-from rich.console import Console
 
-from keel.agent import RunHandle
-from keel.result import RunResult
+if TYPE_CHECKING:  # the command line starts without them (ADR 0042)
+    import asyncio
+
+    from rich.console import Console
+
+    from keel.agent import RunHandle
+    from keel.result import RunResult
 
 __all__ = ["AFTER_SECONDS", "STOPPING", "Signals", "Stopped", "own_process", "stoppable"]
 
@@ -135,6 +138,8 @@ class Signals:
 
     def run(self, start: Callable[[], RunHandle]) -> RunResult:
         """Start the run and wait for its outcome, a stopping signal cancelling it."""
+        import asyncio
+
         try:
             result = asyncio.run(self._follow(start))
         except BaseException:
@@ -144,6 +149,8 @@ class Signals:
         return result
 
     async def _follow(self, start: Callable[[], RunHandle]) -> RunResult:
+        import asyncio
+
         self._loop, self._phase = asyncio.get_running_loop(), "running"
         try:
             self._handle = start()

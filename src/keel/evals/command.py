@@ -7,22 +7,20 @@ scenario file (the message names the file and the field).
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import json
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 from rich.console import Console
 
 from keel.errors import ConfigError
-from keel.evals.loading import resolve
-from keel.evals.report import WIDE, print_table, to_json
-from keel.evals.runner import RunRow, ScenarioReport, run_scenarios
-from keel.evals.scenario import Scenario
 from keel.models import SPEC_HELP
-from keel.store import Store
+
+if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
+    from keel.evals.runner import RunRow, ScenarioReport
+    from keel.evals.scenario import Scenario
 
 __all__ = [
     "eval_command",
@@ -76,6 +74,9 @@ def eval_command(
     model (or --model), and checks the outcome: status, failure kind, synthesis, call counts,
     page requests, evidence resets, elided results and the answer's text.
     """
+    from keel.evals.loading import resolve
+    from keel.evals.report import WIDE, print_table, to_json
+
     err = Console(stderr=True)
     try:
         found = resolve(scenarios or [])
@@ -103,6 +104,11 @@ def eval_command(
 def _run(
     found: list[Scenario], model: str | None, repeat: int, path: Path | None, err: Console | None
 ) -> list[ScenarioReport]:
+    import asyncio
+
+    from keel.evals.runner import run_scenarios
+    from keel.store import Store
+
     def progress(row: RunRow) -> None:
         if err is not None:
             verdict = "pass" if row.passed else "FAIL"

@@ -8,19 +8,22 @@ import json
 import signal
 import sys
 import threading
-from typing import Annotated, NoReturn
+from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
 
-from keel.agent import Agent, new_run_id
 from keel.errors import ConfigError, KeelError
-from keel.store import store_target
-from keel.store.locate import is_url
+
+if TYPE_CHECKING:  # `keel --help` lists `keel worker` without them (ADR 0042)
+    from keel.agent import Agent
 
 __all__ = ["after_decision", "submit_run", "worker_command"]
 
 
 def _postgres(given: str | None, what: str) -> str:
+    from keel.store import store_target
+    from keel.store.locate import is_url
+
     target = store_target(given)
     if not is_url(target):
         raise ConfigError(f"{what} needs a postgresql:// store (--store, KEEL_STORE or keel.toml)")
@@ -29,6 +32,7 @@ def _postgres(given: str | None, what: str) -> str:
 
 def submit_run(agent: Agent, question: str, as_json: bool) -> NoReturn:
     """Record the run as `queued` and enqueue it; print its id at once (exit code 0)."""
+    from keel.agent import new_run_id
     from keel.pool.dispatch import Dispatch
     from keel.store.postgres_store import PostgresStore
 
@@ -59,6 +63,9 @@ def submit_run(agent: Agent, question: str, as_json: bool) -> NoReturn:
 def after_decision(given: str | None, run_id: str) -> str:
     """On Postgres, once no call waits for a decision, queue the run for the workers; the line
     to show says what happens next."""
+    from keel.store import store_target
+    from keel.store.locate import is_url
+
     target = store_target(given)
     if not is_url(target):
         return f"continue with: keel resume {run_id}"

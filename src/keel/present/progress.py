@@ -8,6 +8,7 @@ line says how many tokens it took, how fast, and how much of the prompt came fro
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -37,7 +38,9 @@ __all__ = ["ProgressPrinter", "TokenMeter", "watch_local_model"]
 
 def watch_local_model(agent: Agent, console: Console) -> None:
     """Show the embedded model's progress when `agent` runs on it; otherwise do nothing."""
-    from keel.transports.local import LocalTransport  # loads nothing heavy
+    if "keel.transports.local" not in sys.modules:
+        return  # no LocalTransport exists before its module is imported: spare others the import
+    from keel.transports.local import LocalTransport
 
     if isinstance(agent.transport, LocalTransport):
         meter = TokenMeter(console)

@@ -9,23 +9,23 @@ opened; lines that cannot be read are reported with their line number and skippe
 
 from __future__ import annotations
 
-import asyncio
 import json
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Annotated, NoReturn, TypeVar
+from typing import TYPE_CHECKING, Annotated, NoReturn, TypeVar
 
 import typer
 from rich.console import Console
-from rich.progress import Progress
 
 from keel.errors import ConfigError, KeelError
-from keel.limits import LOOP_POLICIES, Limits, LoopPolicy
-from keel.replay.playback import EFFECT_CHOICES, EffectChoice, Replayed, replay
-from keel.replay.recordings import Recording, Skipped, read_file, read_store
-from keel.replay.report import rows, table
-from keel.store import RunStore, Store, open_store, store_target
+from keel.limits import LOOP_POLICIES, Limits
+
+if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
+    from keel.limits import LoopPolicy
+    from keel.replay.playback import EffectChoice, Replayed
+    from keel.replay.recordings import Recording, Skipped
+    from keel.store import RunStore
 
 __all__ = ["replay_command"]
 
@@ -72,6 +72,11 @@ def replay_command(
 ) -> None:
     """Replay recorded runs through the run loop: where the synthesis turn and the hard limit
     would have come, per run and per corpus."""
+    import asyncio
+
+    from keel.replay.playback import EFFECT_CHOICES
+    from keel.replay.report import rows, table
+
     if not files and store is None:
         _usage("give recorded run files, or --store to replay Keel's own runs")
     if run and store is None:
@@ -115,6 +120,8 @@ def replay_command(
 def _recordings(
     files: list[Path], store: RunStore | None, run_ids: list[str] | None, skipped: list[Skipped]
 ) -> Iterator[Recording]:
+    from keel.replay.recordings import read_file, read_store
+
     for path in files:
         if not path.is_file():
             raise ConfigError(f"no such file: {path}")
@@ -131,6 +138,10 @@ async def _replay_all(
     reset_cap: int,
     show_progress: bool,
 ) -> list[Replayed]:
+    from rich.progress import Progress
+
+    from keel.replay.playback import replay
+
     out = []
     shown = show_progress and _err.is_terminal
     with Progress(console=_err, transient=True, disable=not shown) as bar:
@@ -150,6 +161,8 @@ async def _replay_all(
 
 
 def _open(given: str) -> RunStore:
+    from keel.store import Store, open_store, store_target
+
     target = store_target(given)
     if isinstance(target, Path):
         if not target.is_file():

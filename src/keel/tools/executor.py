@@ -44,8 +44,8 @@ import pydantic
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.inbound import clean_text
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
-from keel.telemetry import traced_tool
 from keel.tools.base import Effect, Tool, ToolArgumentError
+from keel.trace_hooks import traced_tool
 
 __all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
 

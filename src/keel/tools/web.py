@@ -17,16 +17,15 @@ import inspect
 import re
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urljoin
-
-import html2text
-import httpx
 
 from keel.errors import ToolError
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.netguard import HostRefused, Resolver, check_url, refusal, vet_url
-from keel.tools.pinned import GuardedTransport
+
+if TYPE_CHECKING:  # httpx, html2text and the pinned transport: imported by the first fetch
+    import httpx
 
 __all__ = ["MAX_REDIRECTS", "FetchError", "web_tools"]
 
@@ -75,6 +74,10 @@ def web_tools(
     allowed = tuple(allow_hosts)
 
     async def read_page(url: str) -> str:
+        import httpx
+
+        from keel.tools.pinned import GuardedTransport
+
         if client is not None:
             page = await _download(client, url, allowed, max_download_bytes, pinned=False)
         else:
@@ -129,6 +132,8 @@ async def _download(
 ) -> _Page:
     """GET `url`, following up to MAX_REDIRECTS redirects, each hop checked by the guard: at
     the connection when the client is `pinned`, else by a lookup of its own before it."""
+    import httpx
+
     current = url
     for _hop in range(MAX_REDIRECTS + 1):
         if pinned:
@@ -232,6 +237,8 @@ def _kind(mime: str, text: str) -> str | None:
 
 
 def _html_to_text(markup: str, base_url: str) -> str:
+    import html2text
+
     converter = html2text.HTML2Text(baseurl=base_url, bodywidth=0)
     converter.ignore_links = False
     converter.ignore_images = True

@@ -28,6 +28,7 @@ from keel.messages import ModelRequest, ModelResponse
 from keel.tokens import TokenCounter
 
 __all__ = [
+    "MAX_REPORTED_TOKENS",
     "TOOL_CHOICES",
     "CountsTokens",
     "LocalModel",
@@ -40,6 +41,11 @@ __all__ = [
     "address_of",
     "server_of",
 ]
+
+MAX_REPORTED_TOKENS = 10**12
+"""The most tokens one count of one response may report. No model's window is within six orders
+of magnitude of it, and a run's sums stay far inside SQLite's integers and JSON's exact ones.
+Here, not in `wire.py`, so the run core checks counts without importing the wire shapes."""
 
 ServerToolChoice = Literal["auto", "required", "none"]
 """What a provider transport sends as ``tool_choice`` on a turn where Keel itself asks for

@@ -22,8 +22,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol, runtime_checkable
 
-import httpx
-
 from keel.errors import ProviderError
 from keel.messages import ModelRequest, ModelResponse
 
@@ -114,6 +112,8 @@ async def cut_short(
 ) -> ModelResponse:
     """`read()`'s response; a stream that breaks, or ends before the answer is complete
     (None), is a retryable ProviderError."""
+    import httpx  # loaded already by the transport that streams; not by the run core (ADR 0042)
+
     try:
         response = await read()
     except httpx.TransportError as exc:

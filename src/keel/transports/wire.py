@@ -31,6 +31,7 @@ from typing import Annotated, Any, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from keel.errors import ProviderError
+from keel.transports.base import MAX_REPORTED_TOKENS
 from keel.transports.policy import is_retryable, shorten
 
 __all__ = [
@@ -44,10 +45,6 @@ __all__ = [
     "error_in_body",
     "parse",
 ]
-
-MAX_REPORTED_TOKENS = 10**12
-"""The most tokens one count of one response may report. No model's window is within six orders
-of magnitude of it, and a run's sums stay far inside SQLite's integers and JSON's exact ones."""
 
 TokenCount = Annotated[int, Field(strict=True, ge=0, le=MAX_REPORTED_TOKENS)]
 

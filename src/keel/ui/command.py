@@ -17,7 +17,6 @@ from typing import Annotated, NoReturn
 import typer
 
 from keel.errors import KeelError
-from keel.store import store_target
 
 __all__ = ["DEFAULT_PORT", "ui_command"]
 
@@ -42,6 +41,8 @@ def ui_command(
     ] = "127.0.0.1",
 ) -> None:
     """Open a local web view of the runs: timelines, counters, approvals, live runs."""
+    from keel.store import store_target  # here, not at import: `keel --help` (ADR 0042)
+
     try:
         target = store_target(store)
     except KeelError as exc:
