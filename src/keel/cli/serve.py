@@ -19,14 +19,15 @@ import os
 from collections.abc import Callable
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from keel.agent import Agent
 from keel.cli.common import err, guard, usage_error
-from keel.cli.integrations import RunExtras
-from keel.store import store_target
+
+if TYPE_CHECKING:  # the command line starts without the run core (ADR 0042)
+    from keel.agent import Agent
+    from keel.cli.integrations import RunExtras
 
 __all__ = ["DEFAULT_PORT", "SERVING", "TOKEN_ENV", "serve_command"]
 
@@ -53,6 +54,8 @@ def serve_command(run: Callable[..., None]) -> Callable[..., None]:
             usage_error(
                 f"--host {host} listens beyond loopback: give a token (--token or {TOKEN_ENV})"
             )
+        from keel.store import store_target
+
         target = str(guard(lambda: store_target(options.get("store"))))
 
         def serving(agent: Agent, extras: RunExtras) -> None:
@@ -115,6 +118,8 @@ def serve_command(run: Callable[..., None]) -> Callable[..., None]:
 def _serve(
     agent: Agent, extras: RunExtras, target: str, host: str, port: int, token: str | None
 ) -> None:
+    from keel.store import store_target
+
     try:
         from keel.serve.ag_ui import ag_ui_routes
         from keel.serve.runs import RunService
