@@ -16,6 +16,9 @@ What is measured
   the median wall time of a command over the rounds, and "x bare" is that over bare's median;
   the same for CPU time (user + system, from ``getrusage``), which other load disturbs less.
   One warm-up round is not counted (it creates the store and fills the OS page cache).
+  Each checkout's modules are compiled to bytecode (``compileall``) before the rounds, as
+  ``pip install`` does: with ``PYTHONDONTWRITEBYTECODE`` set (as in this project's shells) a
+  checkout never caches its bytecode and every start would compile every module it imports.
   ``--src DIR`` (repeatable, ``LABEL=DIR`` to name it) measures other checkouts in the same run,
   e.g. the code before a change beside the code after it.
 
@@ -27,6 +30,7 @@ its other load: the load average is printed before and after.
 from __future__ import annotations
 
 import argparse
+import compileall
 import os
 import resource
 import statistics
@@ -85,6 +89,8 @@ def timed(argv: list[str], src: Path) -> tuple[float, float]:
 
 def measure(sources: list[Source], rounds: int) -> None:
     """Interleave: every round runs every command of every source once."""
+    for source in sources:
+        compileall.compile_dir(source.path, quiet=1)
     with tempfile.TemporaryDirectory(prefix="keel-startup-") as tmp:
         for index in range(rounds + 1):  # round 0 is the warm-up
             for source in sources:
