@@ -11,11 +11,14 @@ interpreter on this checkout's `src` and reads `sys.modules` at its end.
 from __future__ import annotations
 
 import ast
+import contextlib
+import io
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,7 +74,12 @@ NOT_FOR_A_SCRIPTED_RUN = (
     "playwright",
     "psycopg",
     "dbos",
+    "re2",  # the search tool's patterns: the first search compiles one
+    "html",  # fetch's page titles
 )
+# Modules (not packages) a scripted run does not load either: `keel show`'s table, and rich's
+# emoji table (the command line prints text as it came, emoji codes too).
+NOT_FOR_A_SCRIPTED_RUN_MODULES = ("rich.table", "rich._emoji_codes")
 
 KEEL = "from keel.cli.app import main; import sys; sys.argv = ['keel', *ARGS]; main()"
 REPORT = """
@@ -82,6 +90,11 @@ atexit.register(lambda: sys.__stderr__.write("\\nMODULES " + json.dumps(sorted(s
 
 def loaded(code: str, tmp_path: Path) -> set[str]:
     """The top-level packages in `sys.modules` when a fresh interpreter running `code` exits."""
+    return {name.split(".")[0] for name in loaded_modules(code, tmp_path)}
+
+
+def loaded_modules(code: str, tmp_path: Path) -> set[str]:
+    """The modules in `sys.modules` when a fresh interpreter running `code` exits."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(SRC), os.environ.get("PYTHONPATH", "")]),
@@ -101,7 +114,7 @@ def loaded(code: str, tmp_path: Path) -> set[str]:
     )
     assert done.returncode == 0, done.stderr
     modules: list[str] = json.loads(done.stderr.rpartition("\nMODULES ")[2])
-    return {name.split(".")[0] for name in modules}
+    return set(modules)
 
 
 def keel_command(*args: str) -> str:
@@ -127,7 +140,10 @@ def test_a_scripted_run_loads_no_http_client_sdk_or_model(tmp_path: Path) -> Non
     store = str(tmp_path / "runs.db")
     code = keel_command("run", "What is Keel?", "--model", script, "--repo", ".", "--store", store)
     code = f"try:\n    {code}\nexcept SystemExit as exc:\n    assert exc.code == 0, exc.code\n"
-    assert sorted(loaded(code, tmp_path) & set(NOT_FOR_A_SCRIPTED_RUN)) == []
+    modules = loaded_modules(code, tmp_path)
+    packages = {name.split(".")[0] for name in modules}
+    assert sorted(packages & set(NOT_FOR_A_SCRIPTED_RUN)) == []
+    assert sorted(modules & set(NOT_FOR_A_SCRIPTED_RUN_MODULES)) == []
 
 
 def test_the_check_sees_a_heavy_module(tmp_path: Path) -> None:
@@ -170,3 +186,35 @@ def test_every_lazy_name_is_its_modules_object() -> None:
     assert "Agent" in dir(keel)
     with pytest.raises(AttributeError, match="no attribute 'Nothing'"):
         _ = keel.Nothing  # type: ignore[attr-defined]
+
+
+def said(command: Any, args: list[str]) -> tuple[str, object]:
+    """What a click command prints for `args` (stdout and stderr together) and its exit code."""
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            command.main(args, prog_name="keel")
+        except SystemExit as exc:
+            return out.getvalue(), exc.code
+    return out.getvalue(), None
+
+
+def test_a_command_is_built_alone_and_reads_as_in_the_whole_app() -> None:
+    """`keel NAME ...` builds NAME's options only (ADR 0042); its help and its usage errors
+    are the whole app's, word for word; no name, `--help` or an unknown name get the whole app."""
+    import typer
+
+    from keel.cli.app import app, command_line, command_name
+
+    whole = typer.main.get_command(app)
+    names = [command_name(info) for info in app.registered_commands]
+    assert len(names) > 10 and "run" in names
+    assert "Usage: keel run [OPTIONS]" in said(whole, ["run", "--help"])[0]
+    for name in names:
+        alone = command_line([name])
+        assert list(alone.commands) == [name]  # type: ignore[attr-defined]
+        for args in ([name, "--help"], [name, "--no-such-option"]):
+            assert said(alone, args) == said(whole, args), args
+    assert said(command_line(["run"]), ["run"]) == said(whole, ["run"])  # no QUESTION
+    for first in ([], ["--help"], ["no-such-command"]):
+        assert command_line(first) is app

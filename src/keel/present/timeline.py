@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.markup import escape
-from rich.table import Table
 
 from keel.present.terminal import describe_call, safe_text
 from keel.records import (
@@ -34,6 +33,9 @@ from keel.records import (
     encode_event,
 )
 from keel.store import RunRecord
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 __all__ = [
     "PromptCacheShare",
@@ -134,6 +136,8 @@ def prompt_cache_share(events: list[Event]) -> PromptCacheShare | None:
 
 def timeline(events: list[Event]) -> Table:
     """One row per event, and the prompt-cache figures below (the table's caption)."""
+    from rich.table import Table  # `keel show` only; every run imports this module (ADR 0042)
+
     cache = prompt_cache_share(events)
     table = Table(
         "step",

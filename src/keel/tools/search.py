@@ -14,8 +14,6 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-import re2
-
 from keel.tools.fileio import FileToolError
 
 __all__ = ["Pattern", "compile_pattern"]
@@ -57,6 +55,8 @@ def compile_pattern(pattern: str) -> Pattern:
         raise FileToolError(
             f"the pattern is {len(pattern)} characters; the limit is {MAX_PATTERN_CHARS}"
         )
+    import re2  # on a search's first pattern: the binding costs every start ~3 ms (ADR 0042)
+
     options = re2.Options()
     options.log_errors = False  # RE2 would print parse errors on the process's stderr
     options.never_nl = True

@@ -12,7 +12,6 @@ executor turns them into error results the model reads.
 
 from __future__ import annotations
 
-import html
 import inspect
 import re
 from collections.abc import Callable, Collection
@@ -211,6 +210,8 @@ def _render(page: _Page, max_bytes: int) -> str:
     if kind == "html":
         title = _TITLE.search(text)
         if title:
+            import html  # pages only: the module is not needed to start (ADR 0042)
+
             header.append(f"Title: {' '.join(html.unescape(title.group(1)).split())}")
         text = _html_to_text(text, page.url)
     return "\n".join(header) + "\n\n" + text.strip() + "\n"
