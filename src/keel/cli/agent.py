@@ -79,7 +79,7 @@ def command_agent(
             limits=limits,
             system_prompt=system_prompt,
             store=store,
-            listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True))),
+            listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True, emoji=False))),
             text_listeners=(*extras.text_listeners(), *_live_files(store)),
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},

@@ -46,7 +46,8 @@ __all__ = [
 
 EXIT_CODES = {"completed": 0, "failed": 1, "cancelled": 1, "awaiting_approval": 3}
 
-err = Console(stderr=True)
+# emoji=False: untrusted text (a provider's error, a tool's name) prints as it came, ":smile:" too
+err = Console(stderr=True, emoji=False)
 
 StoreOption = Annotated[
     str | None,

@@ -105,7 +105,7 @@ def show(
             shown["sampling"] = sampling
         typer.echo(json_text(shown))
         return
-    out = Console()
+    out = Console(emoji=False)
     summary = run_json(record)
     where = endpoint(record.config.model, text_of(record.config.settings.get("base_url")))
     out.print(

@@ -77,7 +77,7 @@ def eval_command(
     from keel.evals.loading import resolve
     from keel.evals.report import WIDE, print_table, to_json
 
-    err = Console(stderr=True)
+    err = Console(stderr=True, emoji=False)
     try:
         found = resolve(scenarios or [])
         if timeout is not None:
@@ -94,9 +94,9 @@ def eval_command(
     if as_json:
         typer.echo(json.dumps(to_json(reports, model=model, repeat=repeat), ensure_ascii=False))
     else:
-        out = Console()
+        out = Console(emoji=False)
         if not out.is_terminal:
-            out = Console(width=WIDE)
+            out = Console(width=WIDE, emoji=False)
         print_table(reports, out)
     raise typer.Exit(0 if all(r.passed for r in reports) else 1)
 

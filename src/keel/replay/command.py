@@ -29,7 +29,7 @@ if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (A
 
 __all__ = ["replay_command"]
 
-_err = Console(stderr=True)
+_err = Console(stderr=True, emoji=False)
 C = TypeVar("C", bound=str)
 
 
@@ -113,7 +113,7 @@ def replay_command(
             typer.echo(json.dumps(item.to_json(), ensure_ascii=False))
         return
     title = f"policy {policy}, T = {threshold}, R = {reset_cap}, effects {effects}"
-    out = Console(width=None if sys.stdout.isatty() else 160)
+    out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
     out.print(table(rows(replayed), title))
 
 
