@@ -17,8 +17,8 @@ import typer
 from rich.console import Console
 
 from keel.errors import ConfigError
-from keel.evals.loading import resolve
-from keel.evals.report import WIDE, print_table, to_json
+from keel.evals.loading import DEFAULT_SUITE, SUITES, resolve
+from keel.evals.report import WIDE, print_grades, print_table, to_json
 from keel.evals.runner import RunRow, ScenarioReport, run_scenarios
 from keel.evals.scenario import Scenario
 from keel.models import SPEC_HELP
@@ -34,8 +34,8 @@ def eval_command(
         list[str] | None,
         typer.Argument(
             metavar="[NAME|FILE|FOLDER]...",
-            help="Built-in scenario names, scenario files (.toml, .json) or folders of them "
-            "[default: every built-in scenario].",
+            help="Built-in scenario names (of --suite), scenario files (.toml, .json) or "
+            "folders of them [default: every scenario of --suite].",
             show_default=False,
         ),
     ] = None,
@@ -59,6 +59,20 @@ def eval_command(
             show_default=False,
         ),
     ] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            help=f"Built-in suite: {', '.join(SUITES)} (five questions about the repository "
+            "at --repo, answers graded right, wrong or cut off against its code; needs --model).",
+        ),
+    ] = DEFAULT_SUITE,
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            help="The repository repo questions read [default: the current folder].",
+            show_default=False,
+        ),
+    ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
     timeout: Annotated[
         float | None,
@@ -74,11 +88,12 @@ def eval_command(
 
     Each scenario serves its pages on 127.0.0.1, gives the agent real tools and a scripted
     model (or --model), and checks the outcome: status, failure kind, synthesis, call counts,
-    page requests, evidence resets, elided results and the answer's text.
+    page requests, evidence resets, elided results and the answer's text. Every run is graded
+    right, wrong or cut off; an answer that repeats a synthesis control is wrong.
     """
     err = Console(stderr=True)
     try:
-        found = resolve(scenarios or [])
+        found = resolve(scenarios or [], suite)
         if timeout is not None:
             found = [
                 dataclasses.replace(s, spec=s.spec.model_copy(update={"timeout": timeout}))
@@ -87,7 +102,7 @@ def eval_command(
         if list_only:
             _list(found, as_json)
             return
-        reports = _run(found, model, repeat, store, None if as_json else err)
+        reports = _run(found, model, repeat, store, repo, None if as_json else err)
     except ConfigError as exc:
         _usage_error(err, exc)
     if as_json:
@@ -97,17 +112,25 @@ def eval_command(
         if not out.is_terminal:
             out = Console(width=WIDE)
         print_table(reports, out)
+        if any(r.scenario.spec.fact is not None for r in reports):
+            print_grades(reports, out)
     raise typer.Exit(0 if all(r.passed for r in reports) else 1)
 
 
 def _run(
-    found: list[Scenario], model: str | None, repeat: int, path: Path | None, err: Console | None
+    found: list[Scenario],
+    model: str | None,
+    repeat: int,
+    path: Path | None,
+    repo: Path | None,
+    err: Console | None,
 ) -> list[ScenarioReport]:
     def progress(row: RunRow) -> None:
         if err is not None:
             verdict = "pass" if row.passed else "FAIL"
             err.print(
-                f"{row.scenario} #{row.repeat}: {row.actual} · {verdict} · {row.seconds:.2f}s",
+                f"{row.scenario} #{row.repeat}: {row.actual} · {row.grade} · {verdict} · "
+                f"{row.seconds:.2f}s",
                 highlight=False,
                 markup=False,
                 style="dim",
@@ -116,7 +139,9 @@ def _run(
     db = Store(":memory:" if path is None else path)
     try:
         return asyncio.run(
-            run_scenarios(found, model=model, repeat=repeat, store=db, on_row=progress)
+            run_scenarios(
+                found, model=model, repeat=repeat, store=db, on_row=progress, repo=repo
+            )
         )
     finally:
         db.close()
