@@ -40,16 +40,19 @@ __all__ = [
 ]
 
 REPEATED_TOOL_CONTROL = (
-    "Answer the question now, from the tool results above and nothing else. Name what they "
-    "leave unknown. Do not call a tool again, and do not present unfinished work as done."
+    "Answer the question now, from the tool results above and nothing else: first the "
+    "answer, then one sentence on what they do not show. Do not call a tool again."
 )
 """Imperatives only, about the answer (ADR 0036): no sentence about Keel's own state ("research
 stopped because it was repeating...") and none asking the model to say one, which a small
-model copied into its answers. The result's `synthesized` field says why the turn came."""
+model copied into its answers. The result's `synthesized` field says why the turn came. "Name
+what they leave unknown" became "first the answer, then one sentence on what they do not
+show" (ADR 0043): the 0.5B model answered it with a list of invented unknowns instead of the
+answer; with the new wording it listed 21 modules for the README question, 18 of them right."""
 
 BUDGET_CONTROL = (
     "Answer the question now, in this last reply, from the tool results above and nothing "
-    "else. Name what they leave unknown. Do not present unfinished work as done."
+    "else: first the answer, then one sentence on what they do not show."
 )
 
 DEADLINE_CONTROL = (
