@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 import keel
-from keel._run.synthesis import NORMAL, TOOL_REQUIRED, decide_mode
+from keel._run.synthesis import FIRST_CALL_CONTROL, NORMAL, TOOL_REQUIRED, decide_mode
 from keel.records import ModelRequestSent
 from support import call, run_script
 
@@ -86,3 +86,16 @@ def test_a_scenario_can_insist_on_a_first_tool_call() -> None:
 
     scenarios = resolve(list(builtin_names()))
     assert scenarios and all(s.limits.first_turn_tool for s in scenarios)
+
+
+async def test_a_required_first_turn_says_which_tool_to_start_with(
+    files: list[keel.Tool],
+) -> None:
+    """The local model's required first call went to list_files with a made-up path
+    ("/path/to/repository", four times) instead of reading the file the question named: the
+    first turn now carries a control saying what to start with; later turns carry none."""
+    script = {"turns": [call("read_file", path="loop.py"), ANSWER]}
+    out = await run_script(script, files, first_turn_tool=True)
+    assert out.requests[0].volatile == (FIRST_CALL_CONTROL,)
+    assert "path exactly as the question writes it" in FIRST_CALL_CONTROL
+    assert out.requests[1].volatile == ()

@@ -16,6 +16,7 @@ import keel
 from keel.messages import ToolCall
 from keel.tools.browser import browser_tools
 from keel.tools.executor import ToolExecutor
+from keel.tools.guidance import END_OF_FILE
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
 
@@ -59,17 +60,15 @@ async def test_a_read_cut_by_the_result_cap_names_the_call_that_reads_the_next_p
         assert arguments["path"] == "src/pkg/loop.py"
         assert header.startswith(f"src/pkg/loop.py: lines {numbered[0].split(chr(9))[0].strip()}-")
     assert seen == list(range(1, 401))
-    assert header.endswith("of 400 (the end of the file: nothing more to read)")
+    assert header.endswith(f"of 400 ({END_OF_FILE})")
 
 
 async def test_a_read_that_reaches_the_last_line_says_nothing_more_remains(repo: Path) -> None:
     """The local model read the last line of loop.py three more times: the header said only
     `lines 246-246 of 246`."""
     executor = ToolExecutor(keel.file_tools(repo))
-    text = await call(executor, "read_file", path="src/pkg/loop.py", start_line=400)
-    assert text.split("\n")[0] == (
-        "src/pkg/loop.py: lines 400-400 of 400 (the end of the file: nothing more to read)"
-    )
+    text = await call(executor, "read_file", path="src/pkg/loop.py", start_line=390)
+    assert text.split("\n")[0] == f"src/pkg/loop.py: lines 390-400 of 400 ({END_OF_FILE})"
     middle = await call(executor, "read_file", path="src/pkg/loop.py", start_line=1, end_line=5)
     assert middle.split("\n")[0] == "src/pkg/loop.py: lines 1-5 of 400"
 
@@ -98,10 +97,11 @@ async def test_a_missing_path_says_what_exists_nearby(repo: Path) -> None:
 
 async def test_a_path_missing_its_first_folder_names_the_path_that_exists(repo: Path) -> None:
     """The local model asked for `list_files {"path": "/keel/_run/loop.py"}` four times (the
-    repository's `src/` dropped); the answer now names the path one folder down."""
+    repository's `src/` dropped); the answer now names the path one folder down (read_file
+    reads that file itself: test_read_past_the_end.py)."""
     (repo / ".cache").mkdir()
     executor = ToolExecutor(keel.file_tools(repo))
-    text = await call(executor, "read_file", path="/pkg/loop.py")
+    text = await call(executor, "list_files", path="/pkg/loop.py")
     assert text.endswith('It is: read_file {"path": "src/pkg/loop.py"}')
     listed_dir = await call(executor, "list_files", path="/pkg")
     assert listed_dir.endswith('It is: list_files {"path": "src/pkg"}')

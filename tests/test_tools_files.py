@@ -13,6 +13,7 @@ from keel.messages import ToolCall
 from keel.tools.base import Effect
 from keel.tools.executor import ExecutedCall, ToolExecutor
 from keel.tools.files import MAX_SEARCH_MATCHES, file_tools
+from keel.tools.guidance import END_OF_FILE
 
 
 @pytest.fixture
@@ -78,7 +79,7 @@ async def test_listing_a_missing_directory_is_an_error(repo: Path) -> None:
 async def test_read_file_numbers_every_line(repo: Path) -> None:
     text = await ok(repo, "read_file", path="src/pkg/core.py")
     lines = text.splitlines()
-    assert lines[0] == "src/pkg/core.py: lines 1-6 of 6 (the end of the file: nothing more to read)"
+    assert lines[0] == "src/pkg/core.py: lines 1-6 of 6 (" + END_OF_FILE + ")"
     assert lines[1] == "     1\tdef alpha():"
     assert lines[6] == "     6\t    return alpha() + 1"
 
@@ -86,7 +87,7 @@ async def test_read_file_numbers_every_line(repo: Path) -> None:
 async def test_read_file_line_ranges_are_one_based_and_inclusive(repo: Path) -> None:
     text = await ok(repo, "read_file", path="src/pkg/core.py", start_line=5, end_line=6)
     assert text.splitlines() == [
-        "src/pkg/core.py: lines 5-6 of 6 (the end of the file: nothing more to read)",
+        "src/pkg/core.py: lines 5-6 of 6 (" + END_OF_FILE + ")",
         "     5\tdef beta():",
         "     6\t    return alpha() + 1",
     ]
@@ -96,7 +97,7 @@ async def test_read_file_line_ranges_are_one_based_and_inclusive(repo: Path) -> 
 
 @pytest.mark.parametrize(
     ("start", "end", "message"),
-    [(0, None, "start_line must be 1 or more"), (4, 2, "before start_line"), (50, None, "past")],
+    [(0, None, "start_line must be 1 or more"), (4, 2, "before start_line")],
 )
 async def test_bad_line_ranges_are_clear_errors(
     repo: Path, start: int, end: int | None, message: str

@@ -36,6 +36,7 @@ __all__ = [
     "check_base_url",
     "choose_model",
     "endpoint",
+    "first_turn_tool_default",
     "model_file_line",
     "resolve_model",
 ]
@@ -205,6 +206,13 @@ def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bo
         ("xml:SPEC", True, "XML tool calls over any text model"),
         ("script:FILE", True, "a scripted model (tests, demos)"),
     ]
+
+
+def first_turn_tool_default(spec: str) -> bool:
+    """Whether a run on this model insists that its first turn calls a tool when the command
+    line does not say: yes for the local model (`local`, `local:PATH`), which without it answers
+    from nothing and invents (issue 25), no for the others (`--first-turn-tool` asks it)."""
+    return spec.partition(":")[0] == "local"
 
 
 def model_file_line(spec: str = "local") -> str:

@@ -32,6 +32,7 @@ from keel.messages import (
     ToolChoice,
     ToolDefinition,
     ToolResult,
+    UserMessage,
 )
 from keel.tokens import TokenCounter, item_tokens
 
@@ -121,6 +122,11 @@ class ContextBuilder:
     @property
     def total_tokens(self) -> int:
         return self._total
+
+    def question(self) -> str:
+        """The latest question in the history (the run's own); empty when there is none."""
+        users = [e.item for e in self._entries if isinstance(e.item, UserMessage)]
+        return users[-1].text if users else ""
 
     def append(self, item: Item) -> None:
         tokens = shown_tokens = item_tokens(self.counter, item)

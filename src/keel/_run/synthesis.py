@@ -27,26 +27,32 @@ from keel.messages import SynthesisReason, ToolChoice
 
 __all__ = [
     "BUDGET_CONTROL",
+    "CONTROLS",
     "DEADLINE_CONTROL",
+    "FIRST_CALL_CONTROL",
     "NORMAL",
     "PARTIAL_OUTPUT_CONTROL",
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
     "decide_mode",
+    "first_call_control",
 ]
 
 REPEATED_TOOL_CONTROL = (
-    "Answer the question now, from the tool results above and nothing else. Name what they "
-    "leave unknown. Do not call a tool again, and do not present unfinished work as done."
+    "Answer the question now, from the tool results above and nothing else: first the "
+    "answer, then one sentence on what they do not show. Do not call a tool again."
 )
 """Imperatives only, about the answer (ADR 0036): no sentence about Keel's own state ("research
 stopped because it was repeating...") and none asking the model to say one, which a small
-model copied into its answers. The result's `synthesized` field says why the turn came."""
+model copied into its answers. The result's `synthesized` field says why the turn came. "Name
+what they leave unknown" became "first the answer, then one sentence on what they do not
+show" (ADR 0043): the 0.5B model answered it with a list of invented unknowns instead of the
+answer; with the new wording it listed 21 modules for the README question, 18 of them right."""
 
 BUDGET_CONTROL = (
     "Answer the question now, in this last reply, from the tool results above and nothing "
-    "else. Name what they leave unknown. Do not present unfinished work as done."
+    "else: first the answer, then one sentence on what they do not show."
 )
 
 DEADLINE_CONTROL = (
@@ -62,6 +68,26 @@ PARTIAL_OUTPUT_CONTROL = (
     "remains open."
 )
 """Added to a synthesis turn's controls when the run asked for structured output (ADR 0034)."""
+
+CONTROLS = (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL, PARTIAL_OUTPUT_CONTROL)
+"""Every control a synthesis turn may carry: what an answer must never repeat (`keel eval`
+checks each answer against them)."""
+
+
+FIRST_CALL_CONTROL = (
+    "Start with the tool that reads what the question names: a file by its path exactly as "
+    "the question writes it, or a name by searching for it."
+)
+"""Sent with a first turn that must call a tool (issue 25): the local model's first call went
+to list_files with a path it made up ("/path/to/repository", four times; "/keel/_run/loop.py"
+for src/keel/_run/loop.py) instead of reading the file the question named."""
+
+
+def first_call_control(call: str | None) -> str:
+    """The first turn's control, naming the call to start with when there is one."""
+    if call is None:
+        return FIRST_CALL_CONTROL
+    return f"{FIRST_CALL_CONTROL} Here that is: {call}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,7 +112,7 @@ class Mode:
 
 
 NORMAL = Mode()
-TOOL_REQUIRED = Mode(tool_required=True)
+TOOL_REQUIRED = Mode(controls=(FIRST_CALL_CONTROL,), tool_required=True)
 
 
 def decide_mode(
@@ -95,12 +121,14 @@ def decide_mode(
     *,
     insist_on_tool: bool = False,
     out_of_time: bool = False,
+    first_call: str | None = None,
 ) -> Mode:
     """Synthesis first (the deadline over the budget over repetition), then a required tool
     call, then normal.
 
     `insist_on_tool`: the run wants evidence before an answer on this turn (its first turn,
     with tools offered); it never turns a synthesis turn back into one that calls tools.
+    `first_call`: the call its control names (`keel._run.first_call`).
     `out_of_time`: the time left is below the deadline reserve."""
     if out_of_time:
         controls: tuple[str, ...] = (DEADLINE_CONTROL,)
@@ -114,4 +142,8 @@ def decide_mode(
         return Mode(SynthesisReason.BUDGET, controls, repeated_key, budget)
     if repeated_key is not None:
         return Mode(SynthesisReason.REPEATED_TOOL, (REPEATED_TOOL_CONTROL,), repeated_key, None)
-    return TOOL_REQUIRED if insist_on_tool else NORMAL
+    if not insist_on_tool:
+        return NORMAL
+    if first_call is None:
+        return TOOL_REQUIRED
+    return Mode(controls=(first_call_control(first_call),), tool_required=True)

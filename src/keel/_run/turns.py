@@ -13,6 +13,7 @@ from dataclasses import replace
 
 from keel._run import gateway
 from keel._run.budgets import out_of_time, past_limits, running_out
+from keel._run.first_call import first_call
 from keel._run.parts import StepParts
 from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
@@ -39,7 +40,12 @@ def current_mode(parts: StepParts) -> Mode:
     insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
     repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
     late = out_of_time(parts.state, parts.limits, parts.clock)
-    return decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late)
+    start = None
+    if insist:
+        start = first_call(parts.context.question(), {t.name for t in parts.context.tools})
+    return decide_mode(
+        repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start
+    )
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:

@@ -34,7 +34,7 @@ __all__ = ["agent_for_record", "command_agent"]
 
 SETTINGS = (
     "repo", "allow_hosts", "allow_writes", "base_url", "base_url_redacted", "browser", "mcp",
-    "without_tools", "tool_choice", "api_key_env",
+    "without_tools", "tool_choice", "api_key_env", "first_turn_tool",
 )
 """What the command line saves with a run to rebuild its tools and transport anywhere (the
 name of a key's variable, never the key)."""

@@ -53,6 +53,7 @@ from keel.models import (
     check_base_url,
     choose_model,
     endpoint,
+    first_turn_tool_default,
     model_file_line,
 )
 from keel.options import check_hosts
@@ -164,8 +165,14 @@ def run(
     otel_content: OtelContentOption = False,
     durability: DurabilityOption = None,
     first_turn_tool: Annotated[
-        bool, typer.Option(help="Insist on evidence: the first turn must call a tool.")
-    ] = False,
+        bool | None,
+        typer.Option(
+            "--first-turn-tool/--no-first-turn-tool",
+            help="Insist on evidence: the first turn must call a tool [default: on for the "
+            "local model, off for others].",
+            show_default=False,
+        ),
+    ] = None,
     output_schema: Annotated[
         Path | None,
         typer.Option(help="A JSON Schema file: the answer must be JSON that matches it."),
@@ -215,7 +222,7 @@ def run(
             deadline_reserve=deadline_reserve,
             model_timeout=model_timeout,
             context_tokens=context_tokens,
-            first_turn_tool=first_turn_tool,
+            first_turn_tool=insist,
         )
 
     if submit_ and settings["mcp"]:  # workers start no MCP servers (ADR 0026)
@@ -225,6 +232,8 @@ def run(
         )
     guard(lambda: check_hosts(allow_host or []))
     choice = guard(lambda: choose_model(model, base_url))
+    insist = first_turn_tool_default(choice.spec) if first_turn_tool is None else first_turn_tool
+    settings["first_turn_tool"] = "default" if first_turn_tool is None else "given"
     for warning in choice.warnings:
         err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)
     if choice.base_url:

@@ -125,6 +125,9 @@ def show(
         highlight=False,
         markup=False,
     )
+    first_turn = first_turn_line(record)
+    if first_turn is not None:
+        out.print(first_turn, highlight=False, markup=False)
     if record.status == "cancelled":
         out.print(
             f"interrupted at step {record.state.step}; continue it with: "
@@ -148,6 +151,17 @@ def show(
     )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+
+
+def first_turn_line(record: RunRecord) -> str | None:
+    """Whether the run's first turn had to call a tool, and who chose it (issue 25)."""
+    how = record.config.settings.get("first_turn_tool")
+    if record.config.limits.first_turn_tool:
+        why = {"default": "the default for the local model", "given": "--first-turn-tool"}
+        return f"first turn: must call a tool ({why.get(str(how), 'Limits.first_turn_tool')})"
+    if how == "given":
+        return "first turn: may answer without a tool (--no-first-turn-tool)"
+    return None
 
 
 def _loop_rules(limits: Limits) -> dict[str, Any]:

@@ -16,6 +16,7 @@ import typer
 from rich.console import Console
 
 from keel.errors import ConfigError
+from keel.evals.suites import DEFAULT_SUITE, SUITES
 from keel.models import SPEC_HELP
 
 if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
@@ -32,8 +33,8 @@ def eval_command(
         list[str] | None,
         typer.Argument(
             metavar="[NAME|FILE|FOLDER]...",
-            help="Built-in scenario names, scenario files (.toml, .json) or folders of them "
-            "[default: every built-in scenario].",
+            help="Built-in scenario names (of --suite), scenario files (.toml, .json) or "
+            "folders of them [default: every scenario of --suite].",
             show_default=False,
         ),
     ] = None,
@@ -57,6 +58,20 @@ def eval_command(
             show_default=False,
         ),
     ] = None,
+    suite: Annotated[
+        str,
+        typer.Option(
+            help=f"Built-in suite: {', '.join(SUITES)} (five questions about the repository "
+            "at --repo, answers graded right, wrong or cut off against its code; needs --model).",
+        ),
+    ] = DEFAULT_SUITE,
+    repo: Annotated[
+        Path | None,
+        typer.Option(
+            help="The repository repo questions read [default: the current folder].",
+            show_default=False,
+        ),
+    ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
     timeout: Annotated[
         float | None,
@@ -72,14 +87,15 @@ def eval_command(
 
     Each scenario serves its pages on 127.0.0.1, gives the agent real tools and a scripted
     model (or --model), and checks the outcome: status, failure kind, synthesis, call counts,
-    page requests, evidence resets, elided results and the answer's text.
+    page requests, evidence resets, elided results and the answer's text. Every run is graded
+    right, wrong or cut off; an answer that repeats a synthesis control is wrong.
     """
     from keel.evals.loading import resolve
-    from keel.evals.report import WIDE, print_table, to_json
+    from keel.evals.report import WIDE, print_grades, print_table, to_json
 
     err = Console(stderr=True, emoji=False)
     try:
-        found = resolve(scenarios or [])
+        found = resolve(scenarios or [], suite)
         if timeout is not None:
             found = [
                 dataclasses.replace(s, spec=s.spec.model_copy(update={"timeout": timeout}))
@@ -88,7 +104,7 @@ def eval_command(
         if list_only:
             _list(found, as_json)
             return
-        reports = _run(found, model, repeat, store, None if as_json else err)
+        reports = _run(found, model, repeat, store, repo, None if as_json else err)
     except ConfigError as exc:
         _usage_error(err, exc)
     if as_json:
@@ -98,11 +114,18 @@ def eval_command(
         if not out.is_terminal:
             out = Console(width=WIDE, emoji=False)
         print_table(reports, out)
+        if any(r.scenario.spec.fact is not None for r in reports):
+            print_grades(reports, out)
     raise typer.Exit(0 if all(r.passed for r in reports) else 1)
 
 
 def _run(
-    found: list[Scenario], model: str | None, repeat: int, path: Path | None, err: Console | None
+    found: list[Scenario],
+    model: str | None,
+    repeat: int,
+    path: Path | None,
+    repo: Path | None,
+    err: Console | None,
 ) -> list[ScenarioReport]:
     import asyncio
 
@@ -113,7 +136,8 @@ def _run(
         if err is not None:
             verdict = "pass" if row.passed else "FAIL"
             err.print(
-                f"{row.scenario} #{row.repeat}: {row.actual} · {verdict} · {row.seconds:.2f}s",
+                f"{row.scenario} #{row.repeat}: {row.actual} · {row.grade} · {verdict} · "
+                f"{row.seconds:.2f}s",
                 highlight=False,
                 markup=False,
                 style="dim",
@@ -122,7 +146,9 @@ def _run(
     db = Store(":memory:" if path is None else path)
     try:
         return asyncio.run(
-            run_scenarios(found, model=model, repeat=repeat, store=db, on_row=progress)
+            run_scenarios(
+                found, model=model, repeat=repeat, store=db, on_row=progress, repo=repo
+            )
         )
     finally:
         db.close()

@@ -20,10 +20,13 @@ from pydantic_core import ErrorDetails
 
 from keel.errors import ConfigError
 from keel.evals.scenario import SUFFIXES, Scenario, ScenarioSpec
+from keel.evals.suites import DEFAULT_SUITE, SUITES
 from keel.limits import Limits
 from keel.transports.scripted import ScriptedTransport
 
 __all__ = [
+    "DEFAULT_SUITE",
+    "SUITES",
     "builtin_folder",
     "builtin_names",
     "load_file",
@@ -32,12 +35,16 @@ __all__ = [
 ]
 
 
-def builtin_folder() -> Path:
-    return Path(str(resources.files("keel.evals").joinpath("scenarios")))
 
 
-def builtin_names() -> list[str]:
-    return sorted(p.stem for p in builtin_folder().glob("*.toml"))
+def builtin_folder(suite: str = DEFAULT_SUITE) -> Path:
+    if suite not in SUITES:
+        raise ConfigError(f"no built-in suite {suite!r}; the suites are {', '.join(SUITES)}")
+    return Path(str(resources.files("keel.evals").joinpath(SUITES[suite])))
+
+
+def builtin_names(suite: str = DEFAULT_SUITE) -> list[str]:
+    return sorted(p.stem for p in builtin_folder(suite).glob("*.toml"))
 
 
 def load_file(path: str | Path) -> Scenario:
@@ -80,15 +87,15 @@ def parse(data: Any, source: str, *, default_name: str) -> Scenario:
     return Scenario(spec.name or default_name, source, spec, limits)
 
 
-def resolve(args: Sequence[str]) -> list[Scenario]:
-    """Scenarios for the command line: built-in names, files and folders; none means all
-    built-in. A bare name that matches a built-in scenario is the built-in one (write
-    ``./loop`` for a folder of that name)."""
-    builtin = builtin_names()
+def resolve(args: Sequence[str], suite: str = DEFAULT_SUITE) -> list[Scenario]:
+    """Scenarios for the command line: built-in names (of `suite`), files and folders; none
+    means all of `suite`. A bare name that matches a built-in scenario is the built-in one
+    (write ``./loop`` for a folder of that name)."""
+    builtin = builtin_names(suite)
     found: list[Scenario] = []
     for arg in args or builtin:
         if arg in builtin and "/" not in arg:
-            found.append(load_file(builtin_folder() / f"{arg}.toml"))
+            found.append(load_file(builtin_folder(suite) / f"{arg}.toml"))
             continue
         path = Path(arg)
         if path.is_dir():

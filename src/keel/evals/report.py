@@ -13,10 +13,12 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from keel.evals.grading import GRADES
 from keel.evals.runner import RunRow, ScenarioReport
 
 __all__ = [
     "WIDE",
+    "print_grades",
     "print_table",
     "to_json",
 ]
@@ -39,6 +41,7 @@ def to_json(reports: Sequence[ScenarioReport], *, model: str | None, repeat: int
                 "passed": r.passed,
                 "runs": len(r.rows),
                 "passes": sum(row.passed for row in r.rows),
+                "grades": {g: sum(row.grade == g for row in r.rows) for g in GRADES},
                 "outcomes": dict(r.outcomes.most_common()),
                 "results": [row.to_dict() for row in r.rows],
             }
@@ -75,6 +78,17 @@ def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
     passed = sum(r.passed for r in reports)
     verdict = "[green]all passed[/green]" if passed == len(reports) else "[red]FAILED[/red]"
     console.print(f"{passed} of {len(reports)} scenarios passed: {verdict}")
+
+
+def print_grades(reports: Sequence[ScenarioReport], console: Console) -> None:
+    """How many runs of each question were right, wrong and cut off, and the calls they made."""
+    table = Table("question", *GRADES, "runs", title="answers", title_justify="left")
+    for report in reports:
+        counts = [sum(row.grade == g for row in report.rows) for g in GRADES]
+        table.add_row(report.scenario.name, *map(str, counts), str(len(report.rows)))
+    total = [sum(row.grade == g for r in reports for row in r.rows) for g in GRADES]
+    table.add_row("all", *map(str, total), str(sum(len(r.rows) for r in reports)), style="bold")
+    console.print(table)
 
 
 def _rows_of(reports: Sequence[ScenarioReport], name: str) -> list[RunRow]:

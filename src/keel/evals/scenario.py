@@ -39,6 +39,7 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from keel.errors import FailureKind
+from keel.evals.facts import RepoFact
 from keel.limits import Limits
 
 __all__ = [
@@ -313,6 +314,11 @@ class ScenarioSpec(_Strict):
     tools: ToolsSpec = ToolsSpec()
     files: dict[str, str] = {}
     """Files (relative path: text) written to a temporary folder the file tools are rooted at."""
+    fact: RepoFact | None = None
+    """A repo question (the repo-questions suite): the file tools, and the web tools, as
+    `keel run` gives them, read the repository under evaluation (`keel eval --repo`, default
+    the current folder), and the answer must name this fact, read from the code when the
+    evaluation runs, and invent nothing (`keel.evals.facts`)."""
     pages: list[Page] = []
     limits: LimitsSpec = LimitsSpec()
     approvals: ApprovalsSpec = ApprovalsSpec()
@@ -333,6 +339,8 @@ class ScenarioSpec(_Strict):
             stray = sorted(set(key.page_hits) - set(paths)) if key is not None else []
             if stray:
                 raise ValueError(f"{label}.page_hits: {stray[0]} is not one of the pages served")
+        if self.fact is not None and self.files:
+            raise ValueError("files: a repo question (fact) reads the repository, not files")
         for rel in self.files:
             if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
                 raise ValueError(f"files: {rel!r} must be a relative path inside the folder")

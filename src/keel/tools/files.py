@@ -22,7 +22,15 @@ from pydantic import Field
 from keel.tools.base import Effect, Tool, make_tool
 from keel.tools.confine import MAX_WALK_DEPTH, Opened, Outside, Root, Walk
 from keel.tools.fileio import SNIFF_BYTES, FileToolError, bounded_lines, file_kind, looks_binary
-from keel.tools.guidance import nearby, next_read, shorten_read
+from keel.tools.guidance import (
+    END_OF_FILE,
+    at_the_last_line,
+    found_one_folder_down,
+    nearby,
+    next_read,
+    past_the_end,
+    shorten_read,
+)
 from keel.tools.search import Pattern, compile_pattern
 
 __all__ = [
@@ -156,7 +164,18 @@ def _read(base: Root, path: str, start_line: int | None, end_line: int | None) -
         raise FileToolError(f"start_line must be 1 or more, got {start_line}")
     if end_line is not None and end_line < (start_line or 1):
         raise FileToolError(f"end_line ({end_line}) is before start_line ({start_line or 1})")
-    with _open(base, path, "no such file") as opened:
+    note = ""
+    try:
+        opened = base.open(path)
+    except FileNotFoundError:
+        instead = found_one_folder_down(base, path)
+        if instead is None:
+            raise FileToolError(f"no such file: {path!r}.{nearby(base, path)}") from None
+        note = f"(there is no {path!r}: this is {instead}, read instead)"
+        opened = base.open(instead)
+    except Outside as exc:
+        raise FileToolError(f"{exc}.{nearby(base, '.')}") from None
+    with opened:
         if opened.is_dir:
             raise FileToolError(f"{path!r} is a directory; use list_files to list it")
         first = start_line or 1
@@ -165,7 +184,11 @@ def _read(base: Root, path: str, start_line: int | None, end_line: int | None) -
             if looks_binary(handle.read(SNIFF_BYTES)):
                 raise FileToolError(f"{path!r} is a binary file; only text files can be read")
             handle.seek(0)
-            return _page(handle, opened.rel, first, last, explicit_end=end_line is not None)
+            text = _page(handle, opened.rel, first, last, explicit_end=end_line is not None)
+    if not note:
+        return text
+    header, _, lines = text.partition("\n")  # the header stays first: shorten_read reads it
+    return f"{header}\n{note}\n{lines}" if lines else f"{header}\n{note}"
 
 
 def _page(handle: BinaryIO, rel: str, first: int, last: int, explicit_end: bool) -> str:
@@ -196,15 +219,20 @@ def _page(handle: BinaryIO, rel: str, first: int, last: int, explicit_end: bool)
     if number == 0:
         return f"{rel}: (empty file)"
     if not shown:
-        raise FileToolError(f"start_line {first} is past the end: {rel} has {number} lines")
+        return past_the_end(rel, first, number)
     last_shown = first + len(shown) - 1
     total, complete = _count_rest(handle, number, scanned)
+    if complete and first == total > 1 and not explicit_end:
+        return "\n".join([at_the_last_line(rel, total), *shown])
     header = f"{rel}: lines {first}-{last_shown} of {'' if complete else 'more than '}{total}"
     if budget_hit or (not explicit_end and last_shown < total):
         why = "the size limit for one read was reached; " if budget_hit else ""
-        header += f" (more remains: {why}read the next part with {next_read(rel, last_shown + 1)})"
+        reads_on = next_read(rel, last_shown + 1)
+        header += (
+            f" (more remains: {why}if the question needs it, read the next part with {reads_on})"
+        )
     elif complete and last_shown == total:
-        header += " (the end of the file: nothing more to read)"
+        header += f" ({END_OF_FILE})"
     return "\n".join([header, *(f"({note})" for note in cut), *shown])
 
 

@@ -10,6 +10,15 @@ exists is guessed again. So:
   last whole line that fits, and rewrites its header to say which lines it shows and which call
   reads the next part (the executor's own cut would end mid-line, under a header claiming the
   whole file);
+- a read that reaches the end says so, and a read at the last line or past the end answers in
+  one unmistakable sentence that the file has been read and the answer is due
+  (`at_the_last_line`, `past_the_end`): after reading a file to its end, the local model asked
+  for its last line three more times while the header only said ``lines 246-246 of 246``, then
+  ``(the end of the file: nothing more to read)``, and the run ended in a synthesis turn;
+- `found_one_folder_down` finds the one file a path names when a folder was left out in front
+  of it: the local model asked for ``/keel/_run/loop.py`` four times in a row when the question
+  said ``src/keel/_run/loop.py``, though each error named the right call; `read_file` reads
+  that file instead, and its header says which file it is;
 - `nearby` names the deepest folder of a missing or refused path that does exist, what it
   holds, and the names closest to the one that was not there.
 """
@@ -26,7 +35,15 @@ from typing import Any
 from keel.tools.confine import Root
 from keel.tools.fileio import FileToolError
 
-__all__ = ["nearby", "next_read", "shorten_read"]
+__all__ = [
+    "END_OF_FILE",
+    "at_the_last_line",
+    "found_one_folder_down",
+    "nearby",
+    "next_read",
+    "past_the_end",
+    "shorten_read",
+]
 
 _HEADER = re.compile(r"^(?P<rel>.*): lines (?P<first>\d+)-(?P<last>\d+) of (?P<total>[^(]*\d)")
 _NUMBERED = re.compile(r"^\s*(\d+)\t")
@@ -35,6 +52,21 @@ _LOOKED_INTO = 50
 """Folders `nearby` looks into for the missing part of a path."""
 _HEADER_ROOM = 300
 """Characters kept free for the rewritten header within the cap."""
+
+
+END_OF_FILE = "the end of the file: nothing more to read; answer the question from what you read"
+_READ_IT_ALL = "you have read all of it: answer the question now, from what you read"
+
+
+def at_the_last_line(rel: str, total: int) -> str:
+    """The header of a read that starts at a file's last line (a model asking for what comes
+    after the end it was already shown)."""
+    return f"{rel}: line {total} is its last line; nothing follows it: {_READ_IT_ALL}"
+
+
+def past_the_end(rel: str, start_line: int, total: int) -> str:
+    """The whole answer to a read that starts after a file's last line."""
+    return f"line {start_line} is past the end of {rel} ({total} lines); {_READ_IT_ALL}"
 
 
 def next_read(rel: str, start_line: int | None = None, end_line: int | None = None) -> str:
@@ -73,7 +105,7 @@ def shorten_read(arguments: dict[str, Any], full: str, limit: int) -> str | None
     reads_on = next_read(rel, last + 1, end if isinstance(end, int) and end > last else None)
     head = (
         f"{rel}: lines {first}-{last} of {total} (the rest did not fit in one result; "
-        f"read the next part with {reads_on})"
+        f"if the question needs it, read the next part with {reads_on})"
     )
     return "\n".join([head, *kept])
 
@@ -96,6 +128,36 @@ def nearby(base: Root, requested: str) -> str:
         found = _one_level_down(base, folder, entries, names[depth:]) if missing else None
         return _describe(folder, entries, missing) + (f" It is: {found}" if found else "")
     return ""
+
+
+def found_one_folder_down(base: Root, requested: str) -> str | None:
+    """The path of the one regular file that exists when a single folder is put in front of
+    the missing part of `requested`; None when there is none, or more than one."""
+    try:
+        names = [n for n in base.components(requested, slash_is_root=True) if n not in ("", ".")]
+    except FileToolError:
+        return None
+    if not names or ".." in names:
+        return None
+    for depth in range(len(names) - 1, -1, -1):
+        folder = "/".join(names[:depth]) or "."
+        entries = _entries(base, folder)
+        if entries is None:
+            continue
+        found = []
+        for entry in entries[:_LOOKED_INTO]:
+            if not entry.endswith("/"):
+                continue
+            parts = ([] if folder == "." else [folder]) + [entry.rstrip("/"), *names[depth:]]
+            candidate = "/".join(parts)
+            try:
+                st = base.lookup(candidate)
+            except (FileNotFoundError, FileToolError, OSError):
+                continue
+            if stat.S_ISREG(st.st_mode):
+                found.append(candidate)
+        return found[0] if len(found) == 1 else None
+    return None
 
 
 def _one_level_down(base: Root, folder: str, entries: list[str], rest: list[str]) -> str | None:

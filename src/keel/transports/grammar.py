@@ -95,9 +95,11 @@ def turn_grammar(
     tools: Sequence[ToolDefinition],
     tool_choice: ToolChoice,
     output_schema: Mapping[str, Any] | None = None,
+    answer_rule: str = ANSWER_RULE,
 ) -> str:
     """The GBNF grammar for one turn (pure). Raises ConfigError for "required" without tools.
-    `output_schema`: the answer must be JSON that fits it, instead of free text."""
+    `output_schema`: the answer must be JSON that fits it, instead of free text (`answer_rule`,
+    by default any prose)."""
     rules = _Rules()
     if tool_choice == "none" or not tools:
         if tool_choice == "required":
@@ -115,7 +117,7 @@ def turn_grammar(
         rules.add("call", f"{literal(CALL_OPEN)} call-json {literal(CALL_CLOSE)} | call-json")
         rules.add("root", "call" if tool_choice == "required" else "call | answer")
     if output_schema is None:
-        rules.add("answer", ANSWER_RULE)
+        rules.add("answer", answer_rule)
     else:
         rules.add("answer", schema_rule(rules, output_schema, "output"))
     return rules.text()

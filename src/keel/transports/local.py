@@ -19,6 +19,9 @@ What else it does:
 - **Structured output** (keel/structured.py): with `ModelRequest.output` the answer branch of
   the grammar is the answer's JSON Schema, so the model writes a call or a JSON answer that
   fits it, in every turn (even without tools).
+- **Short answers**: no run of ten output tokens is written twice (`NoRepeats`), and a
+  synthesis turn's answer has at most thirty lines (`keel.transports.local_answers`): the
+  0.5B model's last answers otherwise repeated a sentence until the output limit cut them.
 - **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
   seed is set again before every generation, so the same prompt gives the same output on the
   same machine. The run records `sampling` with its settings and ``keel show`` prints it.
@@ -65,6 +68,7 @@ from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
 from keel.transports.base import LocalModel, PinnedSampling
 from keel.transports.grammar import turn_grammar
+from keel.transports.local_answers import SHORT_ANSWER_RULE, NoRepeats
 from keel.transports.local_stream import Pieces
 from keel.transports.policy import attempt
 from keel.transports.qwen_format import highest_call_number, read_output, render_prompt
@@ -248,8 +252,13 @@ class LocalTransport(LocalModel, PinnedSampling):
         tools = request.tools
         choice = request.tool_choice if tools else "none"
         schema = None if request.output is None else request.output.schema
-        # ConfigError: misuse. With an output schema the answer is JSON in that schema.
-        grammar = turn_grammar(tools, choice, schema) if tools or schema is not None else None
+        # ConfigError: misuse. With an output schema the answer is JSON in that schema; a
+        # synthesis turn's prose answer is short (local_answers.py).
+        grammar = None
+        if choice == "none" and schema is None:
+            grammar = turn_grammar((), "none", None, SHORT_ANSWER_RULE)
+        elif tools or schema is not None:
+            grammar = turn_grammar(tools, choice, schema)
         prompt = render_prompt(request)
         cancel = threading.Event()
         pieces = None
@@ -324,7 +333,8 @@ class LocalTransport(LocalModel, PinnedSampling):
         llama_cpp = _import_llama_cpp()
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         mask = GrammarMask(llama_cpp, llama, grammar, len(tokens)) if grammar else None
-        steps = (self.logits_processor, mask, _stop_when(cancel, llama.token_eos()))
+        repeats = NoRepeats(len(tokens), lambda t: mask is not None and _starts_a_call(llama, t))
+        steps = (self.logits_processor, mask, repeats, _stop_when(cancel, llama.token_eos()))
         processors = [p for p in steps if p is not None]
         llama.set_seed(self.seed)
         out: list[int] = []

@@ -1,0 +1,49 @@
+"""The call a run's required first turn is steered to, named in its control (issue 25).
+
+A small model follows a call it is shown, exactly (issue 26: it followed each `read_file` call
+a result named), and little else: told only to start with a tool, the local model listed
+``/path/to/repository`` four times for a question naming a constant, and read a module's
+whole text for a question about its imports, then could not find them in it. So when the
+question names what to look at, the first turn's control names the call that looks at it,
+chosen by the question's words, among the tools the run offers:
+
+- a Python file and its imports or dependencies: `search_files` for the lines starting with
+  ``from`` or ``import`` in that file (its imports, nothing else);
+- any other file: `read_file` on it, the path as the question writes it;
+- no file, but a name in code style (``MAX_READ_LINES``, ``decide_mode``): `search_files` for
+  it.
+
+Nothing is forced: the grammar still allows any tool, and the model may choose another. A
+question that names nothing gets the general control only.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Collection
+
+__all__ = ["first_call"]
+
+_PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.\w+|[\w-]+\.(?:py|md|toml|json))\b")
+_CODE_NAME = re.compile(r"\b([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
+_IMPORTS = re.compile(r"\b(import|imports|depend|depends|dependencies)\b", re.I)
+IMPORT_LINES = "^(from|import) "
+
+
+def _call(name: str, **arguments: str) -> str:
+    return f"{name} {json.dumps(arguments, ensure_ascii=False)}"
+
+
+def first_call(question: str, tools: Collection[str]) -> str | None:
+    """The exact call (``name {arguments}``) that starts on what `question` names, or None."""
+    path = next(iter(_PATH.findall(question)), None)
+    if path is not None:
+        path = path.lstrip("/")
+        if _IMPORTS.search(question) and path.endswith(".py") and "search_files" in tools:
+            return _call("search_files", pattern=IMPORT_LINES, path=path)
+        return _call("read_file", path=path) if "read_file" in tools else None
+    names = _CODE_NAME.findall(question)
+    if names and "search_files" in tools:
+        return _call("search_files", pattern=names[0])
+    return None

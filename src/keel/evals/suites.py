@@ -1,0 +1,10 @@
+"""The built-in evaluation suites, by name: in a module of their own so that `keel eval --help`
+names them without importing the scenario loader (ADR 0042)."""
+
+__all__ = ["DEFAULT_SUITE", "SUITES"]
+
+SUITES = {"rules": "scenarios", "repo-questions": "repo_questions"}
+"""Built-in suites and their folders: `rules` (the default) checks the runtime's rules with
+scripted models and pages; `repo-questions` asks a real model five questions about the
+repository it runs in and grades the answers against the code (`keel.evals.facts`)."""
+DEFAULT_SUITE = "rules"

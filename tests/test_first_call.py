@@ -1,0 +1,46 @@
+"""The required first turn names the call to start with (issue 25): told only to start with a
+tool, the local model listed `/path/to/repository` four times for a question naming a
+constant, and read a module's whole text for a question about its imports. The control now
+names the exact call, chosen from the question's words among the tools the run offers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import keel
+from keel._run.first_call import first_call
+from keel._run.synthesis import FIRST_CALL_CONTROL
+from support import call, run_script
+
+TOOLS = {"list_files", "read_file", "search_files"}
+
+
+def test_an_imports_question_about_a_file_starts_with_its_import_lines() -> None:
+    question = "Which modules does the run loop in src/keel/_run/loop.py depend on?"
+    assert first_call(question, TOOLS) == (
+        'search_files {"pattern": "^(from|import) ", "path": "src/keel/_run/loop.py"}'
+    )
+
+
+def test_a_question_naming_a_file_starts_by_reading_it() -> None:
+    question = "What parameters does decide_mode in src/keel/_run/synthesis.py take?"
+    assert first_call(question, TOOLS) == 'read_file {"path": "src/keel/_run/synthesis.py"}'
+
+
+def test_a_question_naming_only_a_code_name_starts_by_searching_for_it() -> None:
+    question = "In which file is the constant MAX_READ_LINES defined?"
+    assert first_call(question, TOOLS) == 'search_files {"pattern": "MAX_READ_LINES"}'
+
+
+def test_nothing_is_named_without_something_to_look_at_or_the_tool_for_it() -> None:
+    assert first_call("How does the run loop stop a repeating call?", TOOLS) is None
+    assert first_call("Read src/keel/agent.py.", {"fetch"}) is None
+
+
+async def test_the_first_turns_control_names_the_call(tmp_path: Path) -> None:
+    (tmp_path / "loop.py").write_text("import asyncio\n")
+    files = keel.file_tools(tmp_path)
+    script = {"turns": [call("read_file", path="loop.py"), {"text": "asyncio."}]}
+    out = await run_script(script, files, first_turn_tool=True, question="What is in loop.py?")
+    (control,) = out.requests[0].volatile
+    assert control == f'{FIRST_CALL_CONTROL} Here that is: read_file {{"path": "loop.py"}}'
