@@ -92,3 +92,30 @@ async def test_a_path_that_exists_in_two_folders_is_not_guessed(repo: Path) -> N
     call = ToolCall.from_arguments("c1", "read_file", {"path": "loop.py"})
     done = (await executor.run_batch([call]))[0].result
     assert done.is_error and "no such file: 'loop.py'" in done.content
+
+
+async def search(repo: Path, pattern: str, path: str) -> str:
+    executor = ToolExecutor(keel.file_tools(repo))
+    call = ToolCall.from_arguments("c1", "search_files", {"pattern": pattern, "path": path})
+    done = await executor.run_batch([call])
+    assert not done[0].result.is_error
+    return done[0].result.content
+
+
+async def test_a_complete_search_says_it_found_every_match_and_a_repeat_finds_the_same(
+    repo: Path,
+) -> None:
+    """Issue 26, measured on the local model: given the import lines of loop.py by a search, it
+    sent the same search four more times; the result never said it was the whole answer."""
+    text = await search(repo, "^line 1[0-2]$", "src/loop.py")
+    *matches, last = text.split("\n")
+    assert matches == [f"src/loop.py:{n}: line {n}" for n in (10, 11, 12)]
+    assert last == (
+        "[the search is complete: these are all 3 matching lines in src/loop.py; the same "
+        "search again finds the same lines]"
+    )
+
+
+async def test_a_search_stopped_short_does_not_say_it_is_complete(repo: Path) -> None:
+    text = await search(repo, "^line", "src")
+    assert "complete" not in text and "stopped at 200 matches" in text

@@ -135,6 +135,8 @@ async def test_search_prints_relative_path_line_and_text(repo: Path) -> None:
     assert text.splitlines() == [
         "src/pkg/core.py:1: def alpha():",
         "src/pkg/core.py:5: def beta():",
+        "[the search is complete: these are all 2 matching lines in the repository; the same "
+        "search again finds the same lines]",
     ]
 
 
@@ -142,7 +144,8 @@ async def test_search_skips_git_and_binary_files_and_respects_path(repo: Path) -
     assert "no matches" in await ok(repo, "search_files", pattern="secret_token")
     assert "no matches" in await ok(repo, "search_files", pattern="IHDR")
     scoped = await ok(repo, "search_files", pattern="alpha", path="src/notes.txt")
-    assert scoped == "src/notes.txt:1: alpha is first"
+    assert scoped.splitlines()[0] == "src/notes.txt:1: alpha is first"
+    assert len(scoped.splitlines()) == 2  # and the line saying the search is complete
 
 
 async def test_search_skips_files_over_two_megabytes(repo: Path) -> None:

@@ -256,6 +256,7 @@ def _search(base: Root, pattern: str, path: str) -> str:
     walk = Walk()
     matches: list[str] = []
     searched = files = 0
+    complete = True
     with start, contextlib.closing(_files(base, start, walk)) as found:
         for file in found:
             data = _search_text(file)
@@ -266,13 +267,24 @@ def _search(base: Root, pattern: str, path: str) -> str:
                     f"[stopped after searching {files} files ({searched} bytes), the limit for "
                     "one search; narrow the path to search the rest]"
                 )
+                complete = False
                 break
             files += 1
             searched += len(data)
             if _collect(compiled, data, file.rel, matches):
+                complete = False
                 break
     if not matches:
         matches.append(f"no matches for {pattern!r} under {start.rel}")
+    elif complete and not walk.hard_links and not walk.too_deep:
+        # A small model given the whole answer sent the same search again and again: say that
+        # nothing more is to be found this way (issue 26).
+        where = "the repository" if start.rel == "." else start.rel
+        lines = "1 matching line" if len(matches) == 1 else f"{len(matches)} matching lines"
+        matches.append(
+            f"[the search is complete: these are all {lines} in {where}; the same search "
+            "again finds the same lines]"
+        )
     if walk.hard_links:
         matches.append(
             f"[{walk.hard_links} hard-linked file(s) not searched: a hard link may be a file "
