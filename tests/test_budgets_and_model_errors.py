@@ -39,7 +39,7 @@ async def test_last_model_call_of_the_budget_is_budget_synthesis() -> None:
     assert out.result.status == "completed"
     assert out.result.synthesized == "budget"
     assert [r.tool_choice for r in out.requests] == [None, None, None, "none"]
-    assert out.requests[-1].volatile == (BUDGET_CONTROL,)
+    assert out.requests[-1].volatile[1:] == (BUDGET_CONTROL,)
 
 
 async def test_tool_request_in_budget_synthesis_fails_budget_exhausted_before_dispatch() -> None:
@@ -67,7 +67,7 @@ async def test_coinciding_budget_and_repeated_tool_synthesis_send_one_turn() -> 
     out = await run_script({"turns": turns}, [note], loop_threshold=3, max_model_calls=3)
     assert out.result.synthesized == "budget"
     assert out.requests[-1].tool_choice == "none"
-    assert out.requests[-1].volatile == (BUDGET_CONTROL, REPEATED_TOOL_CONTROL)
+    assert out.requests[-1].volatile[1:] == (BUDGET_CONTROL, REPEATED_TOOL_CONTROL)
     assert out.result.model_calls == 3
 
 

@@ -79,7 +79,7 @@ async def test_the_deadline_synthesis_turn_carries_its_own_control_and_no_tools(
     assert out.result.status == "completed" and out.result.synthesized == "deadline"
     last = out.requests[-1]
     assert last.tool_choice == "none"
-    assert last.volatile == (DEADLINE_CONTROL,)
+    assert last.volatile[1:] == (DEADLINE_CONTROL,)
     assert all(r.tool_choice is None for r in out.requests[:-1])
 
 
@@ -106,7 +106,7 @@ async def test_deadline_over_budget_synthesis_sends_both_controls() -> None:
     script = {"turns": notes(2), "on_synthesis": ANSWER, "latency_ms": 700}
     out = await run_script(script, [note], deadline=2.5, max_model_calls=3)
     assert out.result.synthesized == "deadline"
-    assert out.requests[-1].volatile == (DEADLINE_CONTROL, BUDGET_CONTROL)
+    assert out.requests[-1].volatile[1:] == (DEADLINE_CONTROL, BUDGET_CONTROL)
 
 
 def test_the_deadline_reserve_is_twice_the_longest_call_with_a_floor() -> None:

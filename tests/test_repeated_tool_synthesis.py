@@ -55,10 +55,31 @@ async def test_synthesis_request_keeps_definitions_history_and_adds_volatile_con
     assert synthesis.tools == normal.tools and len(synthesis.tools) == 2
     assert synthesis.system == normal.system
     assert synthesis.items[: len(normal.items)] == normal.items
-    assert synthesis.volatile == (REPEATED_TOOL_CONTROL,)
+    assert synthesis.volatile == (
+        "The question to answer: What does the evidence say?",
+        REPEATED_TOOL_CONTROL,
+    )
     assert all(not r.volatile for r in out.requests[:-1])
     # The control quotes neither arguments nor retrieved text.
     assert url not in REPEATED_TOOL_CONTROL and "checkpoints" not in REPEATED_TOOL_CONTROL
+
+
+async def test_the_synthesis_turn_restates_the_question_before_its_control(
+    web: list[keel.Tool], page_server: PageServer
+) -> None:
+    """ADR 0043: at the end of a long context the local model answered a question about the
+    tool it had called; the synthesis turn now restates the run's question (one line, in the
+    request only: never recorded)."""
+    url = page_server.url("/doc")
+    question = "Which modules does\n the loop   import?"
+    script = {"turns": [call("fetch", url=url)] * 4, "on_synthesis": ANSWER}
+    out = await run_script(script, web, question=question)
+    restated = "The question to answer: Which modules does the loop import?"
+    assert out.requests[-1].volatile[0] == restated
+    assert not any("The question to answer" in repr(e) for e in out.events)
+    from keel._run.synthesis import question_control
+
+    assert question_control("x" * 1001) is None and question_control("  ") is None
 
 
 async def test_counter_is_run_wide_not_consecutive(
@@ -133,7 +154,7 @@ async def test_retries_during_synthesis_turn_stay_synthesis_only(
 
     assert out.result.synthesized == "repeated_tool"
     assert [r.tool_choice for r in out.requests] == [None, None, "none", "none", "none"]
-    assert all(r.volatile == (REPEATED_TOOL_CONTROL,) for r in out.requests[2:])
+    assert all(r.volatile[1:] == (REPEATED_TOOL_CONTROL,) for r in out.requests[2:])
     assert out.result.model_calls == 5
     synthesis_requests = [e for e in out.of_type(ModelRequestSent) if e.synthesis]
     assert [e.attempt for e in synthesis_requests] == [1, 2, 3]

@@ -41,7 +41,7 @@ async def test_volatile_control_text_never_enters_the_store(tmp_path: Path) -> N
     out = await run_script(
         {"turns": turns}, [note], store=store, loop_threshold=3, max_model_calls=3
     )
-    assert out.requests[-1].volatile == (BUDGET_CONTROL, REPEATED_TOOL_CONTROL)
+    assert out.requests[-1].volatile[1:] == (BUDGET_CONTROL, REPEATED_TOOL_CONTROL)
     store.close()
     raw = b"".join(f.read_bytes() for f in tmp_path.iterdir())
     assert b"note on x" in raw  # the results are there, so the search below is meaningful
@@ -122,6 +122,8 @@ async def test_hard_breaker_runs_before_asking_for_approval() -> None:
 
 def test_public_surface_is_explicit() -> None:
     exported = set(keel.__all__)
+    for name in exported:  # loaded on first use (ADR 0042): each must resolve
+        getattr(keel, name)
     public = {
         name
         for name, value in vars(keel).items()

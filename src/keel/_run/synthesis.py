@@ -21,6 +21,7 @@ them is worth repeating: imperatives about the answer, never a statement the ans
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from keel.messages import SynthesisReason, ToolChoice
@@ -37,6 +38,8 @@ __all__ = [
     "Mode",
     "decide_mode",
     "first_call_control",
+    "question_control",
+    "with_question",
 ]
 
 REPEATED_TOOL_CONTROL = (
@@ -68,6 +71,30 @@ PARTIAL_OUTPUT_CONTROL = (
     "remains open."
 )
 """Added to a synthesis turn's controls when the run asked for structured output (ADR 0034)."""
+
+MAX_RESTATED_QUESTION_CHARS = 1000
+"""A longer question is not restated: the history above holds it, and a pasted document would
+double the synthesis request."""
+
+
+def question_control(question: str) -> str | None:
+    """The run's question, restated right before a synthesis turn's control (ADR 0043): asked
+    to answer "the question" at the end of a long context, the 0.5B model answered one about
+    the tool it had called ("depends on the search_files function"); with the question
+    restated, it listed loop.py's imports. None for an empty or overlong question."""
+    text = " ".join(question.split())
+    if not text or len(text) > MAX_RESTATED_QUESTION_CHARS:
+        return None
+    return f"The question to answer: {text}"
+
+
+def with_question(mode: Mode, question: str) -> Mode:
+    """`mode` with the question restated first among its controls, if it is a synthesis turn."""
+    restated = question_control(question) if mode.reason is not None else None
+    if restated is None:
+        return mode
+    return dataclasses.replace(mode, controls=(restated, *mode.controls))
+
 
 CONTROLS = (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL, PARTIAL_OUTPUT_CONTROL)
 """Every control a synthesis turn may carry: what an answer must never repeat (`keel eval`

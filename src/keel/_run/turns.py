@@ -15,7 +15,7 @@ from keel._run import gateway
 from keel._run.budgets import out_of_time, past_limits, running_out
 from keel._run.first_call import first_call
 from keel._run.parts import StepParts
-from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode
+from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
@@ -43,9 +43,10 @@ def current_mode(parts: StepParts) -> Mode:
     start = None
     if insist:
         start = first_call(parts.context.question(), {t.name for t in parts.context.tools})
-    return decide_mode(
+    mode = decide_mode(
         repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start
     )
+    return mode if mode.reason is None else with_question(mode, parts.context.question())
 
 
 async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
