@@ -35,9 +35,14 @@ def repo(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def _eval(repo: Path, tmp_path: Path, answer: str, *names: str) -> dict[str, object]:
+def _eval(
+    repo: Path, tmp_path: Path, answer: str, *names: str, repeats: int = 0
+) -> dict[str, object]:
+    """`answer` as the first turn, or, after `repeats` identical reads, as the synthesis turn's."""
     script = tmp_path / "answer.json"
-    script.write_text(json.dumps({"turns": [{"text": answer}]}))
+    read = {"name": "read_file", "arguments": {"path": "src/keel/tools/files.py", "end_line": 3}}
+    turns = [{"tool_calls": [read]}] * repeats if repeats else [{"text": answer}]
+    script.write_text(json.dumps({"turns": turns, "on_synthesis": {"text": answer}}))
     args = ["eval", "--suite", "repo-questions", "--model", f"script:{script}", "--json"]
     result = runner.invoke(app, [*args, "--repo", str(repo), *names])
     assert result.exit_code in (0, 1), result.output
@@ -112,6 +117,19 @@ def test_keel_eval_grades_each_run_right_wrong_or_cut_off(repo: Path, tmp_path: 
     assert "answer names what the repository does not hold: src/keel/constants.py" in problems
 
 
+def test_a_right_answer_written_in_the_synthesis_turn_is_right_and_counted_as_synthesized(
+    tmp_path: Path,
+) -> None:
+    """Only a limit that cuts the answer short (the output limit, a failure) is "cut off": the
+    synthesis turn is how the runtime gets an answer, and one that ends on its own is graded on
+    what it says; the table counts the synthesized runs beside the grades."""
+    right = "MAX_READ_LINES is defined in src/keel/tools/files.py; its value is 2000."
+    report = _eval(ROOT, tmp_path, right, "read_lines_constant", repeats=4)
+    (scenario,) = report["scenarios"]  # type: ignore[misc]
+    assert scenario["grades"] == {"right": 1, "wrong": 0, "cut off": 0}
+    assert scenario["results"][0]["synthesized"] == "repeated_tool"
+
+
 def test_a_repo_question_outside_the_repository_says_where_to_run_it(tmp_path: Path) -> None:
     script = tmp_path / "answer.json"
     script.write_text(json.dumps({"turns": [{"text": "?"}]}))
@@ -128,5 +146,5 @@ def test_the_table_counts_right_wrong_and_cut_off(tmp_path: Path) -> None:
     result = runner.invoke(app, [*args, "--repo", str(ROOT), "loop_threshold_default"])
     assert result.exit_code == 0, result.output
     rows = [line.replace("│", " ").replace("┃", " ").split() for line in result.stdout.splitlines()]
-    assert ["question", "right", "wrong", "cut", "off", "runs"] in rows
-    assert ["loop_threshold_default", "2", "0", "0", "2"] in rows
+    assert ["question", "right", "wrong", "cut", "off", "runs", "synthesized"] in rows
+    assert ["loop_threshold_default", "2", "0", "0", "2", "0"] in rows

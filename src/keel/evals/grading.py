@@ -3,9 +3,10 @@
 With a real model the figure that matters is not whether a rule held but whether the answer
 was right. A run is graded
 
-- "cut off" when a limit ended it rather than the model: its answer stopped at the output
-  limit, the run was answered under a budget or deadline synthesis turn or at the repetition
-  threshold, it failed, or it had to be cancelled;
+- "cut off" when a limit cut it short: its answer stopped at the output limit, the run
+  failed, or it had to be cancelled. An answer written in a synthesis turn (budget, deadline,
+  repetition) that ends on its own is graded on what it says like any other: that turn is how
+  the runtime gets the best supported answer, and the table counts those runs beside the grades;
 - "wrong" when it ended on its own but its answer misses what the question requires, names
   something the repository does not hold, or repeats a synthesis control's sentence (a small
   model echoed Keel's instruction instead of answering, issue 26);
@@ -31,7 +32,7 @@ _ECHO_WORDS = 8
 
 
 def grade(result: RunResult, stuck: bool, problems: list[str]) -> Grade:
-    if stuck or result.status != "completed" or result.cut_off or result.synthesized:
+    if stuck or result.status != "completed" or result.cut_off:
         return "cut off"
     return "wrong" if problems else "right"
 

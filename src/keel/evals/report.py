@@ -81,13 +81,21 @@ def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
 
 
 def print_grades(reports: Sequence[ScenarioReport], console: Console) -> None:
-    """How many runs of each question were right, wrong and cut off, and the calls they made."""
-    table = Table("question", *GRADES, "runs", title="answers", title_justify="left")
+    """How many runs of each question were right, wrong and cut off, and how many of them were
+    answered in a synthesis turn."""
+    table = Table(
+        "question", *GRADES, "runs", "synthesized", title="answers", title_justify="left"
+    )
     for report in reports:
         counts = [sum(row.grade == g for row in report.rows) for g in GRADES]
-        table.add_row(report.scenario.name, *map(str, counts), str(len(report.rows)))
-    total = [sum(row.grade == g for r in reports for row in r.rows) for g in GRADES]
-    table.add_row("all", *map(str, total), str(sum(len(r.rows) for r in reports)), style="bold")
+        synthesized = sum(1 for row in report.rows if row.synthesized)
+        table.add_row(
+            report.scenario.name, *map(str, counts), str(len(report.rows)), str(synthesized)
+        )
+    rows = [row for r in reports for row in r.rows]
+    total = [sum(row.grade == g for row in rows) for g in GRADES]
+    synthesized = sum(1 for row in rows if row.synthesized)
+    table.add_row("all", *map(str, total), str(len(rows)), str(synthesized), style="bold")
     console.print(table)
 
 
