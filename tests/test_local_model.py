@@ -251,8 +251,7 @@ def test_a_tool_less_prompt_is_system_history_then_controls() -> None:
         "<|im_start|>user\nquestion<|im_end|>\n"
         "<|im_start|>assistant\nthinking<|im_end|>\n"
         "<|im_start|>user\nresults<|im_end|>\n"
-        "<|im_start|>user\ncontrol one<|im_end|>\n"
-        "<|im_start|>user\ncontrol two<|im_end|>\n"
+        "<|im_start|>user\ncontrol one\ncontrol two<|im_end|>\n"
         "<|im_start|>assistant\n"
     )
 

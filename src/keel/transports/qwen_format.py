@@ -12,7 +12,8 @@ GGUF file (``tokenizer.chat_template``). `render_prompt` writes that template's 
   every turn and llama.cpp reuses it from its cache;
 - the history: user turns, assistant turns (text, then each call as a ``<tool_call>`` block),
   and each run of tool results as one user turn of ``<tool_response>`` blocks;
-- each volatile control as a last user turn, then the opening of the assistant's turn.
+- the volatile controls, one per line, as the last user turn, then the opening of the
+  assistant's turn.
 
 Text from outside (the question, tool results, earlier answers) cannot open a role or fake a
 block: the spellings of control tokens (``<|im_start|>``...) and of the tool tags get a zero-width
@@ -108,7 +109,8 @@ def render_prompt(request: ModelRequest) -> str:
     """The whole prompt for `request`, ending with the assistant turn's opening (pure)."""
     parts = [_system(request.system, request.tools)]
     parts.extend(_history(request.items))
-    parts.extend(_turn("user", clean(text)) for text in request.volatile)
+    if request.volatile:  # one last user turn: a small model reads a run of them as noise
+        parts.append(_turn("user", "\n".join(clean(text) for text in request.volatile)))
     parts.append(f"{IM_START}assistant\n")
     return "".join(parts)
 
