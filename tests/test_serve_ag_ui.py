@@ -260,11 +260,17 @@ def write_script(tmp_path: Path, script: dict[str, Any]) -> Path:
     return path
 
 
-def stored(store: Path | str) -> Any:
-    """The store a server served (a SQLite file or a `postgresql://` URL), opened here."""
+@contextmanager
+def stored(store: Path | str) -> Iterator[Any]:
+    """The store a server served (a SQLite file or a `postgresql://` URL), opened here and
+    closed after."""
     from keel.store import open_store
 
-    return open_store(store)
+    db = open_store(store)
+    try:
+        yield db
+    finally:
+        db.close()
 
 
 # -- the tests ----------------------------------------------------------------------------------
@@ -343,11 +349,8 @@ def test_a_synthesized_run_reaches_the_official_client_as_a_valid_sequence(
     assert finished["result"]["synthesized"] == "repeated_tool"
     assert finished["result"]["answer"] == answer
     run_id = finished["result"]["run_id"]
-    db = stored(store)
-    try:
+    with stored(store) as db:
         recorded = [e.call_id for e in db.events(run_id) if isinstance(e, ToolCallRequested)]
-    finally:
-        db.close()
     started = [e["toolCallId"] for e in events if e["type"] == "TOOL_CALL_START"]
     assert started == [f"{run_id}:{c}" for c in recorded] and len(recorded) == 7
     (done,) = [line for line in lines if line["kind"] == "done"]
@@ -390,12 +393,9 @@ def test_a_paused_run_ends_in_an_interrupt_and_the_resume_completes_it(
     assert second[-1]["outcome"] == {"type": "success"}
     assert second[-1]["result"]["answer"] == "Finished."
     assert (repo / "note.txt").read_text() == "hello"
-    db = stored(store)
-    try:
+    with stored(store) as db:
         events = db.events(run_id)
         status = db.get_run(run_id).status
-    finally:
-        db.close()
     decided = [e for e in events if isinstance(e, ApprovalDecided)]
     assert [(d.call_id, d.approved, d.by) for d in decided] == [("k1_0", True, "ag-ui")]
     assert len([e for e in events if isinstance(e, ToolResultRecorded)]) == 1
@@ -428,11 +428,8 @@ def test_a_resume_after_the_server_was_killed_continues_the_run_from_the_store(
     (result,) = [e for e in events if e["type"] == "TOOL_CALL_RESULT"]
     assert result["content"].startswith("Denied by ag-ui: not in this repository.")
     assert not (repo / "note.txt").exists()
-    db = stored(store)
-    try:
+    with stored(store) as db:
         (decided,) = [e for e in db.events(run_id) if isinstance(e, ApprovalDecided)]
-    finally:
-        db.close()
     assert (decided.approved, decided.reason) == (False, "not in this repository")
 
 
@@ -485,12 +482,9 @@ def test_a_request_that_is_not_a_valid_run_or_resume_is_refused_and_records_noth
             )
             assert sent.status_code == status, (body, sent.text)
             assert said in sent.json()["error"], (said, sent.json())
-    db = stored(store)
-    try:
+    with stored(store) as db:
         runs = db.list_runs(10)
         record = db.get_run(run_id)
-    finally:
-        db.close()
     assert [r.run_id for r in runs] == [run_id]
     assert record.status == "awaiting_approval" and record.state.decisions == {}
 
@@ -513,11 +507,8 @@ def test_a_dismissed_interrupt_denies_the_call_and_the_run_goes_on(tmp_path: Pat
     check_sequence(resumed, resumed_calls=frozenset({entry["interruptId"]}))
     assert resumed[-1]["outcome"] == {"type": "success"}
     assert not (repo / "note.txt").exists()
-    db = stored(store)
-    try:
+    with stored(store) as db:
         (decided,) = [e for e in db.events(run_id) if isinstance(e, ApprovalDecided)]
-    finally:
-        db.close()
     assert (decided.approved, decided.reason, decided.by) == (False, CANCELLED_REASON, "ag-ui")
 
 
@@ -540,11 +531,8 @@ def test_a_denials_reason_is_cleaned_and_capped_before_the_model_hears_it(
         entry = {"interruptId": f"{run_id}:k1_0", "status": "resolved", "payload": payload}
         resumed = sse_events(httpx.post(url, json=run_input("t", "r", resume=[entry]), timeout=30))
     assert resumed[-1]["outcome"] == {"type": "success"}
-    db = stored(store)
-    try:
+    with stored(store) as db:
         events = db.events(run_id)
-    finally:
-        db.close()
     (decided,) = [e for e in events if isinstance(e, ApprovalDecided)]
     assert decided.reason is not None and len(decided.reason) == MAX_REASON
     assert decided.reason.startswith("no") and decided.reason.isprintable()
@@ -567,11 +555,8 @@ def test_a_resume_sent_again_records_nothing_twice_and_a_contrary_one_is_refused
     with served(write_script(tmp_path, WRITE_SCRIPT), store, repo) as (url, _):
         paused = sse_events(httpx.post(url, json=run_input("t", "r0", user("Note")), timeout=30))
         run_id = paused[1]["value"]["run_id"]
-        db = stored(store)
-        try:
+        with stored(store) as db:
             approvals.approve(db, run_id, "k1_0", by="alice")
-        finally:
-            db.close()
         call = f"{run_id}:k1_0"
 
         def resume(approved: bool) -> httpx.Response:
@@ -586,11 +571,8 @@ def test_a_resume_sent_again_records_nothing_twice_and_a_contrary_one_is_refused
     assert again[-1]["outcome"] == {"type": "success"}
     assert (repo / "note.txt").read_text() == "hello"
     assert ended.status_code == 409 and "has ended (completed)" in ended.json()["error"]
-    db = stored(store)
-    try:
+    with stored(store) as db:
         decided = [e for e in db.events(run_id) if isinstance(e, ApprovalDecided)]
-    finally:
-        db.close()
     assert [(d.approved, d.by) for d in decided] == [(True, "alice")]
 
 
@@ -615,11 +597,8 @@ def test_a_client_that_goes_away_leaves_the_run_going_to_its_end(tmp_path: Path)
         statuses = []
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline:
-            db = stored(store)
-            try:
+            with stored(store) as db:
                 record = db.get_run(run_id)
-            finally:
-                db.close()
             statuses.append(record.status if record else None)
             if statuses[-1] == "completed":
                 break
@@ -642,11 +621,9 @@ def test_a_resume_of_a_run_another_process_holds_ends_with_run_error_lease_held(
     with served(write_script(tmp_path, WRITE_SCRIPT), store, repo) as (url, _):
         paused = sse_events(httpx.post(url, json=run_input("t", "r0", user("Note")), timeout=30))
         run_id = paused[1]["value"]["run_id"]
-        db = stored(store)
-        try:  # a holder on another machine: only its lease's expiry could free the run
+        # a holder on another machine: only its lease's expiry could free the run
+        with stored(store) as db:
             asyncio.run(db.acquire_lease(run_id, "elsewhere:1:other", 60))
-        finally:
-            db.close()
         entry = {
             "interruptId": f"{run_id}:k1_0",
             "status": "resolved",
@@ -690,11 +667,8 @@ def test_a_new_question_on_the_thread_is_a_follow_up_in_the_keel_conversation(
     check_sequence(second)
     first_run, second_run = first[1]["value"]["run_id"], second[1]["value"]["run_id"]
     assert first_run != second_run
-    db = stored(store)
-    try:
+    with stored(store) as db:
         config = db.get_run(second_run).config
-    finally:
-        db.close()
     assert (config.conversation_id, config.continues_from) == (first_run, first_run)
 
 
