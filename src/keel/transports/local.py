@@ -22,6 +22,10 @@ What else it does:
 - **Short answers**: no run of ten output tokens is written twice (`NoRepeats`), and a
   synthesis turn's answer has at most thirty lines (`keel.transports.local_answers`): the
   0.5B model's last answers otherwise repeated a sentence until the output limit cut them.
+- **Code spans are copied**: once a tool has answered, every span between backticks in an
+  answer is a piece of the run's own text (question, call arguments, results), and a list item
+  is not listed twice (`keel.transports.local_grounding`): the 0.5B model listed a module that
+  does not exist, made from a class name in the lines it had read.
 - **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
   seed is set again before every generation, so the same prompt gives the same output on the
   same machine. The run records `sampling` with its settings and ``keel show`` prints it.
@@ -69,6 +73,7 @@ from keel.messages import ModelRequest, ModelResponse, Usage
 from keel.transports.base import LocalModel, PinnedSampling
 from keel.transports.grammar import turn_grammar
 from keel.transports.local_answers import SHORT_ANSWER_RULE, NoRepeats
+from keel.transports.local_grounding import Grounding, VocabularyTexts, corpus_of
 from keel.transports.local_stream import Pieces
 from keel.transports.policy import attempt
 from keel.transports.qwen_format import highest_call_number, read_output, render_prompt
@@ -208,6 +213,8 @@ class LocalTransport(LocalModel, PinnedSampling):
         self.last_generation: Generation | None = None
         """The latest generation's counts and timings."""
         self._llama: Any = None
+        self._vocabulary_texts: VocabularyTexts | None = None
+        self._vocabulary_of: Any = None
         self._load_lock = threading.Lock()
         self._generate_lock = threading.Lock()
 
@@ -260,13 +267,16 @@ class LocalTransport(LocalModel, PinnedSampling):
         elif tools or schema is not None:
             grammar = turn_grammar(tools, choice, schema)
         prompt = render_prompt(request)
+        corpus = corpus_of(request.items) if choice != "required" and schema is None else ""
         cancel = threading.Event()
         pieces = None
         if on_text is not None:
             pieces = Pieces(on_text, asyncio.get_running_loop(), may_call=choice != "none")
         try:
             generation = await attempt(
-                lambda: asyncio.to_thread(self.generate, prompt, grammar, cancel, pieces),
+                lambda: asyncio.to_thread(
+                    self.generate, prompt, grammar, cancel, pieces, corpus
+                ),
                 foreign=Exception,  # llama.cpp raises whatever it likes
                 to_error=lambda exc: map_error(exc, n_ctx=self.n_ctx),
                 secret=None,
@@ -290,6 +300,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         a token counter made from it is still alive (the counter keeps it usable)."""
         with self._generate_lock, self._load_lock:  # never while a generation uses it
             self._llama = None
+            self._vocabulary_texts = self._vocabulary_of = None
 
     # -- in the worker thread ----------------------------------------------------------------
 
@@ -299,8 +310,10 @@ class LocalTransport(LocalModel, PinnedSampling):
         grammar: str | None,
         cancel: threading.Event | None = None,
         pieces: Pieces | None = None,
+        corpus: str = "",
     ) -> Generation:
-        """One generation for a rendered prompt, under `grammar` (GBNF) when given. Blocking:
+        """One generation for a rendered prompt, under `grammar` (GBNF) when given, its answer's
+        code spans copied from `corpus` when that is not empty (`Grounding`). Blocking:
         `request` runs it in a worker thread; benchmarks call it directly."""
         with self._generate_lock:  # lock order everywhere: generate, then load
             if cancel is not None and cancel.is_set():
@@ -315,7 +328,7 @@ class LocalTransport(LocalModel, PinnedSampling):
                 llama.reset()
             cached = min(_common_prefix(llama.input_ids[: llama.n_tokens], tokens), len(tokens) - 1)
             self.last_generation = self._sample(
-                llama, tokens, grammar, cancel, max(cached, 0), pieces
+                llama, tokens, grammar, cancel, max(cached, 0), pieces, corpus
             )
             return self.last_generation
 
@@ -327,14 +340,25 @@ class LocalTransport(LocalModel, PinnedSampling):
         cancel: threading.Event | None,
         cached: int,
         pieces: Pieces | None = None,
+        corpus: str = "",
     ) -> Generation:
         from keel.transports.constrained import GrammarMask  # numpy comes with llama.cpp
 
         llama_cpp = _import_llama_cpp()
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         mask = GrammarMask(llama_cpp, llama, grammar, len(tokens)) if grammar else None
-        repeats = NoRepeats(len(tokens), lambda t: mask is not None and _starts_a_call(llama, t))
-        steps = (self.logits_processor, mask, repeats, _stop_when(cancel, llama.token_eos()))
+        starts_a_call = lambda t: mask is not None and _starts_a_call(llama, t)  # noqa: E731
+        grounding = None
+        if corpus:
+            grounding = Grounding(corpus, self._vocabulary(llama), len(tokens), starts_a_call)
+        repeats = NoRepeats(len(tokens), starts_a_call)
+        steps = (
+            self.logits_processor,
+            grounding,
+            mask,
+            repeats,
+            _stop_when(cancel, llama.token_eos()),
+        )
         processors = [p for p in steps if p is not None]
         llama.set_seed(self.seed)
         out: list[int] = []
@@ -393,6 +417,12 @@ class LocalTransport(LocalModel, PinnedSampling):
             prompt_seconds=(first if out else ended) - started,
             generate_seconds=ended - first if out else 0.0,
         )
+
+    def _vocabulary(self, llama: Any) -> VocabularyTexts:
+        """The loaded model's token texts, made on first use (for `Grounding`)."""
+        if self._vocabulary_texts is None or self._vocabulary_of is not llama:
+            self._vocabulary_texts, self._vocabulary_of = VocabularyTexts.of_llama(llama), llama
+        return self._vocabulary_texts
 
     def _load(self) -> Any:
         with self._load_lock:
