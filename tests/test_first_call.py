@@ -23,8 +23,25 @@ def test_an_imports_question_about_a_file_starts_with_its_import_lines() -> None
 
 
 def test_a_question_naming_a_file_starts_by_reading_it() -> None:
-    question = "What parameters does decide_mode in src/keel/_run/synthesis.py take?"
-    assert first_call(question, TOOLS) == 'read_file {"path": "src/keel/_run/synthesis.py"}'
+    question = "What does src/keel/tools/guidance.py tell the model?"
+    assert first_call(question, TOOLS) == 'read_file {"path": "src/keel/tools/guidance.py"}'
+
+
+def test_an_exports_question_about_a_file_starts_with_its_all_line() -> None:
+    question = "Which names does src/keel/tools/guidance.py export in its __all__?"
+    assert first_call(question, TOOLS) == (
+        'search_files {"pattern": "^__all__ = ", "path": "src/keel/tools/guidance.py"}'
+    )
+
+
+def test_a_question_about_a_function_in_a_file_starts_with_its_def_line() -> None:
+    """The whole module, read first, was cut before the function four times in a row."""
+    question = "What parameters does the function decide_mode in src/keel/_run/synthesis.py take?"
+    assert first_call(question, TOOLS) == (
+        'search_files {"pattern": "def decide_mode\\\\b", "path": "src/keel/_run/synthesis.py"}'
+    )
+    plain = "What is the default value of loop_threshold in the Limits class in src/keel/limits.py?"
+    assert first_call(plain, TOOLS) == 'read_file {"path": "src/keel/limits.py"}'
 
 
 def test_a_question_naming_only_a_code_name_starts_by_searching_for_it() -> None:

@@ -14,6 +14,7 @@ import pytest
 import keel
 from keel.messages import ToolCall
 from keel.tools.executor import ToolExecutor
+from keel.tools.files import LINES_AFTER_ONE_MATCH
 
 
 @pytest.fixture
@@ -119,3 +120,33 @@ async def test_a_complete_search_says_it_found_every_match_and_a_repeat_finds_th
 async def test_a_search_stopped_short_does_not_say_it_is_complete(repo: Path) -> None:
     text = await search(repo, "^line", "src")
     assert "complete" not in text and "stopped at 200 matches" in text
+
+
+async def test_a_search_that_finds_one_line_shows_what_follows_it(repo: Path) -> None:
+    """Issue 25: asked for `decide_mode`'s parameters, the local model read the whole module
+    four times, cut before the function each time; steered to a search for its `def` line, it
+    got that line alone and sent the same search again. A search that finds one line shows the
+    twelve after it, as they are in the file (with ``grep -A``'s ``path-N-`` prefixes the model
+    copied the prefixes and lost the names). No call to read on is named: the model copied such
+    a note into its answer instead of the parameters."""
+    text = await search(repo, "^line 11$", "src/loop.py")
+    lines = text.split("\n")
+    assert lines[0] == "src/loop.py:11: line 11"
+    assert lines[1 : 1 + LINES_AFTER_ONE_MATCH] == [
+        f"line {n}" for n in range(12, 12 + LINES_AFTER_ONE_MATCH)
+    ]
+    assert lines[1 + LINES_AFTER_ONE_MATCH :] == [
+        "[the search is complete: these are all 1 matching line in src/loop.py; the same "
+        "search again finds the same lines]",
+    ]
+    several = await search(repo, "^line 1[0-2]$", "src/loop.py")
+    assert "line 13" not in several
+
+
+async def test_the_lines_after_one_match_stop_at_the_end_of_the_file(repo: Path) -> None:
+    (repo / "short.py").write_text("def f(\n    a: int,\n) -> None: ...\n")
+    text = await search(repo, "^def f", "short.py")
+    assert text.split("\n")[:3] == [
+        "short.py:1: def f(", "    a: int,", ") -> None: ..."
+    ]
+    assert text.split("\n")[3].startswith("[the search is complete")

@@ -145,7 +145,7 @@ async def test_search_skips_git_and_binary_files_and_respects_path(repo: Path) -
     assert "no matches" in await ok(repo, "search_files", pattern="IHDR")
     scoped = await ok(repo, "search_files", pattern="alpha", path="src/notes.txt")
     assert scoped.splitlines()[0] == "src/notes.txt:1: alpha is first"
-    assert len(scoped.splitlines()) == 2  # and the line saying the search is complete
+    assert len(scoped.splitlines()) == 3  # the next (last) line, and that it is complete
 
 
 async def test_search_skips_files_over_two_megabytes(repo: Path) -> None:

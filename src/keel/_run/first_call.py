@@ -9,6 +9,11 @@ chosen by the question's words, among the tools the run offers:
 
 - a Python file and its imports or dependencies: `search_files` for the lines starting with
   ``from`` or ``import`` in that file (its imports, nothing else);
+- a Python file and a function in it (``decide_mode``, with "function", "parameters", "takes"
+  ...): `search_files` for its ``def`` line in that file, whose result shows the lines after
+  it, the parameters among them (its whole file, read first, was cut before the function);
+- a Python file and what it exports (``__all__``): `search_files` for its ``__all__ =`` line,
+  whose result likewise shows the names listed after it;
 - any other file: `read_file` on it, the path as the question writes it;
 - no file, but a name in code style (``MAX_READ_LINES``, ``decide_mode``): `search_files` for
   it.
@@ -28,6 +33,11 @@ __all__ = ["first_call"]
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.\w+|[\w-]+\.(?:py|md|toml|json))\b")
 _CODE_NAME = re.compile(r"\b([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")
 _IMPORTS = re.compile(r"\b(import|imports|depend|depends|dependencies)\b", re.I)
+_EXPORTS = re.compile(r"\b(exports?|exported)\b|__all__", re.I)
+EXPORT_LINE = "^__all__ = "
+_FUNCTION = re.compile(
+    r"\b(function|method|parameters?|arguments?|takes?|signature|returns?|def)\b", re.I
+)
 IMPORT_LINES = "^(from|import) "
 
 
@@ -40,10 +50,24 @@ def first_call(question: str, tools: Collection[str]) -> str | None:
     path = next(iter(_PATH.findall(question)), None)
     if path is not None:
         path = path.lstrip("/")
-        if _IMPORTS.search(question) and path.endswith(".py") and "search_files" in tools:
+        searches = path.endswith(".py") and "search_files" in tools
+        if _IMPORTS.search(question) and searches:
             return _call("search_files", pattern=IMPORT_LINES, path=path)
+        if _EXPORTS.search(question) and searches:
+            return _call("search_files", pattern=EXPORT_LINE, path=path)
+        function = _function_named(question, path)
+        if function is not None and searches:
+            return _call("search_files", pattern=f"def {function}\\b", path=path)
         return _call("read_file", path=path) if "read_file" in tools else None
     names = _CODE_NAME.findall(question)
     if names and "search_files" in tools:
         return _call("search_files", pattern=names[0])
     return None
+
+
+def _function_named(question: str, path: str) -> str | None:
+    """The lower-case code name a question about a function names, outside the path."""
+    if not _FUNCTION.search(question):
+        return None
+    rest = question.replace(path, " ")
+    return next((n for n in _CODE_NAME.findall(rest) if n.islower()), None)

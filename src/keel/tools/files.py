@@ -57,6 +57,11 @@ MAX_SEARCH_FILE_BYTES = 2_000_000
 MAX_SEARCH_TOTAL_BYTES = 50_000_000
 MAX_SEARCH_FILES = 20_000
 MAX_MATCH_LINE_CHARS = 400
+LINES_AFTER_ONE_MATCH = 12
+"""A search that finds one line shows this many lines after it (as ``grep -A``): asked for a
+function's parameters, the local model searched for its ``def`` line, was given only that line,
+and sent the same search again (issue 25). No call to read on is suggested: the model copied
+such a note into its answer instead of the parameters."""
 RepoPath = Annotated[
     str,
     Field(
@@ -255,6 +260,8 @@ def _search(base: Root, pattern: str, path: str) -> str:
     start = _open(base, path, "no such file or directory")
     walk = Walk()
     matches: list[str] = []
+    found_at: list[tuple[str, int]] = []
+    first_data = b""  # the text of the file with the first match
     searched = files = 0
     complete = True
     with start, contextlib.closing(_files(base, start, walk)) as found:
@@ -271,16 +278,22 @@ def _search(base: Root, pattern: str, path: str) -> str:
                 break
             files += 1
             searched += len(data)
-            if _collect(compiled, data, file.rel, matches):
+            before = len(found_at)
+            if _collect(compiled, data, file.rel, matches, found_at):
                 complete = False
                 break
+            if before == 0 and found_at:
+                first_data = data
     if not matches:
         matches.append(f"no matches for {pattern!r} under {start.rel}")
-    elif complete and not walk.hard_links and not walk.too_deep:
+    if len(found_at) == 1:  # one line is rarely the answer: a definition goes on below it
+        _, number = found_at[0]
+        matches += _lines_after(first_data, number)
+    if found_at and complete and not walk.hard_links and not walk.too_deep:
         # A small model given the whole answer sent the same search again and again: say that
         # nothing more is to be found this way (issue 26).
         where = "the repository" if start.rel == "." else start.rel
-        lines = "1 matching line" if len(matches) == 1 else f"{len(matches)} matching lines"
+        lines = "1 matching line" if len(found_at) == 1 else f"{len(found_at)} matching lines"
         matches.append(
             f"[the search is complete: these are all {lines} in {where}; the same search "
             "again finds the same lines]"
@@ -313,8 +326,27 @@ def _search_text(file: Opened) -> bytes | None:
     return data.replace(b"\r\n", b"\n")
 
 
-def _collect(compiled: Pattern, data: bytes, rel: str, matches: list[str]) -> bool:
-    """Add the matching lines of one file; True once the match cap is reached."""
+def _lines_after(data: bytes, number: int) -> list[str]:
+    """The `LINES_AFTER_ONE_MATCH` lines after line `number`, as they are in the file: with a
+    ``path-N-`` prefix on each (``grep -A``'s form), the local model's answer copied the
+    prefixes and lost the names."""
+    lines = data.split(b"\n")[number : number + LINES_AFTER_ONE_MATCH]
+    if lines and not lines[-1] and number + len(lines) >= data.count(b"\n"):
+        lines.pop()  # the empty "line" after the file's last newline
+    shown = []
+    for raw in lines:
+        line = raw[: MAX_MATCH_LINE_CHARS * 4].decode("utf-8", errors="replace").rstrip("\r")
+        if len(line) > MAX_MATCH_LINE_CHARS or len(raw) > MAX_MATCH_LINE_CHARS * 4:
+            line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
+        shown.append(line)
+    return shown
+
+
+def _collect(
+    compiled: Pattern, data: bytes, rel: str, matches: list[str], found_at: list[tuple[str, int]]
+) -> bool:
+    """Add the matching lines of one file (and where they are); True once the match cap is
+    reached."""
     for number, raw in compiled.matching_lines(data):
         if len(matches) == MAX_SEARCH_MATCHES:
             matches.append(
@@ -325,4 +357,5 @@ def _collect(compiled: Pattern, data: bytes, rel: str, matches: list[str]) -> bo
         if len(line) > MAX_MATCH_LINE_CHARS or len(raw) > MAX_MATCH_LINE_CHARS * 4:
             line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
         matches.append(f"{rel}:{number}: {line}")
+        found_at.append((rel, number))
     return False
