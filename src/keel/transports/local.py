@@ -56,22 +56,29 @@ What else it does:
 from __future__ import annotations
 
 import asyncio
-import importlib
 import itertools
 import os
-import re
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from keel.errors import ConfigError, ProviderError
-from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ensure_model
+from keel.local_model import QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
 from keel.transports.base import LocalModel, PinnedSampling
 from keel.transports.grammar import turn_grammar
+from keel.transports.llama_hooks import (
+    Generation,
+    LlamaTokenCounter,
+    abort_when,
+    common_prefix,
+    import_llama_cpp,
+    map_error,
+    starts_a_call,
+    stop_when,
+)
 from keel.transports.local_answers import SHORT_ANSWER_RULE, NoRepeats
 from keel.transports.local_grounding import Grounding, VocabularyTexts, corpus_of
 from keel.transports.local_stream import Pieces
@@ -103,64 +110,6 @@ penalty keeps a 0.5B model from listing the same line hundreds of times."""
 
 ProgressCallback = Callable[[int, float], None]
 """(tokens written so far, seconds since the first of them); see `LocalTransport.on_tokens`."""
-_CONTEXT_OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
-
-
-@dataclass(frozen=True, slots=True)
-class Generation:
-    """What one generation produced and cost, before it is read as text or calls."""
-
-    text: str
-    output_tokens: int
-    prompt_tokens: int
-    cached_tokens: int
-    """Prompt tokens llama.cpp kept from the previous generation instead of evaluating them."""
-    stop_reason: str
-    """"stop" (end of turn) or "length" (the output limit)."""
-    prompt_seconds: float
-    """Evaluating the prompt (what was not cached) and sampling the first token."""
-    generate_seconds: float
-    """Every token after the first."""
-
-    @property
-    def prompt_tokens_per_second(self) -> float:
-        evaluated = self.prompt_tokens - self.cached_tokens
-        return evaluated / self.prompt_seconds if self.prompt_seconds > 0 else 0.0
-
-    @property
-    def tokens_per_second(self) -> float:
-        later = self.output_tokens - 1
-        return later / self.generate_seconds if later > 0 and self.generate_seconds > 0 else 0.0
-
-
-def map_error(exc: Exception, *, n_ctx: int) -> ProviderError:
-    """An exception from llama.cpp as a ProviderError; nothing here is retryable."""
-    overflow = _CONTEXT_OVERFLOW.search(str(exc))
-    if overflow is not None:
-        prompt, window = overflow.groups()
-        return ProviderError(
-            f"local model: the prompt is {prompt} tokens, more than its context window of "
-            f"{window} (n_ctx={n_ctx}); lower the run's context budget (--context-tokens) below "
-            "the window minus the output limit, or load the model with a larger n_ctx"
-        )
-    if isinstance(exc, ConfigError):
-        return ProviderError(f"local model unavailable: {exc}")
-    return ProviderError(f"local model failed: {type(exc).__name__}: {exc}")
-
-
-class LlamaTokenCounter:
-    """Counts with the model's own tokenizer, so the context budget matches the real prompt."""
-
-    def __init__(self, llama: Any) -> None:
-        """`llama` is a loaded ``llama_cpp.Llama``; `LocalTransport.token_counter()` makes one."""
-        self._llama = llama
-
-    def count(self, text: str) -> int:
-        if not text:
-            return 0
-        data = text.encode("utf-8", "surrogatepass")
-        return len(self._llama.tokenize(data, add_bos=False, special=False))
-
 
 class LocalTransport(LocalModel, PinnedSampling):
     """The local model in this process; see the module docstring. A `LocalModel`: the run
@@ -326,7 +275,7 @@ class LocalTransport(LocalModel, PinnedSampling):
                 )
             if not self.prompt_cache:
                 llama.reset()
-            cached = min(_common_prefix(llama.input_ids[: llama.n_tokens], tokens), len(tokens) - 1)
+            cached = min(common_prefix(llama.input_ids[: llama.n_tokens], tokens), len(tokens) - 1)
             self.last_generation = self._sample(
                 llama, tokens, grammar, cancel, max(cached, 0), pieces, corpus
             )
@@ -344,20 +293,20 @@ class LocalTransport(LocalModel, PinnedSampling):
     ) -> Generation:
         from keel.transports.constrained import GrammarMask  # numpy comes with llama.cpp
 
-        llama_cpp = _import_llama_cpp()
+        llama_cpp = import_llama_cpp()
         vocab = llama_cpp.llama_model_get_vocab(llama.model)
         mask = GrammarMask(llama_cpp, llama, grammar, len(tokens)) if grammar else None
-        starts_a_call = lambda t: mask is not None and _starts_a_call(llama, t)  # noqa: E731
+        opens_a_call = lambda t: mask is not None and starts_a_call(llama, t)  # noqa: E731
         grounding = None
         if corpus:
-            grounding = Grounding(corpus, self._vocabulary(llama), len(tokens), starts_a_call)
-        repeats = NoRepeats(len(tokens), starts_a_call)
+            grounding = Grounding(corpus, self._vocabulary(llama), len(tokens), opens_a_call)
+        repeats = NoRepeats(len(tokens), opens_a_call)
         steps = (
             self.logits_processor,
             grounding,
             mask,
             repeats,
-            _stop_when(cancel, llama.token_eos()),
+            stop_when(cancel, llama.token_eos()),
         )
         processors = [p for p in steps if p is not None]
         llama.set_seed(self.seed)
@@ -365,7 +314,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         started = time.perf_counter()
         first = started
         limit, stop_reason = self.max_tokens, "length"
-        abort = _abort_when(llama_cpp, llama, cancel)
+        abort = abort_when(llama_cpp, llama, cancel)
         try:
             for token in llama.generate(
                 tokens,
@@ -385,7 +334,7 @@ class LocalTransport(LocalModel, PinnedSampling):
                 now = time.perf_counter()
                 if len(out) == 1:
                     first = now
-                    if mask is not None and _starts_a_call(llama, token):
+                    if mask is not None and starts_a_call(llama, token):
                         # The grammar bounds a call; let it finish inside the window.
                         limit = max(limit, self.n_ctx - len(tokens) - 1)
                 if self.on_tokens is not None:
@@ -428,7 +377,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         with self._load_lock:
             if self._llama is None:
                 path = self._resolve_path()
-                llama_cpp = _import_llama_cpp()
+                llama_cpp = import_llama_cpp()
                 started = time.perf_counter()
                 try:
                     self._llama = llama_cpp.Llama(
@@ -450,67 +399,3 @@ class LocalTransport(LocalModel, PinnedSampling):
         if not path.is_file():
             raise ConfigError(f"local model file not found: {path}")
         return path
-
-
-def _import_llama_cpp() -> Any:
-    try:
-        return importlib.import_module("llama_cpp")
-    except ImportError as exc:
-        raise ConfigError(
-            f"the local model needs llama-cpp-python, which is not installed: {INSTALL_HINT}"
-        ) from exc
-
-
-def _starts_a_call(llama: Any, token: int) -> bool:
-    return llama.detokenize([token], special=True).lstrip()[:1] in (b"<", b"{")
-
-
-class _Abort:
-    """llama.cpp's abort callback on one context for one generation: `llama_decode` (the
-    prompt's evaluation above all) returns early once `cancel` is set. The ctypes callback is
-    kept alive here while it is installed, and removed by `close`."""
-
-    def __init__(self, llama_cpp: Any, llama: Any, cancel: threading.Event) -> None:
-        self._llama_cpp, self._ctx = llama_cpp, llama.ctx
-        self._callback = llama_cpp.ggml_abort_callback(lambda _data: cancel.is_set())
-        llama_cpp.llama_set_abort_callback(self._ctx, self._callback, None)
-
-    def close(self) -> None:
-        none = self._llama_cpp.ggml_abort_callback()  # a NULL function pointer
-        self._llama_cpp.llama_set_abort_callback(self._ctx, none, None)
-
-
-class _NoAbort:
-    def close(self) -> None:
-        pass
-
-
-def _abort_when(llama_cpp: Any, llama: Any, cancel: threading.Event | None) -> _Abort | _NoAbort:
-    if cancel is None or not hasattr(llama_cpp, "llama_set_abort_callback"):
-        return _NoAbort()
-    return _Abort(llama_cpp, llama, cancel)
-
-
-def _stop_when(cancel: threading.Event | None, eos: int) -> Any:
-    """A logits processor that leaves only the end-of-turn token once `cancel` is set."""
-    if cancel is None:
-        return None
-
-    def process(input_ids: Any, scores: Any) -> Any:
-        if cancel.is_set():
-            scores[:] = float("-inf")
-            scores[eos] = 0.0
-        return scores
-
-    return process
-
-
-def _common_prefix(before: Any, after: list[int]) -> int:
-    """Leading tokens the cached tokens and the new prompt share."""
-    n = min(len(before), len(after))
-    if n == 0:
-        return 0
-    import numpy as np
-
-    differ = (np.asarray(before[:n]) != np.asarray(after[:n])).nonzero()[0]
-    return int(differ[0]) if len(differ) else n
