@@ -1,8 +1,9 @@
 """Code names in the local model's answers are copied from what the run saw (issue 25).
 
 Asked which modules ``src/keel/_run/loop.py`` imports, the 0.5B model read the file's 25 import
-lines and answered with a list of 25 names in backticks: 20 right, one listed twice, and
-```keel.text_listener``` invented from the class ``TextListener``. Prompting does not fix a
+lines and answered with a list of 25 names in backticks: its 21 package imports (one of them
+twice), two standard modules, and ```keel.text_listener```, invented from the class
+``TextListener``. Prompting does not fix a
 model this small; its sampler can. `Grounding`, a logits processor ahead of the grammar mask,
 holds every code span of an answer (the text between two backticks) to two rules:
 
