@@ -10,16 +10,17 @@ import typing as _typing
 from keel import _lazy
 
 if _typing.TYPE_CHECKING:
+    from keel.evals.judging import RunRow, ScenarioReport
     from keel.evals.loading import builtin_names, load_file, resolve
     from keel.evals.pageserver import PageServer
-    from keel.evals.runner import RunRow, ScenarioReport, run_once, run_scenarios
+    from keel.evals.runner import run_once, run_scenarios
     from keel.evals.scenario import Scenario
 
 _WHERE: dict[str, str] = {
     "PageServer": "keel.evals.pageserver",
-    "RunRow": "keel.evals.runner",
+    "RunRow": "keel.evals.judging",
     "Scenario": "keel.evals.scenario",
-    "ScenarioReport": "keel.evals.runner",
+    "ScenarioReport": "keel.evals.judging",
     "builtin_names": "keel.evals.loading",
     "load_file": "keel.evals.loading",
     "resolve": "keel.evals.loading",

@@ -20,7 +20,7 @@ from keel.evals.suites import DEFAULT_SUITE, SUITES
 from keel.models import SPEC_HELP
 
 if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
-    from keel.evals.runner import RunRow, ScenarioReport
+    from keel.evals.judging import RunRow, ScenarioReport
     from keel.evals.scenario import Scenario
 
 __all__ = [

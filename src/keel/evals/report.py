@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.table import Table
 
 from keel.evals.grading import GRADES
-from keel.evals.runner import RunRow, ScenarioReport
+from keel.evals.judging import RunRow, ScenarioReport
 
 __all__ = [
     "WIDE",

@@ -1,4 +1,4 @@
-"""Running a scenario for real and judging how it ended.
+"""Running a scenario for real; `keel.evals.judging` says how it ended.
 
 Nothing is simulated below the model: each run starts its own page server, builds the real web
 (and file, and browser) tools, a real Agent with the scenario's limits and a store, and runs the
@@ -19,22 +19,20 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError
-from keel.evals.grading import Grade, echoed_controls, grade, repo_problems
+from keel.evals.grading import echoed_controls, grade, repo_problems
+from keel.evals.judging import RunRow, ScenarioReport, actual_end, check, expected_end
 from keel.evals.pageserver import PageServer
 from keel.evals.scenario import (
     BROWSER_TOOLS,
     FILE_TOOLS,
     WEB_TOOLS,
     WRITE_TOOLS,
-    Bounds,
     ChangingPage,
-    Count,
     ErrorPage,
     Expect,
     LargePage,
@@ -82,127 +80,6 @@ __all__ = [
 
 ALLOW_HOSTS = ("127.0.0.1",)
 Closer = Callable[[], Awaitable[None]]
-
-
-@dataclass(slots=True)
-class RunRow:
-    """One run of one scenario, and whether it met the expectation."""
-
-    scenario: str
-    repeat: int
-    """1-based."""
-    expected: str
-    actual: str
-    """How the run ended: "answer", "synthesized: <reason>", a failure kind, "cancelled",
-    "awaiting approval", or "error" when the evaluation itself could not run it."""
-    passed: bool
-    problems: list[str]
-    model_calls: int = 0
-    tool_calls: int = 0
-    synthesized: str | None = None
-    cost: float | None = None
-    """US dollars the run's model calls cost; None: no known price for its model."""
-    evidence_resets: int = 0
-    results_elided: int = 0
-    approvals_requested: int = 0
-    resumes: int = 0
-    page_hits: dict[str, int] = field(default_factory=dict)
-    unused_turns: int | None = None
-    """Scripted turns left unused; None with a real model."""
-    seconds: float = 0.0
-    run_id: str | None = None
-    answer: str | None = None
-    failure: dict[str, Any] | None = None
-    grade: Grade = "wrong"
-    """"right", "wrong" (it names something false or misses what is required) or "cut off"
-    (a limit ended it, not the model: the output limit, a budget, the deadline, a failure)."""
-    calls: list[str] = field(default_factory=list)
-    """The run's tool calls, as `name {arguments}`, in order."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-@dataclass(slots=True)
-class ScenarioReport:
-    """All repeats of one scenario."""
-
-    scenario: Scenario
-    rows: list[RunRow]
-
-    @property
-    def passed(self) -> bool:
-        return all(row.passed for row in self.rows)
-
-    @property
-    def outcomes(self) -> Counter[str]:
-        """How often runs ended each way: the figure that matters with a real model."""
-        return Counter(row.actual for row in self.rows)
-
-
-# --- how runs end ---------------------------------------------------------------------------
-
-
-def expected_end(expect: Expect) -> str:
-    if expect.status == "completed":
-        if expect.synthesized is False:
-            return "answer"
-        return f"synthesized: {expect.synthesized}" if expect.synthesized else "completed"
-    if expect.status == "failed":
-        return expect.failure or "failed"
-    return expect.status.replace("_", " ")
-
-
-def actual_end(result: RunResult) -> str:
-    if result.status == "completed":
-        return f"synthesized: {result.synthesized}" if result.synthesized else "answer"
-    if result.status == "failed":
-        return result.failure.kind if result.failure else "failed"
-    return result.status.replace("_", " ")
-
-
-def _count_problem(what: str, value: int, want: Count | None) -> str | None:
-    if want is None:
-        return None
-    if isinstance(want, Bounds):
-        return None if want.check(value) else f"{what}: {value}, expected {want}"
-    return None if value == want else f"{what}: {value}, expected {want}"
-
-
-def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
-    """Every way the run missed the expectation, each as a sentence; empty when it passed."""
-    problems: list[str] = []
-    end, want = row.actual, expected_end(expect)
-    status_ok = result.status == expect.status
-    failure_ok = expect.failure is None or (
-        result.failure is not None and result.failure.kind == expect.failure
-    )
-    synth_ok = expect.synthesized is None or (result.synthesized or False) == expect.synthesized
-    if not (status_ok and failure_ok and synth_ok):
-        why = f" ({result.failure.message})" if result.failure else ""
-        problems.append(f"ended with {end}, expected {want}{why}")
-    counts = (
-        ("model calls", row.model_calls, expect.model_calls),
-        ("tool calls", row.tool_calls, expect.tool_calls),
-        ("evidence resets", row.evidence_resets, expect.evidence_resets),
-        ("results elided", row.results_elided, expect.results_elided),
-        ("approvals requested", row.approvals_requested, expect.approvals_requested),
-        ("resumes", row.resumes, expect.resumes),
-        *((f"requests to {p}", row.page_hits.get(p, 0), c) for p, c in expect.page_hits.items()),
-    )
-    for what, value, bound in counts:
-        if (problem := _count_problem(what, value, bound)) is not None:
-            problems.append(problem)
-    answer = (result.answer or "").casefold()
-    problems += [
-        f"answer lacks {t!r}" for t in expect.answer_contains if t.casefold() not in answer
-    ]
-    problems += [f"answer contains {t!r}" for t in expect.answer_excludes if t.casefold() in answer]
-    if row.unused_turns is not None and row.unused_turns != expect.unused_turns:
-        problems.append(
-            f"scripted turns left unused: {row.unused_turns}, expected {expect.unused_turns}"
-        )
-    return problems
 
 
 # --- one run --------------------------------------------------------------------------------
