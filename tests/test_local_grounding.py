@@ -11,6 +11,8 @@ import re
 from pathlib import Path
 
 import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from keel.cli.app import app
@@ -160,3 +162,37 @@ def test_the_readme_question_on_the_local_model_invents_no_module(
     assert [s for s in spans if s not in f"{seen}\n{question}"] == [], answer
     expected = RepoFact(kind="imports", path="src/keel/_run/loop.py").expected(repo)
     assert invented(expected, answer, repo) == [], answer
+
+
+PIECES = ["", "a", "b", "ab", ".", "_", " ", "\n", "`", "a`", "`b", "`.", ".a", "ba", "b\n"]
+PIECE_VOCAB = VocabularyTexts.of(PIECES)
+
+
+@settings(max_examples=500, deadline=None)
+@given(
+    corpus=st.text(alphabet="ab._ `\n", max_size=60),
+    preferences=st.lists(
+        st.lists(st.floats(-5, 5), min_size=len(PIECES), max_size=len(PIECES)), max_size=30
+    ),
+)
+def test_every_span_written_is_a_piece_of_the_corpus(
+    corpus: str, preferences: list[list[float]]
+) -> None:
+    """Whatever the model prefers: some token always stays allowed, and every span the answer
+    closes (on a line, between two backticks) occurs in the corpus (an empty corpus holds
+    nothing: no tool has answered)."""
+    processor = Grounding(corpus, PIECE_VOCAB, 0, lambda t: False)
+    out: list[int] = []
+    for wants in preferences:
+        scores = np.array(wants, dtype=np.single)
+        scores[0] = -10.0  # the end of turn: the model's last choice
+        masked = processor(np.array(out), scores.copy())
+        assert np.isfinite(masked).any()
+        choice = int(np.argmax(masked))
+        if choice == 0:
+            break
+        out.append(choice)
+    text = "".join(PIECES[t] for t in out)
+    for line in text.split("\n"):
+        for span in line.split("`")[1:-1:2]:
+            assert span in corpus or not corpus, (span, corpus, text)

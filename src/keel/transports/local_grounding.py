@@ -169,7 +169,12 @@ class Grounding:
         opening = line[: len(line) - len(span)]
         listed = self._listed() if _first_of_item(opening) else set()
         closing = [t for t in self._vocab.with_backtick if self._fits(line, t)]
-        return self._continuations(span, frozenset(listed)) + closing
+        allowed = self._continuations(span, frozenset(listed)) + closing
+        if allowed:
+            return allowed
+        # A dead end (`.` copied from the corpus's last characters, say): the span may end as
+        # it is, still a piece of the corpus, though not a whole name.
+        return [t for t in self._vocab.with_backtick if self._fits(line, t, relaxed=True)]
 
     def _continuations(self, span: str, listed: frozenset[str]) -> list[int]:
         """Tokens (without a backtick) that extend `span` to a longer piece of the corpus, but
@@ -190,8 +195,9 @@ class Grounding:
             self._first_of_span[listed] = found
         return found
 
-    def _fits(self, line: str, token: int) -> bool:
-        """Whether `token`'s text, written after `line`, keeps every span of the line lawful."""
+    def _fits(self, line: str, token: int, relaxed: bool = False) -> bool:
+        """Whether `token`'s text, written after `line`, keeps every span of the line lawful
+        (`relaxed`: a span may close wherever it is, as long as it is copied)."""
         text = self._vocab.texts[token]
         span = _span_of(line)
         for char in text:
@@ -202,8 +208,10 @@ class Grounding:
                 continue
             if char == "`":
                 if span is None:
+                    if not self._occurrences(""):
+                        return False  # nothing in the corpus a span could copy
                     span = ""
-                elif not self._closes(line, span):
+                elif not (span if relaxed else self._closes(line, span)):
                     return False
                 else:
                     span = None
