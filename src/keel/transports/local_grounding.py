@@ -3,8 +3,7 @@
 Asked which modules ``src/keel/_run/loop.py`` imports, the 0.5B model read the file's 25 import
 lines and answered with a list of 25 names in backticks: its 21 package imports (one of them
 twice), two standard modules, and ```keel.text_listener```, invented from the class
-``TextListener``. Prompting does not fix a
-model this small; its sampler can. `Grounding`, a logits processor ahead of the grammar mask,
+``TextListener``. Prompting does not fix a model this small; its sampler can. `Grounding`, a logits processor ahead of the grammar mask,
 holds every code span of an answer (the text between two backticks) to two rules:
 
 - **copied**: a span is a piece of the run's own text (the question, the tool calls' arguments
@@ -20,8 +19,9 @@ the first token when the output starts one. Each token is checked as the text it
 token holding a backtick (``"`,"``, ``"py`"``) is judged like the characters it writes. Inside a
 span only the continuations of the span's occurrences are allowed, found by looking the next
 characters up in a table of the vocabulary's texts, so a step costs a few dictionary look-ups,
-not a pass over 152,000 tokens. Whatever happens, some token stays allowed: when the rules would
-leave none, the step is left as it was.
+not a pass over 152,000 tokens. Whatever happens, some token stays allowed: a span at a dead end
+(a piece of the corpus that cannot grow into a whole name) closes as it is, and when nothing at
+all fits the step is left as it was.
 """
 
 from __future__ import annotations
