@@ -4,7 +4,8 @@ Asked which modules ``src/keel/_run/loop.py`` imports, the 0.5B model read the f
 lines and answered with a list of 25 names in backticks: its 21 package imports (one of them
 twice), two standard modules, and ```keel.text_listener```, invented from the class
 ``TextListener``. Prompting does not fix a model this small; its sampler can. `Grounding`, a
-logits processor ahead of the grammar mask, holds every code span of an answer (the text between two backticks) to two rules:
+logits processor ahead of the grammar mask, holds every code span of an answer (the text between
+two backticks) to two rules:
 
 - **copied**: a span is a piece of the run's own text (the question, the tool calls' arguments
   and the tool results), starting and ending at a word boundary there: ```keel._run.batch```
