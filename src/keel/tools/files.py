@@ -260,7 +260,7 @@ def _search(base: Root, pattern: str, path: str) -> str:
     start = _open(base, path, "no such file or directory")
     walk = Walk()
     matches: list[str] = []
-    found_at: list[tuple[str, int]] = []
+    found_at: list[int] = []  # the matching lines' numbers
     first_data = b""  # the text of the file with the first match
     searched = files = 0
     complete = True
@@ -287,8 +287,7 @@ def _search(base: Root, pattern: str, path: str) -> str:
     if not matches:
         matches.append(f"no matches for {pattern!r} under {start.rel}")
     if len(found_at) == 1:  # one line is rarely the answer: a definition goes on below it
-        _, number = found_at[0]
-        matches += _lines_after(first_data, number)
+        matches += _lines_after(first_data, found_at[0])
     if found_at and complete and not walk.hard_links and not walk.too_deep:
         # A small model given the whole answer sent the same search again and again: say that
         # nothing more is to be found this way (issue 26).
@@ -333,19 +332,21 @@ def _lines_after(data: bytes, number: int) -> list[str]:
     lines = data.split(b"\n")[number : number + LINES_AFTER_ONE_MATCH]
     if lines and not lines[-1] and number + len(lines) >= data.count(b"\n"):
         lines.pop()  # the empty "line" after the file's last newline
-    shown = []
-    for raw in lines:
-        line = raw[: MAX_MATCH_LINE_CHARS * 4].decode("utf-8", errors="replace").rstrip("\r")
-        if len(line) > MAX_MATCH_LINE_CHARS or len(raw) > MAX_MATCH_LINE_CHARS * 4:
-            line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
-        shown.append(line)
-    return shown
+    return [_shown_line(raw.rstrip(b"\r")) for raw in lines]
+
+
+def _shown_line(raw: bytes) -> str:
+    """A line of a file as a search shows it: decoded, and cut past `MAX_MATCH_LINE_CHARS`."""
+    line = raw[: MAX_MATCH_LINE_CHARS * 4].decode("utf-8", errors="replace")
+    if len(line) > MAX_MATCH_LINE_CHARS or len(raw) > MAX_MATCH_LINE_CHARS * 4:
+        line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
+    return line
 
 
 def _collect(
-    compiled: Pattern, data: bytes, rel: str, matches: list[str], found_at: list[tuple[str, int]]
+    compiled: Pattern, data: bytes, rel: str, matches: list[str], found_at: list[int]
 ) -> bool:
-    """Add the matching lines of one file (and where they are); True once the match cap is
+    """Add the matching lines of one file (and their numbers); True once the match cap is
     reached."""
     for number, raw in compiled.matching_lines(data):
         if len(matches) == MAX_SEARCH_MATCHES:
@@ -353,9 +354,6 @@ def _collect(
                 f"[stopped at {MAX_SEARCH_MATCHES} matches; narrow the pattern or the path]"
             )
             return True
-        line = raw[: MAX_MATCH_LINE_CHARS * 4].decode("utf-8", errors="replace")
-        if len(line) > MAX_MATCH_LINE_CHARS or len(raw) > MAX_MATCH_LINE_CHARS * 4:
-            line = line[:MAX_MATCH_LINE_CHARS] + " [line cut]"
-        matches.append(f"{rel}:{number}: {line}")
-        found_at.append((rel, number))
+        matches.append(f"{rel}:{number}: {_shown_line(raw)}")
+        found_at.append(number)
     return False

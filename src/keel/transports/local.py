@@ -163,7 +163,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         """The latest generation's counts and timings."""
         self._llama: Any = None
         self._vocabulary_texts: VocabularyTexts | None = None
-        self._vocabulary_of: Any = None
+        """The loaded model's token texts; `close` drops them with the model."""
         self._load_lock = threading.Lock()
         self._generate_lock = threading.Lock()
 
@@ -249,7 +249,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         a token counter made from it is still alive (the counter keeps it usable)."""
         with self._generate_lock, self._load_lock:  # never while a generation uses it
             self._llama = None
-            self._vocabulary_texts = self._vocabulary_of = None
+            self._vocabulary_texts = None
 
     # -- in the worker thread ----------------------------------------------------------------
 
@@ -369,8 +369,8 @@ class LocalTransport(LocalModel, PinnedSampling):
 
     def _vocabulary(self, llama: Any) -> VocabularyTexts:
         """The loaded model's token texts, made on first use (for `Grounding`)."""
-        if self._vocabulary_texts is None or self._vocabulary_of is not llama:
-            self._vocabulary_texts, self._vocabulary_of = VocabularyTexts.of_llama(llama), llama
+        if self._vocabulary_texts is None:
+            self._vocabulary_texts = VocabularyTexts.of_llama(llama)
         return self._vocabulary_texts
 
     def _load(self) -> Any:

@@ -39,6 +39,8 @@ from keel.messages import AssistantMessage, Item, ToolResult, UserMessage
 __all__ = ["Grounding", "VocabularyTexts", "corpus_of"]
 
 _WORD = re.compile(r"\w")
+_SPAN_START = re.compile(r"(?<!\w)[^\s`]")
+"""Where a span may start: not a space or a backtick, and not inside a word."""
 _REACH = 32
 """Characters looked up past a span's occurrence: longer tokens are runs of spaces."""
 _CLOSERS = ")]}>'\""
@@ -118,6 +120,9 @@ class Grounding:
         self._text = ""
         self._seen = 0
         self._span_starts: list[int] | None = None
+        self._listed: frozenset[str] = frozenset()
+        """The spans earlier list items opened with, as of the line `_listed_upto` ends."""
+        self._listed_upto = -1
         self._first_of_span: dict[frozenset[str], list[int]] = {}
         self.banned_steps = 0
         """Steps at which it refused a token the model preferred (for measurements)."""
@@ -131,6 +136,7 @@ class Grounding:
         for token in out[self._seen :]:
             self._text += self._vocab.texts[int(token)]
         self._seen = len(out)
+        self._update_listed()
         best = int(np.argmax(scores))
         span = self._open_span()
         if span is None:  # outside a span only tokens holding a backtick can break a rule
@@ -154,23 +160,25 @@ class Grounding:
         """The text of the span being written, or None outside one."""
         return _span_of(self._text[self._text.rfind("\n") + 1 :])
 
-    def _listed(self) -> set[str]:
-        """The spans earlier list items opened with."""
-        listed = set()
-        for line in self._text.split("\n")[:-1]:
-            first = _first_span_of_item(line)
-            if first is not None:
-                listed.add(first)
-        return listed
+    def _update_listed(self) -> None:
+        """Read the items of the lines finished since the last step (once per step, not once
+        per token tried)."""
+        done = self._text.rfind("\n")
+        if done == self._listed_upto:
+            return
+        finished = self._text[self._listed_upto + 1 : done].split("\n")
+        firsts = (_first_span_of_item(line) for line in finished)
+        self._listed = self._listed | {first for first in firsts if first is not None}
+        self._listed_upto = done
 
     # -- which tokens may come next -----------------------------------------------------------
 
     def _inside(self, span: str) -> list[int]:
         line = self._text[self._text.rfind("\n") + 1 :]
         opening = line[: len(line) - len(span)]
-        listed = self._listed() if _first_of_item(opening) else set()
+        listed = self._listed if _first_of_item(opening) else frozenset()
         closing = [t for t in self._vocab.with_backtick if self._fits(line, t)]
-        allowed = self._continuations(span, frozenset(listed)) + closing
+        allowed = self._continuations(span, listed) + closing
         if allowed:
             return allowed
         # A dead end (`.` copied from the corpus's last characters, say): the span may end as
@@ -232,7 +240,7 @@ class Grounding:
         if not self._whole(span):
             return False
         opening = line[: len(line) - len(span)]
-        return not (_first_of_item(opening) and span in self._listed())
+        return not (_first_of_item(opening) and span in self._listed)
 
     def _whole(self, span: str) -> bool:
         """Some occurrence of `span` ends where a word ends."""
@@ -247,12 +255,7 @@ class Grounding:
         """Where `span` occurs in the corpus starting at a word boundary."""
         if not span:
             if self._span_starts is None:
-                corpus = self._corpus
-                self._span_starts = [
-                    i for i in range(len(corpus))
-                    if not corpus[i].isspace() and corpus[i] != "`"
-                    and (i == 0 or not _WORD.match(corpus[i - 1]))
-                ]
+                self._span_starts = [m.start() for m in _SPAN_START.finditer(self._corpus)]
             return self._span_starts
         found, corpus, start = [], self._corpus, 0
         while (position := corpus.find(span, start)) != -1:
