@@ -150,3 +150,14 @@ async def test_the_lines_after_one_match_stop_at_the_end_of_the_file(repo: Path)
         "short.py:1: def f(", "    a: int,", ") -> None: ..."
     ]
     assert text.split("\n")[3].startswith("[the search is complete")
+
+
+async def test_an_empty_last_line_is_shown_among_the_lines_after_one_match(repo: Path) -> None:
+    """A file whose last line is empty: when the twelve lines after the match end on it, it is
+    one of them (it was taken for the nothing after the file's final newline)."""
+    lines = [f"line {n}" for n in range(1, LINES_AFTER_ONE_MATCH + 1)]
+    (repo / "tail.py").write_text("def f(\n" + "\n".join(lines[1:]) + "\n\n")
+    text = await search(repo, "^def f", "tail.py")
+    shown = text.split("\n")[1 : 1 + LINES_AFTER_ONE_MATCH]
+    assert shown == [*lines[1:], ""]
+    assert text.split("\n")[1 + LINES_AFTER_ONE_MATCH].startswith("[the search is complete")

@@ -329,9 +329,11 @@ def _lines_after(data: bytes, number: int) -> list[str]:
     """The `LINES_AFTER_ONE_MATCH` lines after line `number`, as they are in the file: with a
     ``path-N-`` prefix on each (``grep -A``'s form), the local model's answer copied the
     prefixes and lost the names."""
-    lines = data.split(b"\n")[number : number + LINES_AFTER_ONE_MATCH]
-    if lines and not lines[-1] and number + len(lines) >= data.count(b"\n"):
-        lines.pop()  # the empty "line" after the file's last newline
+    end = number + LINES_AFTER_ONE_MATCH
+    pieces = data.split(b"\n", end)  # the rest of the file, past `end`, stays in one piece
+    lines = pieces[number:end]
+    if len(pieces) <= end and lines and not lines[-1]:
+        lines.pop()  # the file ended in the window: its last piece is the nothing after "\n"
     return [_shown_line(raw.rstrip(b"\r")) for raw in lines]
 
 
