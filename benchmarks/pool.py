@@ -39,7 +39,7 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 from checkpoint import agent as chunk_agent  # the per-step run, beside this file
 
 from keel.agent import new_run_id
-from keel.cli.agent import command_agent
+from keel.assemble import build_agent
 from keel.limits import Limits
 from keel.pool.dispatch import Dispatch
 from keel.records import JsonObject
@@ -85,7 +85,7 @@ def submit(url: str, folder: Path, runs: int) -> None:
     dispatch = Dispatch(store)
     settings: JsonObject = {"repo": str(repo), "allow_hosts": []}
     try:
-        agent = command_agent(f"script:{script}", settings, Limits(), store, None)
+        agent = build_agent(f"script:{script}", settings, Limits(), store, None)
         for n in range(runs):
             dispatch.submit(new_run_id(), f"Run {n}?", agent.transport.name, agent.config())
     finally:

@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import keel
 from keel.cli.app import app
 from keel.config import trust
-from keel.durability import choose_durability
 from keel.errors import ConfigError
+from keel.run_options import resolve_one
 
 runner = CliRunner()
 
@@ -22,14 +22,15 @@ def test_durability_comes_from_the_flag_then_keel_toml_then_process(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))  # no user keel.toml
-    assert choose_durability(cwd=tmp_path) == "process"
+    assert resolve_one("durability", cwd=tmp_path) == "process"
     (tmp_path / "keel.toml").write_text('model = "local"\n')
-    assert choose_durability(cwd=tmp_path) == "process"
+    assert resolve_one("durability", cwd=tmp_path) == "process"
     (tmp_path / "keel.toml").write_text('durability = "power"\n')
-    assert choose_durability(cwd=tmp_path) == "process"  # a working-directory file: not trusted
+    # a working-directory file: not trusted
+    assert resolve_one("durability", cwd=tmp_path) == "process"
     trust(tmp_path)
-    assert choose_durability(cwd=tmp_path) == "power"
-    assert choose_durability("process", cwd=tmp_path) == "process"
+    assert resolve_one("durability", cwd=tmp_path) == "power"
+    assert resolve_one("durability", "process", cwd=tmp_path) == "process"
 
 
 @pytest.mark.parametrize("bad", ["fast", "POWER", 1])
@@ -40,7 +41,7 @@ def test_an_unknown_durability_is_a_configuration_error(
     (tmp_path / "keel.toml").write_text(f"durability = {json.dumps(bad)}\n")
     trust(tmp_path)
     with pytest.raises(ConfigError, match=r"keel\.toml: durability must be"):
-        choose_durability(cwd=tmp_path)
+        resolve_one("durability", cwd=tmp_path)
     with pytest.raises(ConfigError, match="durability must be"):
         keel.Store(tmp_path / "s.sqlite", durability=bad)  # type: ignore[arg-type]
 

@@ -15,8 +15,7 @@ from typer.testing import CliRunner
 
 import keel
 from keel.cli.app import app
-from keel.events import stream_lines
-from keel.present.timeline import event_json
+from keel.events import event_json, stream_lines
 from keel.records import Event, RunCompleted, RunStarted
 from support import call
 

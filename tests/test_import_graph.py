@@ -133,3 +133,53 @@ def test_observers_never_import_the_run_loop() -> None:
     for observer in ("keel.telemetry", "keel.events", "keel.present.progress"):
         deps = _graph()[observer]
         assert not {d for d in deps if d.startswith("keel._run")}, (observer, deps)
+
+
+ROOMS = (
+    "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
+    "trace_hooks", "failpoints", "inbound", "local_model", "config", "durability", "options",
+    "structured", "transports", "pricing", "tools", "store", "approvals", "live_file",
+    "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "evals", "present",
+    "assemble", "run_options", "pool", "ui", "serve", "cli", "__main__", "keel",
+)  # fmt: skip
+"""The package's rooms (top-level modules and packages), lowest first: a room imports only rooms
+below it, so no lower room reaches up (the event stream into the presenters, the workers into
+the command line)."""
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else "keel"
+
+
+def _upward(graph: dict[str, set[str]], rooms: tuple[str, ...]) -> list[str]:
+    rank = {room: n for n, room in enumerate(rooms)}
+    found = []
+    for module, deps in sorted(graph.items()):
+        for dep in sorted(deps):
+            here, there = _room(module), _room(dep)
+            if here == there:
+                continue
+            if here not in rank or there not in rank:
+                found.append(f"{module} -> {dep}: a room not in ROOMS")
+            elif rank[there] > rank[here]:
+                found.append(f"{module} -> {dep}")
+    return found
+
+
+def test_every_room_imports_only_rooms_below_it() -> None:
+    assert _upward(_graph(), ROOMS) == []
+
+
+def test_the_room_check_finds_an_upward_import() -> None:
+    """The arrows issue 31 removed would be reported: the workers importing the command line,
+    and the event stream importing a presenter."""
+    graph = {
+        "keel.pool.worker": {"keel.cli.agent"},
+        "keel.events": {"keel.present.timeline"},
+        "keel.cli.app": {"keel.pool.worker"},
+    }
+    assert _upward(graph, ROOMS) == [
+        "keel.events -> keel.present.timeline",
+        "keel.pool.worker -> keel.cli.agent",
+    ]

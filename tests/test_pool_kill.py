@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 
 from keel.agent import new_run_id
-from keel.cli.agent import command_agent
+from keel.assemble import build_agent
 from keel.limits import Limits
 from keel.pool.dispatch import Dispatch
 from keel.records import JsonObject
@@ -65,7 +65,7 @@ def submit_all(pool: Pool, tmp_path: Path) -> dict[str, int]:
         for n in range(RUNS):
             script = tmp_path / f"script{n}.json"
             script.write_text(json.dumps(script_for(n)))
-            agent = command_agent(f"script:{script}", settings, Limits(), store, None,
+            agent = build_agent(f"script:{script}", settings, Limits(), store, None,
                                   approve_tools=["write_file"])  # fmt: skip
             run_id = new_run_id()
             dispatch.submit(run_id, f"Run {n}: what do the notes say?", agent.transport.name,

@@ -179,3 +179,22 @@ def test_run_state_decodes_a_store_written_before_the_codec() -> None:
     assert state.pending[0].call_id == "c1"
     assert not state.denied["k"].approved
     assert RunState.decode(state.encode()) == state
+
+
+def test_a_state_copy_shares_no_container_with_the_live_state() -> None:
+    """`RunState.copy` is made from the fields: every dict (and any container field added
+    later) is copied, so a snapshot a worker thread encodes never changes under it."""
+    import dataclasses
+
+    from keel.records import RunState
+
+    state = RunState()
+    twin = state.copy()
+    containers = [
+        f.name for f in dataclasses.fields(RunState)
+        if isinstance(getattr(state, f.name), dict | list | set)
+    ]  # fmt: skip
+    assert {"decisions", "denied", "unknown_effects", "children"} <= set(containers)
+    for name in containers:
+        assert getattr(twin, name) is not getattr(state, name), name
+        assert getattr(twin, name) == getattr(state, name), name

@@ -24,7 +24,7 @@ from keel.durability import Durability, check_durability
 from keel.errors import ConfigError
 from keel.events import RunStream
 from keel.limits import Limits
-from keel.models import resolve_model
+from keel.models import first_turn_tool_default, resolve_model
 from keel.options import check_tool_names
 from keel.pricing import Price, PriceTable, price_name
 from keel.records import JsonObject, RunConfig
@@ -126,7 +126,7 @@ class Agent:
         serves the first run only: each later run gets its own (see `_run_transport`)."""
         self._transport_taken = False
         self.tools = [t if isinstance(t, Tool) else make_tool(t) for t in tools]
-        self.limits = limits or Limits()
+        self.limits = _with_model_defaults(limits or Limits(), self._model_name)
         self.output = None if output_type is None else OutputSpec.of(output_type)
         """The shape runs' answers must have; a resumed run keeps the one it started with."""
         self.prices = prices or PriceTable.shipped()
@@ -193,12 +193,16 @@ class Agent:
         output: OutputSpec | None = None,
         follows: RunConfig | None = None,
         text_listeners: Sequence[TextListener] = (),
+        store: RunStore | None = None,
+        parent: tuple[str, str, str] | None = None,
     ) -> RunSetup:
         """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
         `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
         already holds on the run (a worker). `follows`: a config whose conversation the run
-        belongs to (a follow-up's, or a resumed run's own)."""
-        limits = limits or self.limits
+        belongs to (a follow-up's, or a resumed run's own). `store`: the run's store when not
+        this agent's (a child's is its parent's). `parent`: a child run's parent run id, call
+        id and agent name (keel/subagents.py)."""
+        limits = _with_model_defaults(limits or self.limits, self._model_name)
         transport = self._run_transport()
         _check_priced(limits, self.price, transport)
         extra = dict(settings or {})
@@ -213,7 +217,13 @@ class Agent:
                 config,
                 conversation_id=follows.conversation_id,
                 continues_from=follows.continues_from,
+                parent_run=follows.parent_run,
+                parent_call=follows.parent_call,
+                agent=follows.agent,
             )
+        if parent is not None:
+            run, call, name = parent
+            config = dataclasses.replace(config, parent_run=run, parent_call=call, agent=name)
         counter, window = _model_window(transport)
         budget = limits.context_tokens
         result_cap = limits.max_result_chars
@@ -233,7 +243,7 @@ class Agent:
             else ToolExecutor(self.tools, max_result_chars=result_cap),
             limits=limits,
             context=context,
-            store=self.store,
+            store=store or self.store,
             listeners=(*self.listeners, *listeners),
             approve_tools=self.approve_tools,
             config=config,
@@ -337,11 +347,14 @@ class Agent:
         listeners: Sequence[Listener] = (),
         lease_owner: str | None = None,
         text_listeners: Sequence[TextListener] = (),
+        store: RunStore | None = None,
     ) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
         last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
-        unknown or finished, LeaseHeld if another live process is advancing it."""
-        point = history.resumed(self.store, resume.load(self.store, run_id))
+        unknown or finished, LeaseHeld if another live process is advancing it. `store`: the
+        run's store when not this agent's (a child run lives in its parent's)."""
+        store = store or self.store
+        point = history.resumed(store, resume.load(store, run_id))
         record = point.record
         traced = _begin_trace(
             run_id,
@@ -359,8 +372,46 @@ class Agent:
             output=self._output_of(record.config.settings),
             follows=record.config,
             text_listeners=text_listeners,
+            store=store,
         )
         return _launch(RunLoop(run_id, record.question, setup, point), traced)
+
+    def start_child(
+        self,
+        task: str,
+        *,
+        run_id: str,
+        parent: tuple[str, str, str],
+        limits: Limits,
+        store: RunStore | None,
+    ) -> RunHandle:
+        """A child run on `task` (keel/subagents.py): `run_id` named after its parent's call,
+        `parent` the parent's run id, call id and this agent's tool name, `limits` carved from
+        the parent's, in the parent's `store`."""
+        traced = _begin_trace(
+            run_id,
+            self._model_name,
+            task,
+            content=self.trace_content,
+            server=server_of(self.transport),
+        )
+        setup = self._setup(
+            limits,
+            listeners=() if traced is None else (traced,),
+            settings=traced.settings() if traced else None,
+            store=store,
+            parent=parent,
+        )
+        return _launch(RunLoop(run_id, task, setup), traced)
+
+    def as_tool(self, name: str, description: str) -> Tool:
+        """This agent as a tool another agent can take in `tools=[...]`: each call runs it on
+        the call's one argument, `{"task": "..."}`, as a child run of the caller's run, with
+        this agent's model, tools, instructions and limits (capped by what the caller has
+        left), and answers with the child's answer (keel/subagents.py, ADR 0046)."""
+        from keel.subagents import delegation_tool
+
+        return delegation_tool(self, name, description)
 
     def _output_of(self, settings: JsonObject) -> OutputSpec | None:
         """A stored run's output shape: this agent's own when it has the same schema (so the
@@ -532,6 +583,15 @@ def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None
     if isinstance(transport, CountsTokens):  # the XML fallback over a server
         return transport.token_counter(), None
     return None, None
+
+
+def _with_model_defaults(limits: Limits, model: str) -> Limits:
+    """`limits` with what was left to the model decided for it: whether the first turn must
+    call a tool (`first_turn_tool` None: yes for the local model, which otherwise answers from
+    nothing), so `Agent(model="local")` and `keel run --model local` behave alike."""
+    if limits.first_turn_tool is not None:
+        return limits
+    return replace(limits, first_turn_tool=first_turn_tool_default(model))
 
 
 def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> None:

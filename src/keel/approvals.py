@@ -39,9 +39,24 @@ def approve(
     """Approve one pending call, or all of them when `call_id` is None."""
     ids = [p.call_id for p in pending(store, run_id)] if call_id is None else [call_id]
     for one in ids:
-        store.decide(run_id, one, approved=True, by=by or who())
+        _decide(store, run_id, one, True, by or who(), None)
     return ids
 
 
 def deny(store: RunStore, run_id: str, call_id: str, reason: str, by: str | None = None) -> None:
-    store.decide(run_id, call_id, approved=False, by=by or who(), reason=reason)
+    _decide(store, run_id, call_id, False, by or who(), reason)
+
+
+def _decide(
+    store: RunStore, run_id: str, call_id: str, approved: bool, by: str, reason: str | None
+) -> None:
+    """A decision on a child's call (``CHILD_RUN:CALL_ID``, sub-agents) is the child's: it is
+    taken there first (and on down, for a grandchild's), then noted on this run, so its
+    pending list says it was decided; the parent's resume resumes the child."""
+    record = store.get_run(run_id)
+    asked = {p.call_id: p for p in record.state.pending} if record is not None else {}
+    child = asked[call_id].run_id if call_id in asked else None
+    if child is not None:
+        inner = call_id.removeprefix(f"{child}:")
+        _decide(store, child, inner, approved, by, reason)
+    store.decide(run_id, call_id, approved=approved, by=by, reason=reason)

@@ -8,7 +8,8 @@ repository's choosing. So a working-directory file is read only once the user ha
 untrusted again until the user looks at it anew. An untrusted file is ignored with a warning
 that says how to trust it.
 
-A key Keel does not know is named on stderr with the closest valid one (`unknown_keys`), not
+A key Keel does not know is named on stderr with the closest valid one
+(`keel.run_options.unknown_keys`), not
 refused: the same file is read by older and newer Keels (dotfiles, a repository trusted on
 several machines), and a key a newer Keel added must not stop every command of an older one.
 A value Keel cannot use is still an error, where it is read.
@@ -19,7 +20,6 @@ secret-looking query parameter.
 
 from __future__ import annotations
 
-import difflib
 import hashlib
 import json
 import os
@@ -32,22 +32,19 @@ from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 import platformdirs
 
 from keel.errors import ConfigError
-from keel.limits import LOOP_POLICIES, LoopPolicy
 
 if TYPE_CHECKING:  # httpx is imported by the checks that parse a URL, not by every command
     import httpx
 
 __all__ = [
     "CONFIG_NAME",
-    "KEYS",
+    "TABLES",
     "ConfigFile",
-    "choose_loop_policy",
     "config_files",
     "http_url",
     "public_url",
     "trust",
     "trust_state",
-    "unknown_keys",
 ]
 
 CONFIG_NAME = "keel.toml"
@@ -57,11 +54,10 @@ SECRET_PARAMETERS = frozenset(
      "secret", "sig", "signature", "code", "x-api-key"}
 )  # fmt: skip
 
-KEYS = ("model", "base_url", "loop_policy", "durability", "store", "mcp", "prices")
-"""Every key a keel.toml may hold: `model` and `base_url` (models.py), `loop_policy` (here),
-`durability` (durability.py), `store` (store/locate.py), `[[mcp]]` tables
-(tools/mcp_servers.py, which refuses unknown keys inside a table), `[prices.PROVIDER]` tables
-(pricing.py)."""
+TABLES = ("mcp", "prices", "agents")
+"""The keel.toml tables beside the run options' keys (keel/run_options.py): `[[mcp]]`
+(tools/mcp_servers.py, which refuses unknown keys inside a table), `[prices.PROVIDER]`
+(pricing.py) and `[agents.NAME]` (sub-agents, keel/run_options.py `agent_tables`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,25 +136,6 @@ def config_files(cwd: Path | None = None) -> tuple[list[ConfigFile], list[str]]:
     return files, warnings
 
 
-def unknown_keys(cwd: Path | None = None) -> list[str]:
-    """A warning for each top-level key of a believed keel.toml that Keel does not read, with
-    the closest valid key. A file that cannot be read gives none here: the command that reads
-    it says why."""
-    try:
-        files, _ = config_files(cwd)
-    except ConfigError:
-        return []
-    warnings = []
-    for found in files:
-        for key in found.data:
-            if key in KEYS:
-                continue
-            close = difflib.get_close_matches(key, KEYS, n=1, cutoff=0.6)
-            hint = f"did you mean {close[0]!r}?" if close else f"the keys are {', '.join(KEYS)}"
-            warnings.append(f"{found.path}: unknown key {key!r} ignored ({hint})")
-    return warnings
-
-
 def http_url(url: str, what: str, example: str) -> httpx.URL:
     """`url` parsed, when it is an http(s) URL with a host; otherwise a ConfigError naming it as
     `what` ("base URL", "MCP server URL") with an `example` of a good one."""
@@ -186,22 +163,3 @@ def public_url(url: str) -> str:
     query = [(k, v) for k, v in parse_qsl(parts.query, keep_blank_values=True)
              if k.lower() not in SECRET_PARAMETERS]  # fmt: skip
     return urlunsplit((parts.scheme, netloc, parts.path, urlencode(query), ""))
-
-
-def choose_loop_policy(flag: str | None = None, *, cwd: Path | None = None) -> LoopPolicy:
-    """`--loop-policy`, then `loop_policy` in a trusted keel.toml, then `progress`."""
-    if flag is not None:
-        return _loop_policy(flag, "--loop-policy")
-    files, _ = config_files(cwd)
-    for found in files:
-        if "loop_policy" in found.data:
-            return _loop_policy(found.data["loop_policy"], f"{found.path}: loop_policy")
-    return "progress"
-
-
-def _loop_policy(value: object, where: str) -> LoopPolicy:
-    for policy in LOOP_POLICIES:
-        if value == policy:
-            return policy
-    choices = ", ".join(LOOP_POLICIES)
-    raise ConfigError(f"{where}: loop policy must be one of {choices}, not {value!r}")

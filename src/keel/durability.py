@@ -16,13 +16,11 @@ the user config directory's), else `process`. See ADR 0020.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Literal
 
-from keel.config import config_files
 from keel.errors import ConfigError
 
-__all__ = ["DURABILITY_LEVELS", "Durability", "check_durability", "choose_durability"]
+__all__ = ["DURABILITY_LEVELS", "Durability", "check_durability"]
 
 Durability = Literal["process", "power"]
 DURABILITY_LEVELS: tuple[Durability, ...] = ("process", "power")
@@ -36,14 +34,3 @@ def check_durability(value: object, where: str = "durability") -> Durability:
         f'{where} must be "process" (survives a killed process) or "power" (survives a '
         f"power cut; one fsync per step), not {value!r}"
     )
-
-
-def choose_durability(flag: str | None = None, *, cwd: Path | None = None) -> Durability:
-    """The command line's choice: `--durability`, then `keel.toml`, then `process`."""
-    if flag is not None:
-        return check_durability(flag, "--durability")
-    files, _ = config_files(cwd)  # trusted copies only
-    for found in files:
-        if "durability" in found.data:
-            return check_durability(found.data["durability"], f"{found.path}: durability")
-    return "process"

@@ -34,14 +34,23 @@ import threading
 from collections.abc import Callable, Generator
 from typing import Any, Protocol
 
-from keel.present.timeline import event_json
-from keel.records import Event
+from keel.records import Event, ToolResultRecorded, encode_event
 from keel.result import RunResult
 from keel.transports.streaming import TextDelta, TextDiscarded, TextEvent
 
-__all__ = ["LineSink", "RunStream", "result_line", "stream_lines"]
+__all__ = ["LineSink", "RunStream", "event_json", "result_line", "stream_lines"]
 
 _END = None
+
+
+def event_json(event: Event) -> dict[str, Any]:
+    """One event as `keel show --json` prints it: seq, type, at and the event's fields."""
+    type_, data, body = encode_event(event)
+    shown: dict[str, Any] = {"seq": event.seq, "type": type_, "at": event.at, **data}
+    if isinstance(event, ToolResultRecorded):
+        shown["content"] = body
+        shown["elided"] = event.elided
+    return shown
 
 
 class LineSink(Protocol):

@@ -4,7 +4,7 @@ long one model attempt may take and how much of a provider's error message is ke
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
@@ -24,56 +24,115 @@ or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
 
 
+def _help(text: str, **extra: str) -> dict[str, str]:
+    """A field's command-line help (keel/run_options.py makes each field an option)."""
+    return {"help": text, **extra}
+
+
 @dataclass(frozen=True, slots=True)
 class Limits:
-    loop_threshold: int = 5
+    loop_threshold: int = field(default=5, metadata=_help("Identical-call limit T (>= 2)."))
     """T: a call key reaching this many answered calls fails the run (ToolLoopDetected)."""
-    evidence_reset_cap: int = 3
+    evidence_reset_cap: int = field(default=3, metadata=_help("Evidence resets per call key."))
     """R: how often one observation key may restart its counter because the page progressed."""
-    max_model_calls: int | None = 50
+    max_model_calls: int | None = field(default=50, metadata=_help("Model-call budget."))
     """Every attempt sent to a provider counts, retries and synthesis included."""
-    max_tool_calls: int | None = 200
-    max_tokens: int | None = None
+    max_tool_calls: int | None = field(default=200, metadata=_help("Tool-call budget."))
+    max_tokens: int | None = field(
+        default=None, metadata=_help("Input+output token budget.", default_help="none")
+    )
     """Input plus output tokens over the whole run, as the provider reports them."""
-    max_cost: float | None = None
+    max_cost: float | None = field(
+        default=None,
+        metadata=_help("Cost budget in US dollars, from the price table.", default_help="none"),
+    )
     """US dollars over the whole run, priced from the recorded usage (keel/pricing.py). When
     the next call could pass it (as costly as the run's costliest call so far), that call is
     budget synthesis; past it the run fails BudgetExhausted. A model with no known price is
     refused at the start."""
-    deadline: float | None = None
+    deadline: float | None = field(
+        default=None, metadata=_help("Wall-clock limit in seconds.", default_help="none")
+    )
     """Seconds of wall-clock time from the start of the run."""
-    deadline_reserve: float | None = None
+    deadline_reserve: float | None = field(
+        default=None,
+        metadata=_help(
+            "Seconds kept before --deadline for the final answer.",
+            default_help="twice the run's longest model call, at least 1",
+        ),
+    )
     """Seconds kept before the deadline for one synthesis turn: when less is left, the next
     turn is synthesis-only (reason `deadline`). None (the default) estimates it from the run:
     twice its longest model call so far, at least `keel._run.budgets.DEADLINE_RESERVE_FLOOR`
     (1 s); before the run has timed a call there is nothing to estimate from, and no reserve."""
-    context_tokens: int = 100_000
+    context_tokens: int = field(
+        default=100_000, metadata=_help("Context budget; older large results are elided past it.")
+    )
     """Over this, the oldest large tool results are elided into pointers."""
-    max_result_chars: int = 50_000
+    max_result_chars: int = field(
+        default=50_000,
+        metadata=_help(
+            "Longer tool results are stored whole and shown cut to this many characters."
+        ),
+    )
     """Longer tool results are stored whole and shown truncated."""
-    model_retries: int = 4
+    model_retries: int = field(
+        default=4,
+        metadata=_help("Retries of a retryable model error (429, 5xx, timeouts) within one turn."),
+    )
     """Retries of a retryable model error (429, 5xx, timeouts) within one turn."""
-    retry_base_delay: float = 0.5
-    retry_max_delay: float = 30.0
-    model_timeout: float = 600.0
+    retry_base_delay: float = field(
+        default=0.5,
+        metadata=_help("Seconds before the first retry of a model error (doubling, with jitter)."),
+    )
+    retry_max_delay: float = field(
+        default=30.0,
+        metadata=_help("Longest wait between two retries of a model error, in seconds."),
+    )
+    model_timeout: float = field(
+        default=600.0,
+        metadata=_help("Seconds one model attempt may take in all (retryable past it)."),
+    )
     """Seconds one model attempt may take in all, from sending to the last byte of the answer.
     Past it the attempt fails as a retryable timeout; the run's deadline shortens it. The SDKs'
     own timeouts are per read, so without this a server sending a byte now and then holds a run
     for as long as it likes. Ten minutes, the SDKs' own read timeout, leaves a slow local model
     a long answer; raise it for slower ones."""
-    max_error_chars: int = 2_000
+    max_error_chars: int = field(
+        default=2_000, metadata=_help("Characters of a provider's error message that are kept.")
+    )
     """A provider's error message is kept to this many characters (events, the failure, the
     terminal); the rest is cut with a note of how much. Bodies past `max_response_bytes` (a
     transport option) are not read at all."""
-    loop_policy: LoopPolicy = "progress"
+    loop_policy: LoopPolicy = field(
+        default="progress",
+        metadata=_help(
+            "How identical calls count: progress (a changed world or result restarts a key, "
+            "capped) or adr (every identical call counts)."
+        ),
+    )
     """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
-    repeat_synthesis: bool = True
+    repeat_synthesis: bool = field(default=True, metadata={"cli": False})
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
-    output_retries: int = 2
+    output_retries: int = field(
+        default=2,
+        metadata=_help(
+            "Answers that miss the output schema and get their errors back with one more turn."
+        ),
+    )
     """Answers that do not match the run's output schema and get their errors back with one
     more turn (each a model call against the budgets); past it the run fails InvalidOutput."""
-    first_turn_tool: bool = False
+    max_children: int = field(default=4, metadata=_help("Child runs (sub-agents) at once."))
+    """Delegations of one batch that run their children at the same time; the others wait."""
+    first_turn_tool: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Insist on evidence: the first turn must call a tool.",
+            flag="--first-turn-tool/--no-first-turn-tool",
+            default_help="on for the local model, off for others",
+        ),
+    )
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
 
@@ -89,9 +148,7 @@ class Limits:
             value = getattr(self, name)
             if value is not None and value < 1:
                 raise ConfigError(f"{name.replace('_', ' ')} must be at least 1 (got {value})")
-        if self.max_cost is not None and not (
-            math.isfinite(self.max_cost) and self.max_cost > 0
-        ):
+        if self.max_cost is not None and not (math.isfinite(self.max_cost) and self.max_cost > 0):
             raise ConfigError(
                 f"max cost must be a positive number of dollars (got {self.max_cost})"
             )
@@ -110,6 +167,8 @@ class Limits:
             raise ConfigError(
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
             )
+        if self.max_children < 1:
+            raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
         if self.output_retries < 0:
             raise ConfigError("output retries must be 0 or more")
         if self.model_retries < 0:

@@ -19,7 +19,7 @@ from keel.codec import from_json, to_json
 from keel.errors import FailureKind
 from keel.limits import Limits
 from keel.messages import SynthesisReason, Usage
-from keel.result import Failure, PendingApproval, RunResult, RunStatus
+from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
 __all__ = [
     "ApprovalDecided",
@@ -505,14 +505,20 @@ class RunState:
     """Side-effecting calls whose effect is unknown (a timeout, a crash, a cancellation): call
     key -> Keel's id of the first such call. An identical call later in the run waits for a
     person, even when its tool is pre-approved (ADR 0033)."""
+    children: dict[str, ChildRun] = field(default_factory=dict)
+    """Child runs answered so far (sub-agents, ADR 0046), by the parent's call id; the run's
+    counters, usage and cost already include what they spent."""
 
     def copy(self) -> RunState:
-        """A snapshot later steps cannot change (only the dicts are mutable inside)."""
+        """A snapshot later steps cannot change, made from the fields: every container is
+        copied (its items are immutable), so a new container field is never shared with the
+        live state while a worker thread encodes the snapshot."""
         twin = RunState.__new__(RunState)
         for name in _STATE_FIELDS:
-            setattr(twin, name, getattr(self, name))
-        twin.decisions, twin.denied = dict(self.decisions), dict(self.denied)
-        twin.unknown_effects = dict(self.unknown_effects)
+            value = getattr(self, name)
+            if isinstance(value, dict | list | set):
+                value = type(value)(value)
+            setattr(twin, name, value)
         return twin
 
     def encode(self) -> JsonObject:
@@ -540,6 +546,7 @@ class RunState:
             usage=self.usage,
             cost=self.cost,
             pending_approvals=self.pending,
+            children=tuple(self.children.values()),
         )
 
 
@@ -567,6 +574,12 @@ class RunConfig:
     one (a first question, or a fork)."""
     continues_from: str | None = None
     """The run whose history this one continues (`keel ask`); None: a first question."""
+    parent_run: str | None = None
+    """A child run's parent (sub-agents, ADR 0046); None: a run of its own."""
+    parent_call: str | None = None
+    """The parent's call (Keel's id) that started this child."""
+    agent: str | None = None
+    """A child's agent name: the delegation tool it was started through."""
 
     _FIXED: ClassVar[tuple[str, ...]] = (
         "model",
@@ -575,6 +588,9 @@ class RunConfig:
         "approve_tools",
         "conversation_id",
         "continues_from",
+        "parent_run",
+        "parent_call",
+        "agent",
     )
 
     def encode(self) -> JsonObject:
@@ -589,7 +605,13 @@ class RunConfig:
         }
 
     def _conversation(self) -> dict[str, str | None]:
-        return {"conversation_id": self.conversation_id, "continues_from": self.continues_from}
+        return {
+            "conversation_id": self.conversation_id,
+            "continues_from": self.continues_from,
+            "parent_run": self.parent_run,
+            "parent_call": self.parent_call,
+            "agent": self.agent,
+        }
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
@@ -607,6 +629,9 @@ class RunConfig:
             settings={k: v for k, v in data.items() if k not in cls._FIXED and k != "limits"},
             conversation_id=_text_or_none(raw.get("conversation_id")),
             continues_from=_text_or_none(raw.get("continues_from")),
+            parent_run=_text_or_none(raw.get("parent_run")),
+            parent_call=_text_or_none(raw.get("parent_call")),
+            agent=_text_or_none(raw.get("agent")),
         )
 
 

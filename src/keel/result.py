@@ -10,7 +10,7 @@ import pydantic
 from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
-__all__ = ["Failure", "PendingApproval", "RunResult", "RunStatus"]
+__all__ = ["ChildRun", "Failure", "PendingApproval", "RunResult", "RunStatus"]
 
 RunStatus = Literal["queued", "running", "completed", "failed", "awaiting_approval", "cancelled"]
 """`queued`: submitted to the workers (`keel submit`), not started yet."""
@@ -38,6 +38,43 @@ class PendingApproval:
     note: str | None = None
     """What the approver must know beyond the call itself: an identical side effect earlier in
     the run ended "effect unknown", so it may have happened already."""
+    run_id: str | None = None
+    """The child run that asked (sub-agents, ADR 0046); None: this run's own call. A parent
+    shows its children's pending calls under ids of the form ``CHILD_RUN:CALL_ID``."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChildRun:
+    """A child run its parent delegated a task to (sub-agents, ADR 0046), as the parent keeps
+    it: who it is, how it ended, and what it spent (the parent's totals include it)."""
+
+    run_id: str
+    call_id: str
+    """The parent's call (Keel's id) that started the child."""
+    agent: str
+    """The delegation tool's name: which child agent it was."""
+    status: RunStatus = "running"
+    synthesized: SynthesisReason | None = None
+    model_calls: int = 0
+    tool_calls: int = 0
+    usage: Usage = field(default_factory=Usage)
+    cost: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "run_id": self.run_id,
+            "call_id": self.call_id,
+            "agent": self.agent,
+            "status": self.status,
+            "synthesized": self.synthesized,
+            "model_calls": self.model_calls,
+            "tool_calls": self.tool_calls,
+            "usage": {
+                "input_tokens": self.usage.input_tokens,
+                "output_tokens": self.usage.output_tokens,
+            },
+            "cost_usd": self.cost,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,14 +103,17 @@ class RunResult:
     conversation_id: str | None = None
     """The conversation the run belongs to (its first run's id): ask a follow-up with
     ``agent.run(question, conversation=...)`` or ``keel ask``."""
+    children: tuple[ChildRun, ...] = ()
+    """The child runs this run delegated to, in the order they were answered; its counters
+    and cost include theirs."""
 
     @property
     def ok(self) -> bool:
         return self.status == "completed"
 
     def to_dict(self) -> dict[str, Any]:
-        """The `keel run --json` object."""
-        return {
+        """The `keel run --json` object; a parent's also lists its `children`."""
+        shown = {
             "run_id": self.run_id,
             "conversation_id": self.conversation_id or self.run_id,
             "status": self.status,
@@ -94,9 +134,13 @@ class RunResult:
             "pending_approvals": [
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
                 | ({"note": p.note} if p.note else {})
+                | ({"child_run": p.run_id} if p.run_id else {})
                 for p in self.pending_approvals
             ],
         }
+        if self.children:
+            shown["children"] = [c.to_dict() for c in self.children]
+        return shown
 
 
 def _json_output(output: Any) -> Any:

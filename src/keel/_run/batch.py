@@ -15,9 +15,11 @@ never the provider's (which a provider may repeat).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass, field
 
 from keel._run.parts import StepParts
+from keel._run.tree import CURRENT, Delegations
 from keel.errors import ToolError
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
@@ -121,15 +123,35 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         results[item.call.id] = _record_executed(parts, item)
         await parts.checkpoint()
 
-    executed = await parts.executor.run_batch(
-        to_run[:allowed],
-        deadline=parts.clock.loop_deadline(),
-        on_dispatch=journal,
-        on_effect=close_journal,
+    tree = Delegations(
+        parts.recorder.run_id,
+        parts.recorder.store,
+        state,
+        parts.limits,
+        parts.clock,
+        context_tokens=parts.context.total_tokens,
+        slots=asyncio.Semaphore(parts.limits.max_children),
+        expected=sum(1 for c in to_run[:allowed] if _delegates(parts, c)),
     )
+    if tree.expected:  # the calls children are named after: durable before any child starts
+        await parts.checkpoint()
+    mark = CURRENT.set(tree)  # for the delegation tools of this batch (keel/subagents.py)
+    try:
+        executed = await parts.executor.run_batch(
+            to_run[:allowed],
+            deadline=parts.clock.loop_deadline(),
+            on_dispatch=journal,
+            on_effect=close_journal,
+        )
+    finally:
+        CURRENT.reset(mark)
+    paused = tree.take_paused()
+    tree.fold()  # what the children spent, in the step that records their answers
     for item in executed:
-        if item.call.id not in results:
+        if item.call.id not in results and item.call.id not in paused:
             results[item.call.id] = _record_executed(parts, item)
+    if paused:  # a child waits for a person: so does this run, its other results kept
+        return _pause_for_children(parts, paused)
     for call in to_run[allowed:]:
         text = "not run: the run's tool-call budget is spent"
         results[call.id] = _record(
@@ -143,6 +165,36 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
 
 
 # -- approvals and refusals --------------------------------------------------------------------
+
+
+def _delegates(parts: StepParts, call: ToolCall) -> bool:
+    tool = parts.executor.get(call.name)
+    return tool is not None and tool.delegates
+
+
+def _pause_for_children(
+    parts: StepParts, paused: dict[str, tuple[PendingApproval, ...]]
+) -> tuple[PendingApproval, ...]:
+    """The run waits for its children's pending calls, shown under qualified ids; deciding
+    one decides it in the child (keel/approvals.py), and the resumed batch runs the waiting
+    delegation again, which resumes the child."""
+    state = parts.state
+    waiting = tuple(p for calls in paused.values() for p in calls)
+    asked = {p.call_id for p in state.pending}
+    for p in waiting:
+        if p.call_id not in asked:
+            parts.recorder.emit(
+                ApprovalRequested(
+                    step=state.step,
+                    call_id=p.call_id,
+                    name=p.name,
+                    arguments=p.arguments,
+                    call_key=p.call_key,
+                    note=p.note,
+                )
+            )
+    state.pending = waiting
+    return waiting
 
 
 def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:

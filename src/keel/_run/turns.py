@@ -37,15 +37,15 @@ def current_mode(parts: StepParts) -> Mode:
     """Step 2, asked again before every attempt: a retry may only move toward synthesis. The
     first turn insists on a tool call when the run asks for it and offers tools."""
     budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
-    insist = parts.limits.first_turn_tool and parts.state.step == 1 and bool(parts.context.tools)
+    insist = (
+        parts.limits.first_turn_tool is True and parts.state.step == 1 and bool(parts.context.tools)
+    )
     repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
     late = out_of_time(parts.state, parts.limits, parts.clock)
     start = None
     if insist:
         start = first_call(parts.context.question(), {t.name for t in parts.context.tools})
-    mode = decide_mode(
-        repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start
-    )
+    mode = decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start)
     return mode if mode.reason is None else with_question(mode, parts.context.question())
 
 

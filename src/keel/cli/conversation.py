@@ -1,81 +1,59 @@
 """`keel ask RUN_ID QUESTION`: a follow-up question on an ended run (ADR 0038), and how
 `keel runs` and `keel show` present conversations.
 
-`keel ask` takes every `keel run` option (the follow-up is a run of its own, with its own
-limits), plus `--fork`; it is `keel run` with the run to continue, so both stay one command.
+`keel ask` takes every agent option `keel run` takes (the follow-up is a run of its own, with
+its own limits), plus `--fork`.
 """
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from keel.cli.agent_options import command_agent, with_agent_options
+from keel.cli.common import EXIT_CODES, err, guard, json_errors
+from keel.cli.finish import announce, finish
+from keel.cli.signals import stoppable
 from keel.present.terminal import safe_text
 
 if TYPE_CHECKING:
     from keel.store import RunRecord
 
-__all__ = ["ask_command", "continues_line", "conversation_lines"]
-
-_RUN_ONLY = ("question", "submit_", "ask_run", "fork")
-"""`keel run`'s parameters that `keel ask` replaces or does not offer."""
+__all__ = ["ask", "continues_line", "conversation_lines"]
 
 
-def ask_command(run: Callable[..., None]) -> Callable[..., None]:
-    """The `keel ask` command: `run`'s options, RUN_ID and QUESTION first, `--fork` beside."""
-
-    def ask(run_id: str, question: str, fork: bool = False, **options: Any) -> None:
-        """Ask a follow-up QUESTION on run RUN_ID (completed or failed): a new run of the
-        same conversation, whose history is the conversation so far. Takes every `keel run`
-        option."""
-        run(question=question, ask_run=run_id, fork=fork, **options)
-
-    ask.__doc__ = (
-        "Ask a follow-up QUESTION on run RUN_ID (completed or failed): a new run of the same "
-        "conversation whose history is the conversation so far. Takes every `keel run` option."
-    )
-    kept = [
-        p
-        for p in inspect.signature(run, eval_str=True).parameters.values()
-        if p.name not in _RUN_ONLY
-    ]
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    params = [
-        inspect.Parameter(
-            "run_id",
-            keyword,
-            annotation=Annotated[
-                str, typer.Argument(metavar="RUN_ID", help="The ended run to continue.")
-            ],
+@json_errors
+@stoppable(EXIT_CODES, err)
+@with_agent_options()
+def ask(
+    run_id: Annotated[str, typer.Argument(metavar="RUN_ID", help="The ended run to continue.")],
+    question: Annotated[str, typer.Argument(metavar="QUESTION", help="The follow-up question.")],
+    fork: Annotated[
+        bool,
+        typer.Option(
+            "--fork",
+            help="Continue from a run the conversation already went on from, as a new "
+            "conversation.",
         ),
-        inspect.Parameter(
-            "question",
-            keyword,
-            annotation=Annotated[
-                str, typer.Argument(metavar="QUESTION", help="The follow-up question.")
-            ],
-        ),
-        *(p.replace(kind=keyword) for p in kept),
-        inspect.Parameter(
-            "fork",
-            keyword,
-            default=False,
-            annotation=Annotated[
-                bool,
-                typer.Option(
-                    "--fork",
-                    help="Continue from a run the conversation already went on from, as a "
-                    "new conversation.",
-                ),
-            ],
-        ),
-    ]
-    ask.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    ask.__annotations__ = {p.name: p.annotation for p in params}
-    return ask
+    ] = False,
+    **options: Any,
+) -> None:
+    """Ask a follow-up QUESTION on run RUN_ID (completed or failed): a new run of the same
+    conversation whose history is the conversation so far. Takes every `keel run` option."""
+    from keel._run.history import continuation
+    from keel.cli.common import usage_error
+
+    if not question.strip():
+        usage_error("the question is empty: say what to research")
+    built = command_agent(options)
+    agent = built.agent
+    guard(lambda: agent.store)  # a store that cannot open is one line, before anything else
+    # refused here (one line), before the header and any model load
+    guard(lambda: continuation(agent.store, run_id, fork=fork))
+    announce(built)
+    finish(agent, lambda: agent.start_ask(run_id, question, fork=fork), built.extras)
 
 
 def continues_line(record: RunRecord) -> str | None:

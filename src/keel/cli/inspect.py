@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
@@ -87,8 +88,9 @@ def show(
     store: StoreOption = None,
 ) -> None:
     """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
+    from keel.events import event_json
     from keel.models import endpoint
-    from keel.present.timeline import event_json, json_text, run_json, timeline
+    from keel.present.timeline import json_text, run_json, timeline
     from keel.pricing import cost_text
 
     db = open_run_store(store, read_only=True)
@@ -99,8 +101,13 @@ def show(
         db.close()
     sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if as_json:
-        shown = {"run": run_json(record), "events": [event_json(e) for e in events]}
+        shown: dict[str, Any] = {
+            "run": run_json(record),
+            "events": [event_json(e) for e in events],
+        }
         shown["loop_rules"] = _loop_rules(record.config.limits)
+        shown["options"] = record.config.settings.get("options") or {}
+        shown["parent"] = parent_json(record)
         if sampling is not None:
             shown["sampling"] = sampling
         typer.echo(json_text(shown))
@@ -128,6 +135,9 @@ def show(
     first_turn = first_turn_line(record)
     if first_turn is not None:
         out.print(first_turn, highlight=False, markup=False)
+    chosen = options_line(record)
+    if chosen is not None:
+        out.print(safe_text(chosen), highlight=False, markup=False, soft_wrap=True)
     if record.status == "cancelled":
         out.print(
             f"interrupted at step {record.state.step}; continue it with: "
@@ -139,18 +149,72 @@ def show(
     follows = continues_line(record)
     if follows is not None:
         out.print(follows, highlight=False, markup=False)
+    for line in tree_lines(record):
+        out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
     state = record.state
     out.print(
         f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
         f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
-        f"{cost_text(state.cost)}",
+        f"{cost_text(state.cost)}{children_spent(record)}",
         highlight=False,
         markup=False,
     )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+
+
+def parent_json(record: RunRecord) -> dict[str, str | None] | None:
+    config = record.config
+    if config.parent_run is None:
+        return None
+    return {"run_id": config.parent_run, "call_id": config.parent_call, "agent": config.agent}
+
+
+def tree_lines(record: RunRecord) -> list[str]:
+    """Where a run stands in its tree (sub-agents): its parent, and the children it has
+    answered, each with how it ended and what it spent."""
+    config, lines = record.config, []
+    if config.parent_run is not None:
+        lines.append(
+            f"parent: {config.parent_run} (call {config.parent_call}, as agent {config.agent})"
+        )
+    for call_id, child in record.state.children.items():
+        how = child.status + (f" (synthesized: {child.synthesized})" if child.synthesized else "")
+        lines.append(
+            f"child: {child.run_id} (call {call_id}, agent {child.agent}) {how} · "
+            f"{child.model_calls} model calls · {child.tool_calls} tool calls"
+        )
+    return lines
+
+
+def children_spent(record: RunRecord) -> str:
+    """`keel show`'s spent line counts the children in; this says how much was theirs."""
+    children = record.state.children.values()
+    if not children:
+        return ""
+    calls = sum(c.model_calls for c in children)
+    tools = sum(c.tool_calls for c in children)
+    return f" (of which children: {calls} model calls · {tools} tool calls)"
+
+
+def options_line(record: RunRecord) -> str | None:
+    """The options the run did not leave at their defaults, and where each came from (a flag,
+    a variable, a keel.toml), as the command line resolved them (keel/run_options.py)."""
+    saved = record.config.settings.get("options")
+    if not isinstance(saved, dict) or not saved:
+        return None
+    shown = []
+    for name, entry in saved.items():
+        if not isinstance(entry, dict):
+            continue
+        value = f" {entry['value']}" if "value" in entry else ""
+        shown.append(f"{name}{value} ({entry.get('from')})")
+    return "options: " + ", ".join(shown)
+
+
+RUN_ID = re.compile(r"run_[0-9a-f]{16}")
 
 
 def first_turn_line(record: RunRecord) -> str | None:
@@ -200,8 +264,17 @@ def runs(
             f"{safe_text(r.question[:70])}"
         )
 
-    for text in conversation_lines(records, line):
+    listed = {r.run_id for r in records}
+    children: dict[str, list[RunRecord]] = {}
+    for r in records:
+        if r.config.parent_run in listed:
+            children.setdefault(str(r.config.parent_run), []).append(r)
+    top = [r for r in records if r.config.parent_run not in listed]
+    for text in conversation_lines(top, line):
         typer.echo(text)
+        found = RUN_ID.search(text)
+        for child in reversed(children.get(found.group(0) if found else "", [])):
+            typer.echo(safe_text(f"  └ {child.config.agent}: " + line(child)))
     interrupted = [r.run_id for r in records if r.status == "cancelled"]
     if interrupted:
         typer.echo(

@@ -62,11 +62,22 @@ class RunExtras:
         """Nothing but the JSON (or the event lines) goes to the terminal."""
         return self.as_json or self._lines is not None
 
-    def listeners(self, progress: Callable[[], Listener]) -> tuple[Listener, ...]:
+    def listeners(self) -> tuple[Listener, ...]:
         """`--events` lines, or else progress lines unless `--json`."""
         if self._lines is not None:
             return (self._lines[0],)
-        return () if self.as_json else (progress(),)
+        if self.as_json:
+            return ()
+        from rich.console import Console
+
+        from keel.present.progress import ProgressPrinter
+
+        return (ProgressPrinter(Console(stderr=True, emoji=False)),)
+
+    @property
+    def trace_content(self) -> bool:
+        """`--otel-content`: prompts, answers and tool I/O go in the spans."""
+        return self.otel_content
 
     def text_listeners(self) -> tuple[TextListener, ...]:
         """Who hears the model's text as it is written: `--events` lines, or the terminal."""

@@ -1,10 +1,10 @@
 """`keel serve`: the agent `keel run`'s options describe, served to other agents over A2A
 (ADR 0040) and to front ends over AG-UI (ADR 0041) until interrupted.
 
-It takes every `keel run` option that shapes the agent (`--model`, `--repo`, `--allow-writes`,
-`--approve-tools`, the limits, `--output-schema`, `--store`, ...) and builds the agent exactly as
-`keel run` does: `run` itself builds it, then hands it here instead of running a question
-(`SERVING`), so the two never drift apart. Each A2A task is then a run of that agent.
+It takes every agent option `keel run` takes (`--model`, `--repo`, `--allow-writes`,
+`--approve-tools`, the limits, `--output-schema`, `--store`, ...) and builds its agent with the
+same function (`command_agent`), so the two never drift apart. Each A2A task is then a run of
+that agent.
 
 It listens on 127.0.0.1 unless `--host` says otherwise; beyond loopback it refuses to start
 without a bearer token (`--token` or KEEL_SERVE_TOKEN), since whoever reaches the port could
@@ -14,105 +14,56 @@ the command runs.
 
 from __future__ import annotations
 
-import inspect
 import os
-from collections.abc import Callable
-from contextvars import ContextVar
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
+from keel.cli.agent_options import command_agent, with_agent_options
 from keel.cli.common import err, guard, usage_error
 
 if TYPE_CHECKING:  # the command line starts without the run core (ADR 0042)
     from keel.agent import Agent
     from keel.cli.integrations import RunExtras
 
-__all__ = ["DEFAULT_PORT", "SERVING", "TOKEN_ENV", "serve_command"]
+__all__ = ["DEFAULT_PORT", "TOKEN_ENV", "serve"]
 
 DEFAULT_PORT = 8351
 TOKEN_ENV = "KEEL_SERVE_TOKEN"
-SERVING: ContextVar[Callable[[Agent, RunExtras], None] | None] = ContextVar(
-    "keel_serving", default=None
-)
-"""Set by `keel serve` around its call of `run`: `run` hands it the agent it built."""
-_RUN_ONLY = ("question", "submit_", "ask_run", "fork", "as_json", "events")
-"""`keel run`'s parameters that `keel serve` does not offer (a served run prints nothing)."""
 
 
-def serve_command(run: Callable[..., None]) -> Callable[..., None]:
-    """The `keel serve` command: `run`'s agent options, and where to listen."""
-
-    def serve(host: str, port: int, token: str | None, **options: Any) -> None:
-        token = token or os.environ.get(TOKEN_ENV) or None
-        try:
-            from keel.ui.security import is_loopback
-        except ImportError as exc:
-            usage_error(f"keel serve needs its extra: pip install 'keel-runtime[serve]' ({exc})")
-        if token is None and not is_loopback(host):  # before anything starts or opens
-            usage_error(
-                f"--host {host} listens beyond loopback: give a token (--token or {TOKEN_ENV})"
-            )
-        from keel.store import store_target
-
-        target = str(guard(lambda: store_target(options.get("store"))))
-
-        def serving(agent: Agent, extras: RunExtras) -> None:
-            _serve(agent, extras, target, host, port, token)
-
-        mark = SERVING.set(serving)
-        try:
-            run(question="(keel serve)", as_json=False, events=False, **options)
-        finally:
-            SERVING.reset(mark)
-
-    serve.__doc__ = (
-        "Serve the agent that `keel run`'s options describe to other agents over A2A "
-        "(JSON-RPC and HTTP+JSON; the card at /.well-known/agent-card.json) and to front "
-        "ends over AG-UI (POST /ag-ui), until interrupted. Each task is a run in the store."
-    )
-    kept = [
-        p.replace(kind=inspect.Parameter.KEYWORD_ONLY)
-        for p in inspect.signature(run, eval_str=True).parameters.values()
-        if p.name not in _RUN_ONLY
-    ]
-    keyword = inspect.Parameter.KEYWORD_ONLY
-    params = [
-        inspect.Parameter(
-            "host",
-            keyword,
-            default="127.0.0.1",
-            annotation=Annotated[
-                str,
-                typer.Option(help="Address to listen on; beyond loopback a token is required."),
-            ],
+@with_agent_options(output=("otel", "otel_content"))
+def serve(
+    host: Annotated[
+        str, typer.Option(help="Address to listen on; beyond loopback a token is required.")
+    ] = "127.0.0.1",
+    port: Annotated[
+        int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")
+    ] = DEFAULT_PORT,
+    token: Annotated[
+        str | None,
+        typer.Option(
+            help=f"Bearer token every request must carry [default: {TOKEN_ENV}; none on loopback]."
         ),
-        inspect.Parameter(
-            "port",
-            keyword,
-            default=DEFAULT_PORT,
-            annotation=Annotated[
-                int, typer.Option(min=0, max=65535, help="Port to listen on (0: any free port).")
-            ],
-        ),
-        inspect.Parameter(
-            "token",
-            keyword,
-            default=None,
-            annotation=Annotated[
-                str | None,
-                typer.Option(
-                    help=f"Bearer token every request must carry [default: {TOKEN_ENV}; "
-                    "none on loopback]."
-                ),
-            ],
-        ),
-        *kept,
-    ]
-    serve.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
-    serve.__annotations__ = {p.name: p.annotation for p in params}
-    return serve
+    ] = None,
+    **options: Any,
+) -> None:
+    """Serve the agent that `keel run`'s options describe to other agents over A2A (JSON-RPC
+    and HTTP+JSON; the card at /.well-known/agent-card.json) and to front ends over AG-UI
+    (POST /ag-ui), until interrupted. Each task is a run in the store."""
+    token = token or os.environ.get(TOKEN_ENV) or None
+    try:
+        from keel.ui.security import is_loopback
+    except ImportError as exc:
+        usage_error(f"keel serve needs its extra: pip install 'keel-runtime[serve]' ({exc})")
+    if token is None and not is_loopback(host):  # before anything starts or opens
+        usage_error(f"--host {host} listens beyond loopback: give a token (--token or {TOKEN_ENV})")
+    from keel.store import store_target
+
+    built = command_agent(options)
+    target = str(guard(lambda: store_target(built.resolved.values["store"])))
+    _serve(built.agent, built.extras, target, host, port, token)
 
 
 def _serve(
@@ -136,9 +87,7 @@ def _serve(
     with extras, agent:
         service = RunService(agent, target)
         try:
-            serve(
-                service, host, port, token, announce=_announce, extra_routes=ag_ui_routes(agent)
-            )
+            serve(service, host, port, token, announce=_announce, extra_routes=ag_ui_routes(agent))
         except ValueError as exc:
             usage_error(str(exc))
         except OSError as exc:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from keel._run.resume import FINISHED
 from keel.agent import RunHandle
-from keel.cli.agent import agent_for_record
+from keel.assemble import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
 from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
 from keel.store import Checkpoint, new_lease_owner

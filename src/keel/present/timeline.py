@@ -30,7 +30,6 @@ from keel.records import (
     ToolDispatched,
     ToolResultRecorded,
     UnknownEvent,
-    encode_event,
 )
 from keel.store import RunRecord
 
@@ -39,7 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "PromptCacheShare",
-    "event_json",
     "json_text",
     "prompt_cache_share",
     "run_json",
@@ -67,16 +65,6 @@ def _finite(value: Any) -> Any:
 def run_json(record: RunRecord) -> dict[str, Any]:
     """The run's fields, the same as `keel run --json` prints."""
     return record.state.result(record.run_id, record.conversation_id).to_dict()
-
-
-def event_json(event: Event) -> dict[str, Any]:
-    """One event as `keel show --json` prints it: seq, type, at and the event's fields."""
-    type_, data, body = encode_event(event)
-    shown: dict[str, Any] = {"seq": event.seq, "type": type_, "at": event.at, **data}
-    if isinstance(event, ToolResultRecorded):
-        shown["content"] = body
-        shown["elided"] = event.elided
-    return shown
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,8 +35,8 @@ from a2a.types import (
 from google.protobuf.json_format import ParseDict
 from google.protobuf.struct_pb2 import Struct
 
+from keel.events import event_json
 from keel.present.terminal import TARGET_FIRST
-from keel.present.timeline import event_json
 from keel.records import Event
 from keel.result import RunStatus
 from keel.serve.runs import Decision, waiting

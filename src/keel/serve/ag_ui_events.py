@@ -44,8 +44,8 @@ from ag_ui.core import (
     UserMessage,
 )
 
+from keel.events import event_json
 from keel.messages import SynthesisReason
-from keel.present.timeline import event_json
 from keel.records import (
     Event,
     ModelRequestSent,

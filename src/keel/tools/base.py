@@ -12,6 +12,7 @@ import inspect
 import json
 import typing
 from collections.abc import Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, overload
@@ -19,10 +20,11 @@ from typing import Any, overload
 import pydantic
 
 from keel.errors import ConfigError, ToolError
-from keel.messages import ToolDefinition
+from keel.messages import ToolCall, ToolDefinition
 from keel.tools.threads import run_in_daemon_thread
 
 __all__ = [
+    "CURRENT_CALL",
     "ApprovalPolicy",
     "Effect",
     "Tool",
@@ -45,6 +47,10 @@ class Effect(StrEnum):
 
 
 ApprovalPolicy = bool | Callable[[dict[str, Any]], bool]
+
+CURRENT_CALL: ContextVar[ToolCall | None] = ContextVar("keel_tool_call", default=None)
+"""The call a tool is running for, with Keel's call id (set by the executor in the tool's own
+task): a delegation tool names its child run after it (keel/subagents.py)."""
 
 
 class ToolArgumentError(ToolError):
@@ -73,6 +79,9 @@ class Tool:
     shorten: Shortener | None = None
     """Cuts a result longer than the run's result cap where the model can read on, and says
     which call reads the next part (`read_file` does); None: the executor's plain cut."""
+    delegates: bool = False
+    """Each call starts a child run (keel/subagents.py): the run shares what it has left
+    among the batch's delegations."""
     source: str = ""
     """Where the tool comes from, for messages (``MCP server 'uvx mcp-server-fetch'``,
     ``Keel's built-in tools``); empty for a tool given in code."""

@@ -44,7 +44,7 @@ import pydantic
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.inbound import clean_text
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
-from keel.tools.base import Effect, Tool, ToolArgumentError
+from keel.tools.base import CURRENT_CALL, Effect, Tool, ToolArgumentError
 from keel.trace_hooks import traced_tool
 
 __all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
@@ -214,7 +214,7 @@ class ToolExecutor:
         if deadline is not None:
             limit_at = min(limit_at, deadline)
         with traced_tool(ready.call):
-            work = asyncio.ensure_future(_contained(tool, ready.validated))
+            work = asyncio.ensure_future(_contained(tool, ready.validated, ready.call))
             try:
                 await asyncio.wait((work,), timeout=max(0.0, limit_at - loop.time()))
             except asyncio.CancelledError:  # the run is cancelled: so is the call
@@ -278,10 +278,14 @@ class ToolExecutor:
         )
 
 
-async def _contained(tool: Tool, validated: pydantic.BaseModel) -> str | BaseException:
+async def _contained(
+    tool: Tool, validated: pydantic.BaseModel, call: ToolCall
+) -> str | BaseException:
     """The tool's text, or what it raised: nothing it raises may leave its task, where
     KeyboardInterrupt and SystemExit would stop the event loop itself. Only a cancellation of
-    this task goes on as one (a CancelledError the tool raised on its own is a failure)."""
+    this task goes on as one (a CancelledError the tool raised on its own is a failure). The
+    call is in `CURRENT_CALL` while the tool runs (in this task's own context)."""
+    CURRENT_CALL.set(call)
     try:
         return await tool.invoke(validated)
     except asyncio.CancelledError as exc:

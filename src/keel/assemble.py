@@ -1,5 +1,9 @@
-"""The command line's agent, built from a run's settings: the same tools for `keel run`, for
-`keel resume` in another process, and for a worker that picks a run up on another machine."""
+"""An agent built from a run's saved settings: the same tools for `keel run`, for `keel resume`
+in another process, and for a worker that picks a run up on another machine.
+
+It sits above the library (the agent, the tools, the transports) and below the command line and
+the workers, which both build their agents here: neither imports the other (ADR 0045).
+"""
 
 from __future__ import annotations
 
@@ -7,19 +11,16 @@ import dataclasses
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, Protocol, cast
 
-from rich.console import Console
-
+from keel._run.recorder import Listener
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
-from keel.cli.integrations import RunExtras
 from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.live_file import wanted
 from keel.models import resolve_model
-from keel.present.progress import ProgressPrinter
 from keel.pricing import configured_prices
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
@@ -30,23 +31,50 @@ from keel.tools.writes import write_tools
 from keel.transports.base import TOOL_CHOICES, Transport
 from keel.transports.streaming import TextListener
 
-__all__ = ["agent_for_record", "command_agent"]
+__all__ = ["SETTINGS", "Plugins", "agent_for_record", "build_agent"]
 
 SETTINGS = (
-    "repo", "allow_hosts", "allow_writes", "base_url", "base_url_redacted", "browser", "mcp",
-    "without_tools", "tool_choice", "api_key_env", "first_turn_tool",
+    "repo",
+    "allow_hosts",
+    "allow_writes",
+    "base_url",
+    "base_url_redacted",
+    "browser",
+    "mcp",
+    "without_tools",
+    "tool_choice",
+    "api_key_env",
+    "first_turn_tool",
+    "options",
+    "agents",
 )
 """What the command line saves with a run to rebuild its tools and transport anywhere (the
 name of a key's variable, never the key)."""
 BUILTIN_SOURCE = "Keel's built-in tools"
 
 
-def command_agent(
+class Plugins(Protocol):
+    """What a caller plugs into the agent it builds: who hears the run, and the MCP servers
+    it starts (stopped by `close`). The command line's `RunExtras` is one."""
+
+    def listeners(self) -> tuple[Listener, ...]: ...
+
+    def text_listeners(self) -> tuple[TextListener, ...]: ...
+
+    def mcp_tools(self, settings: JsonObject) -> list[Tool]: ...
+
+    @property
+    def trace_content(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+def build_agent(
     model: str,
     settings: JsonObject,
     limits: Limits,
     store: RunStore | str | Path,
-    extras: RunExtras | None,
+    plugins: Plugins | None,
     system_prompt: str = DEFAULT_SYSTEM_PROMPT,
     approve_tools: Collection[str] = (),
     base_url: str | None = None,
@@ -54,8 +82,8 @@ def command_agent(
     output_type: dict[str, Any] | None = None,
 ) -> Agent:
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
-    only its public form, which is what gets stored. `extras` None: quiet, no MCP servers."""
-    extras = extras or RunExtras(as_json=True, events=False, otel=False, otel_content=False)
+    only its public form, which is what gets stored. `plugins` None: quiet, and no MCP servers
+    started (workers start none, ADR 0026)."""
     repo = Path(str(settings.get("repo", ".")))
     if not repo.is_dir():
         raise ConfigError(f"--repo {repo} is not a folder")
@@ -69,8 +97,10 @@ def command_agent(
         tools += browser_tools(allow_hosts=allow_hosts)
     tools = _without(tools, cast(list[str], settings.get("without_tools") or []))
     base_url = base_url or _text(settings.get("base_url"))
+    tools += _children(tools, settings, store, durability)
     transport = _transport(model, base_url, settings)  # before any MCP server starts
-    tools += extras.mcp_tools(settings)  # last: it starts servers, stopped by `extras`
+    if plugins is not None:  # last: it starts servers, stopped by `plugins.close`
+        tools += plugins.mcp_tools(settings)
     try:
         return Agent(
             transport or model,
@@ -79,24 +109,25 @@ def command_agent(
             limits=limits,
             system_prompt=system_prompt,
             store=store,
-            listeners=extras.listeners(lambda: ProgressPrinter(Console(stderr=True, emoji=False))),
-            text_listeners=(*extras.text_listeners(), *_live_files(store)),
+            listeners=plugins.listeners() if plugins else (),
+            text_listeners=(*(plugins.text_listeners() if plugins else ()), *_live_files(store)),
             approve_tools=approve_tools,
             run_config={k: settings.get(k) for k in SETTINGS},
-            trace_content=extras.otel_content or None,
+            trace_content=(plugins.trace_content if plugins else False) or None,
             durability=durability,
             prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
             output_type=output_type,
         )
     except BaseException:
-        extras.close()  # a bad model spec, a tool name clash: stop the servers just started
+        if plugins is not None:  # a bad model spec, a tool name clash: stop the servers
+            plugins.close()
         raise
 
 
 def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
     """The agent a stored run was started with, rebuilt from its saved settings (quiet)."""
     config = record.config
-    agent = command_agent(
+    agent = build_agent(
         config.model,
         dict(config.settings),
         config.limits,
@@ -112,6 +143,40 @@ def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
             f"({', '.join(sorted(missing))}); resume it from your program with Agent.resume"
         )
     return agent
+
+
+def _children(
+    builtin: list[Tool], settings: JsonObject, store: RunStore | str | Path, durability: Any
+) -> list[Tool]:
+    """The sub-agents the run offers (`--agent NAME`, each an `[agents.NAME]` table saved with
+    the run): each an agent with the parent's built-in tools, or those its table names, as a
+    delegation tool (keel/subagents.py). Its runs live in the parent's store."""
+    tables = settings.get("agents") or {}
+    if not isinstance(tables, dict):
+        raise ConfigError("the run's saved agents are not a table")
+    offered = {t.name: t for t in builtin}
+    made = []
+    for name, saved in tables.items():
+        table = cast(dict[str, Any], saved)
+        wanted = table.get("tools")
+        unknown = set(wanted or ()) - set(offered)
+        if unknown:
+            raise ConfigError(
+                f"[agents.{name}] tools: no such tool here: {', '.join(sorted(unknown))} "
+                f"(tools: {', '.join(offered)})"
+            )
+        child = Agent(
+            str(table.get("model") or "local"),
+            tools=[offered[t] for t in wanted] if wanted is not None else builtin,
+            limits=Limits(**table.get("limits", {})),
+            system_prompt=str(table.get("instructions") or DEFAULT_SYSTEM_PROMPT),
+            approve_tools=[str(t) for t in table.get("approve_tools") or ()],
+            store=store,
+            durability=durability,
+            prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
+        )
+        made.append(child.as_tool(name, str(table["description"])))
+    return made
 
 
 def _without(tools: list[Tool], names: list[str]) -> list[Tool]:

@@ -1,0 +1,173 @@
+"""Sub-agents: an `Agent` offered to another as a tool, each call a child run (ADR 0046).
+
+    reader = Agent(model, tools=[...], limits=Limits(max_model_calls=8))
+    lead = Agent(model, tools=[reader.as_tool("reader", "Reads one module and reports")])
+
+A delegation is a tool call of the parent whose one argument is the task. It starts a run of
+its own, in the parent's store, named after the parent's run and call (`child_run_id`), so the
+call can be dispatched again without doing the work twice:
+
+    no run of that name yet      start it, its limits carved from the parent's (_run/tree.py)
+    ended (completed, failed)    its answer is read from the store: nothing runs again
+    anything else                resume it where it stopped (a crash, an interruption, a pause)
+
+That makes a delegation safe to re-run, so it is a read-only tool to its parent: delegations
+of one batch run at once (at most `Limits.max_children`), and a parent resumed after a crash
+runs the open ones again, which finishes each child from its last saved step. A child's own
+side effects are journaled in the child, by the rules every run keeps.
+
+A child always answers its parent: its answer (a synthesized one marked partial, with the limit
+it reached), or an error naming its failure's kind. A child that waits for a person's decision
+pauses its parent; the decision is taken on the parent (keel/approvals.py routes it) and the
+parent's resume resumes the child.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Awaitable
+from typing import Protocol
+
+import pydantic
+
+from keel._run.tree import CURRENT, qualified
+from keel.errors import ToolError
+from keel.limits import Limits
+from keel.result import ChildRun, RunResult
+from keel.store import RunStore
+from keel.tools.base import CURRENT_CALL, Effect, Tool
+
+__all__ = ["CHILD_TIMEOUT", "ChildAgent", "child_run_id", "delegation_tool", "result_text"]
+
+CHILD_TIMEOUT = 7 * 24 * 3600.0
+"""A delegation's own timeout: none to speak of. The child's carved deadline (and the parent's,
+which the executor applies to every call) is what bounds it."""
+ENDED = ("completed", "failed")
+
+
+class ChildAgent(Protocol):
+    """What a delegation needs of the agent it runs (`keel.Agent` is one)."""
+
+    @property
+    def limits(self) -> Limits: ...
+
+    async def arun(self, question: str) -> RunResult: ...
+
+    def start_child(
+        self,
+        task: str,
+        *,
+        run_id: str,
+        parent: tuple[str, str, str],
+        limits: Limits,
+        store: RunStore | None,
+    ) -> Awaitable[RunResult]: ...
+
+    def start_resume(self, run_id: str, *, store: RunStore | None = None) -> Awaitable[RunResult]:
+        ...
+
+
+class Delegation(pydantic.BaseModel):
+    task: str = pydantic.Field(
+        description="The task for the child agent, in full: it sees nothing of this "
+        "conversation but this text."
+    )
+
+
+def child_run_id(parent_run: str, call_id: str) -> str:
+    """The child's run id: the same for the same parent call, so a delegation dispatched again
+    (after a crash, on resume) finds the child it started."""
+    digest = hashlib.sha256(f"{parent_run}\n{call_id}".encode()).hexdigest()
+    return "run_" + digest[:16]
+
+
+def delegation_tool(agent: ChildAgent, name: str, description: str) -> Tool:
+    """`agent` as a tool named `name`: each call runs it on the call's task (`Agent.as_tool`)."""
+
+    async def delegate(task: str) -> str:
+        return await _delegate(agent, name, task)
+
+    return Tool(
+        name=name,
+        description=description,
+        args_model=Delegation,
+        fn=delegate,
+        effect=Effect.READ_ONLY,
+        timeout=CHILD_TIMEOUT,
+        delegates=True,
+        source=f"the sub-agent {name!r}",
+    )
+
+
+async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
+    tree, call = CURRENT.get(), CURRENT_CALL.get()
+    if tree is None or call is None:  # called outside a Keel run: a run of its own
+        return result_text(name, await agent.arun(task))
+    if not task.strip():
+        raise ToolError(f"Error: {name} needs a task: say what the child agent should do.")
+    child_id = child_run_id(tree.run_id, call.id)
+    store = tree.store
+    async with tree.slots:
+        record = None if store is None else store.get_run(child_id)
+        if record is not None and record.status in ENDED:  # answered before: read, not rerun
+            result = record.state.result(child_id, record.conversation_id)
+        else:
+            if record is None:
+                carved = tree.carve(call.id, agent.limits)
+                if isinstance(carved, str):
+                    raise ToolError(f"Error: {name} was not started: {carved}.")
+                handle = agent.start_child(
+                    task, run_id=child_id, parent=(tree.run_id, call.id, name), limits=carved,
+                    store=store,
+                )  # fmt: skip
+            else:  # running (its process died), cancelled or paused: on from its last step
+                tree.hold(call.id, record.config.limits)
+                handle = agent.start_resume(child_id, store=store)
+            try:
+                result = await handle
+            except BaseException:  # cancelled with the parent: it resumes with the parent
+                tree.release(call.id)
+                raise
+    if result.status == "awaiting_approval":
+        tree.paused[call.id] = tuple(qualified(child_id, p) for p in result.pending_approvals)
+        return "(waiting for a decision in the child run)"
+    tree.settle(call.id, _summary(child_id, call.id, name, result))
+    return result_text(name, result)
+
+
+def _summary(run_id: str, call_id: str, name: str, result: RunResult) -> ChildRun:
+    return ChildRun(
+        run_id=run_id,
+        call_id=call_id,
+        agent=name,
+        status=result.status,
+        synthesized=result.synthesized,
+        model_calls=result.model_calls,
+        tool_calls=result.tool_calls,
+        usage=result.usage,
+        cost=result.cost,
+    )
+
+
+def result_text(name: str, result: RunResult) -> str:
+    """What the parent reads of its child's run: the answer, marked partial when the child
+    stopped at a limit; a failure, as an error naming its kind (raised as ToolError, so the
+    parent's result is an error result)."""
+    where = f"child agent {name} (run {result.run_id})"
+    if result.status == "completed":
+        answer = result.answer or ""
+        if result.synthesized is None and not result.cut_off:
+            return answer
+        why = (
+            "its answer was cut off at the model's output limit"
+            if result.synthesized is None
+            else f"it reached its {result.synthesized} limit and wrote the best answer its "
+            "evidence supports"
+        )
+        gaps = f"; gaps: {'; '.join(result.gaps)}" if result.gaps else ""
+        return f"[partial answer from {where}: {why}{gaps}]\n{answer}"
+    if result.failure is not None:
+        raise ToolError(
+            f"Error: {where} failed: {result.failure.kind}: {result.failure.message}"
+        )
+    raise ToolError(f"Error: {where} ended {result.status} without an answer.")
