@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -340,3 +341,49 @@ async def test_concurrent_follow_ups_on_one_conversation_do_not_branch_it(
     chain = [r for r in runs_in(answer_server.store) if r.conversation_id == context]
     continued = [r.config.continues_from for r in chain if r.config.continues_from]
     assert continued == [task_id_of(first)], "the conversation branched"
+
+
+# -- keel ui under many live streams -------------------------------------------------------------
+
+
+def test_keel_uis_index_answers_while_100_live_streams_are_open(tmp_path: Path) -> None:
+    """100 streams opened at once on a big run's live endpoint, without `after` (each then
+    reads and draws the run whole): the index waited 7 to 9 s behind them; now a few streams
+    work at a time, off the event loop."""
+    from big_runs import paused_run
+
+    path = tmp_path / "runs.sqlite"
+    run_id, _ = paused_run(path, 2_000, 100)
+    env = {**os.environ, "PYTHONPATH": SRC}
+    server = subprocess.Popen(
+        [sys.executable, "-m", "keel", "ui", "--store", str(path), "--port", "0"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
+    )  # fmt: skip
+
+    async def probe(base: str) -> list[float]:
+        limits = httpx.Limits(max_connections=120)
+        async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            live = http.build_request("GET", f"{base}runs/{run_id}/live")
+            streams = await asyncio.gather(*(http.send(live, stream=True) for _ in range(100)))
+            assert {s.status_code for s in streams} == {200}
+            took = []
+            async with httpx.AsyncClient(timeout=60) as other:
+                for _ in range(3):
+                    started = time.monotonic()
+                    index = await other.get(base)
+                    took.append(time.monotonic() - started)
+                    assert index.status_code == 200 and run_id in index.text
+            for stream in streams:
+                await stream.aclose()
+        return took
+
+    try:
+        assert server.stdout is not None
+        base = server.stdout.readline().strip()
+        took = asyncio.run(probe(base))
+    finally:
+        server.terminate()
+        server.wait(30)
+        if server.stdout is not None:
+            server.stdout.close()
+    assert max(took) < 3.0, f"the index took {[round(t, 2) for t in took]} s"
