@@ -36,12 +36,14 @@ from a2a_serving import (
     decisions,
     final_state,
     keel_serve,
+    keel_servers,
     paused,
     question,
     runs_in,
     stop,
     task_id_of,
 )
+from keel.store import RunRecord, open_store
 
 MiB = 1024 * 1024
 
@@ -173,18 +175,28 @@ async def test_an_a2a_body_past_4_mib_is_refused_with_a_json_rpc_error(
 # -- decisions -----------------------------------------------------------------------------------
 
 
-async def test_decisions_in_one_message_are_taken_all_or_nothing(write_server: Served) -> None:
-    written = write_server.tmp / "repo" / "out.txt"
-    written.unlink(missing_ok=True)
-    async with a2a(write_server.url) as client:
+def stored_run(store: Path | str, run_id: str) -> RunRecord:
+    """The run as recorded, read from the store itself (a SQLite file or a Postgres URL)."""
+    db = open_store(store)
+    try:
+        record = db.get_run(run_id)
+    finally:
+        db.close()
+    assert record is not None
+    return record
+
+
+async def all_or_nothing(url: str, store: Path | str, written: Path) -> None:
+    """A reply half valid, then one deciding a call twice: neither records anything and the
+    task still asks; then a valid reply completes the run, the write done once."""
+    async with a2a(url) as client:
         task_id, call = await paused(client)
         call_id = call["call_id"]
         half = decisions(task_id, {"call_id": call_id, "approve": True},
                          {"call_id": "k9_9", "approve": True})  # fmt: skip
         with pytest.raises(InvalidParamsError) as refused:
             await collect(client.send_message(half))
-        [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
-        assert run.state.decisions == {}, "the valid half was recorded"
+        assert stored_run(store, task_id).state.decisions == {}, "the valid half was recorded"
         assert "nothing recorded: k9_9" in str(refused.value)
         assert f"Calls waiting: {call_id}" in str(refused.value)
         twice = decisions(task_id, {"call_id": call_id, "approve": True},
@@ -193,13 +205,26 @@ async def test_decisions_in_one_message_are_taken_all_or_nothing(write_server: S
             await collect(client.send_message(twice))
         task = await client.get_task(GetTaskRequest(id=task_id))
         assert task.status.state == TaskState.TASK_STATE_INPUT_REQUIRED  # not `working` for ever
-        [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
-        assert run.state.decisions == {}
+        assert stored_run(store, task_id).state.decisions == {}
         after = await collect(
             client.send_message(decisions(task_id, {"call_id": call_id, "approve": True}))
         )
     assert final_state(after) == TaskState.TASK_STATE_COMPLETED
     assert written.read_text() == "hello\n"
+
+
+async def test_decisions_in_one_message_are_taken_all_or_nothing(write_server: Served) -> None:
+    written = write_server.tmp / "repo" / "out.txt"
+    written.unlink(missing_ok=True)
+    await all_or_nothing(write_server.url, write_server.store, written)
+
+
+async def test_on_postgres_decisions_in_one_message_are_taken_all_or_nothing(
+    tmp_path: Path, pg_url: str
+) -> None:
+    with keel_servers(tmp_path, {"s": (WRITE, ("--allow-writes",))}, pg_url) as served:
+        url, _ = served["s"]
+        await all_or_nothing(url, pg_url, tmp_path / "repo" / "out.txt")
 
 
 # -- a run goes on only where its agent is -------------------------------------------------------
