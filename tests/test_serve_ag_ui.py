@@ -39,6 +39,8 @@ CLIENT_PACKAGE = "@ag-ui/client@1.0.0"
 INSTALL_TIMEOUT = 300.0
 SERVER_START_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 60.0
+JSON_BODY = {"content-type": "application/json"}
+"""A raw body's type: one of any other type is refused (415) before it is read (ADR 0047)."""
 
 WRITE_SCRIPT = {
     "turns": [
@@ -476,7 +478,7 @@ def test_a_request_that_is_not_a_valid_run_or_resume_is_refused_and_records_noth
         refused.append((on_paused, 409, "has not ended (awaiting_approval): resume it first"))
         for body, status, said in refused:
             sent = (
-                httpx.post(url, content=body, timeout=10)
+                httpx.post(url, content=body, headers=JSON_BODY, timeout=10)
                 if isinstance(body, bytes)
                 else httpx.post(url, json=body, timeout=10)
             )

@@ -59,6 +59,8 @@ __all__ = ["KeelRequestHandler"]
 ENDED = ("completed", "failed", "cancelled")
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
+MAX_TOKEN_DIGITS = 12
+"""A page token is an offset into the runs: more digits than this is no token of ours."""
 
 
 class KeelRequestHandler(RequestHandler):
@@ -88,10 +90,7 @@ class KeelRequestHandler(RequestHandler):
         size = params.page_size or DEFAULT_PAGE
         if not 1 <= size <= MAX_PAGE:
             raise InvalidParamsError(message=f"page_size must be 1 to {MAX_PAGE}")
-        try:
-            offset = int(params.page_token or 0)
-        except ValueError:
-            raise InvalidParamsError(message="page_token is not one this server gave") from None
+        offset = _offset(params.page_token)
         page, total = self._listed(params, offset, size)
         listed = [
             apply_history_length(self._task(r, artifacts=params.include_artifacts), params)
@@ -265,3 +264,17 @@ class KeelRequestHandler(RequestHandler):
 
 def _last_seq(task: Task) -> float:
     return float(task.metadata.fields["keel_last_seq"].number_value)
+
+
+def _offset(token: str) -> int:
+    """The offset a page token of this server names (the digits of a count of runs); a token
+    it cannot have given (too long, signed, not digits) is InvalidParams, never a store error."""
+    if not token:
+        return 0
+    if len(token) > MAX_TOKEN_DIGITS or not token.isascii() or not token.isdigit():
+        shown = token[:40] + ("..." if len(token) > 40 else "")
+        raise InvalidParamsError(
+            message=f"page_token {shown!r} is not one this server gave: pass the "
+            "next_page_token of the previous page, or none for the first"
+        )
+    return int(token)

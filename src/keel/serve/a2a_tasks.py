@@ -18,6 +18,7 @@ the `a2a-sdk`'s protobuf types; nothing is kept beside the record.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from a2a.helpers.proto_helpers import get_data_parts, new_data_part, new_text_part
@@ -47,6 +48,7 @@ __all__ = [
     "PENDING_KEY",
     "STATES",
     "answer_artifact",
+    "bounded",
     "decisions_of",
     "event_update",
     "final_events",
@@ -64,6 +66,12 @@ STATES: dict[RunStatus, TaskState] = {
     "failed": TaskState.TASK_STATE_FAILED,
     "cancelled": TaskState.TASK_STATE_CANCELED,
 }
+MAX_DEPTH = 20
+"""Containers nested deeper than this in a data part are shown shortened, as text. The A2A
+types are protobuf, which refuses a message nested past 100 levels (a JSON object costs three,
+a list two, the task around the part about ten): past it a task could not be read, nor its
+pending call decided."""
+SHORTENED_CHARS = 200
 PENDING_KEY = "keel_pending"
 DECISIONS_KEY = "keel_decisions"
 ANSWER = "answer"
@@ -74,6 +82,28 @@ def state_of(record: RunRecord) -> TaskState:
     if record.status == "awaiting_approval" and not waiting(record):
         return TaskState.TASK_STATE_WORKING
     return STATES[record.status]
+
+
+def bounded(value: Any, depth: int = 0) -> Any:
+    """`value` with every object or list nested deeper than MAX_DEPTH replaced by the start of
+    its JSON text, marked as shortened: what the model wrote stays readable and decidable."""
+    if not isinstance(value, dict | list | tuple):
+        return value
+    if depth >= MAX_DEPTH:
+        try:
+            text = json.dumps(value, ensure_ascii=False)
+        except (RecursionError, ValueError, TypeError):
+            text = "[...]" if isinstance(value, list | tuple) else "{...}"
+        cut = text[:SHORTENED_CHARS] + ("..." if len(text) > SHORTENED_CHARS else "")
+        return f"{cut} (nested deeper than {MAX_DEPTH} levels: shortened)"
+    if isinstance(value, dict):
+        return {str(k): bounded(v, depth + 1) for k, v in value.items()}
+    return [bounded(v, depth + 1) for v in value]
+
+
+def _data(value: Any, media_type: str = "") -> Part:
+    """A data part of `value`, bounded in depth so protobuf takes it."""
+    return new_data_part(bounded(value), media_type)
 
 
 def _metadata(values: dict[str, Any]) -> Struct:
@@ -97,7 +127,7 @@ def event_message(record: RunRecord, event: Event) -> Message:
     return _message(
         record,
         f"{record.run_id}/{event.seq}",
-        [new_data_part(event_json(event))],
+        [_data(event_json(event))],
         keel_seq=event.seq,
     )
 
@@ -132,13 +162,13 @@ def status_of(record: RunRecord) -> TaskStatus:
             f'task with a data part {{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true}} '
             '| {"call_id": ..., "approve": false, "reason": "..."}]}'
         )
-        parts = [new_text_part(text), new_data_part({PENDING_KEY: pending})]
+        parts = [new_text_part(text), _data({PENDING_KEY: pending})]
         status.message.CopyFrom(_message(record, f"{record.run_id}/awaiting", parts))
     elif record.status == "failed" and record.state.failure is not None:
         failure = record.state.failure
         parts = [
             new_text_part(f"{failure.kind}: {failure.message}"),
-            new_data_part({"kind": failure.kind, "message": failure.message}),
+            _data({"kind": failure.kind, "message": failure.message}),
         ]
         status.message.CopyFrom(_message(record, f"{record.run_id}/failure", parts))
     return status
@@ -151,7 +181,7 @@ def answer_artifact(record: RunRecord) -> Artifact | None:
         return None
     parts = [new_text_part(state.answer, "text/markdown")]
     if state.output is not None:
-        parts.append(new_data_part(state.output, "application/json"))
+        parts.append(_data(state.output, "application/json"))
     meta: dict[str, Any] = {"synthesized": state.synthesized or "", "cut_off": state.cut_off}
     if state.partial:
         meta |= {"partial": True, "gaps": list(state.gaps)}

@@ -59,6 +59,8 @@ from keel.serve.ag_ui_events import (
     messages_snapshot,
     state_snapshot,
 )
+from keel.serve.doors import headers_of, refusal
+from keel.serve.runs import mismatch
 from keel.store import RunRecord
 from keel.ui.text import clean
 
@@ -120,6 +122,9 @@ class AgUiEndpoint:
         """Runs whose client went away, followed to their end (never their state: the store's)."""
 
     async def handle(self, request: Request) -> Response:
+        door = refusal(request.scope, headers_of(request.scope))
+        if door is not None:  # mounted in an app without `keel serve`'s doors too
+            return JSONResponse({"error": door[1]}, status_code=door[0])
         try:
             run = parse_input(await read_body(request))
             stream, decided = self._start(run)
@@ -168,6 +173,14 @@ class AgUiEndpoint:
         """Check every entry against the stored run, then record the decisions: the run id
         and the calls answered."""
         run_id, answers = check_resume(entries, self.agent.store.get_run)
+        record = self.agent.store.get_run(run_id)
+        why = mismatch(self.agent, record) if record is not None else None
+        if why:  # before anything is recorded: the run's own agent must take it on
+            raise Refused(
+                409,
+                f"run {run_id} cannot go on here: {why}; resume it from a server started with "
+                "its options, or decide with `keel approve`/`keel deny` and `keel resume` it",
+            )
         for answer in answers:
             if answer.recorded:
                 continue

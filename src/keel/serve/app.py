@@ -7,7 +7,10 @@ behind one door (ADR 0040):
   so it records nothing; clients may then use any name for this machine (a proxy's, a
   service's);
 - without one (loopback only), the Host guard of `keel ui`: a page elsewhere cannot reach the
-  server through DNS rebinding, since a browser sends that page's host name.
+  server through DNS rebinding, since a browser sends that page's host name;
+- with or without one, `doors.CrossSiteGuard`: a request that acts, sent by another site's page
+  (its `Origin`), or with a body that is not JSON, is refused; an A2A body past 4 MiB too
+  (ADR 0047).
 
 Runs go on in this process's event loop (`runs.RunService`); at start the served runs a killed
 server left behind are taken up, at shutdown the running ones stop after their step, saved.
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hmac
+import logging
 from collections.abc import AsyncIterator, Callable, Collection, Sequence
 
 from a2a.server.routes import create_agent_card_routes, create_jsonrpc_routes, create_rest_routes
@@ -37,6 +41,7 @@ from starlette.routing import BaseRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.serve.a2a_handler import KeelRequestHandler
+from keel.serve.doors import CrossSiteGuard
 from keel.serve.runs import RunService
 from keel.ui.security import Guard
 
@@ -47,6 +52,7 @@ REST_PATH = "/a2a/rest"
 OPEN_PATHS = frozenset({AGENT_CARD_WELL_KNOWN_PATH})
 """Read without the token: the card, which says a token is needed and holds no run."""
 SCHEME = "bearer"
+JSONRPC_LOGGER = "a2a.server.routes.jsonrpc_dispatcher"
 
 
 class BearerGuard:
@@ -80,6 +86,33 @@ class BearerGuard:
                     given.strip(), self.token
                 )
         return False
+
+
+class OneLine(logging.Filter):
+    """Drops the SDK's traceback for a request it could not parse: its own warning after it
+    ("Request Error (ID: 1): Code=-32602, ...") already says what was wrong, in one line, and
+    a client's malformed JSON is no fault of this server's."""
+
+    SAID = frozenset({"Failed to validate base JSON-RPC request", "Failed to parse request params"})
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.exc_info and record.msg in self.SAID)
+
+
+def quiet_parse_errors() -> None:
+    """Install `OneLine` on the SDK's JSON-RPC dispatcher's logger (once)."""
+    logger = logging.getLogger(JSONRPC_LOGGER)
+    if not any(isinstance(f, OneLine) for f in logger.filters):
+        logger.addFilter(OneLine())
+
+
+def a2a_binding(path: str) -> str | None:
+    """The A2A binding a path belongs to (its body capped by `CrossSiteGuard`), or None."""
+    if path == JSONRPC_PATH:
+        return "jsonrpc"
+    if path.startswith(REST_PATH + "/"):
+        return "rest"
+    return None
 
 
 def agent_card(base_url: str, description: str, *, token: bool) -> AgentCard:
@@ -138,6 +171,7 @@ def build_app(
     """The app; `extra_routes` (another protocol's endpoints) sit behind the same guards.
     `on_ready` is called once the runs left behind are taken up and requests are served."""
     handler = KeelRequestHandler(service)
+    quiet_parse_errors()
     card = agent_card(base_url, description, token=token is not None)
     routes: list[BaseRoute] = [
         *extra_routes,
@@ -156,10 +190,11 @@ def build_app(
             service.close()
             await service.wait_stopped()
 
+    cross_site = Middleware(CrossSiteGuard, capped=a2a_binding)  # a page elsewhere: refused
     if token is None:  # loopback: a page elsewhere could reach it under a rebound name
-        middleware = [Middleware(Guard, hosts=hosts)]
+        middleware = [Middleware(Guard, hosts=hosts), cross_site]
     else:  # the token is the door: any name the clients use for this machine will do
-        middleware = [Middleware(BearerGuard, token=token)]
+        middleware = [cross_site, Middleware(BearerGuard, token=token)]
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.service = service
     return app

@@ -30,7 +30,16 @@ from keel.records import Event
 from keel.store import RunRecord, RunStore
 from keel.store.locate import is_url
 
-__all__ = ["SERVED", "Decision", "NotCancelable", "RunService", "stopped", "waiting"]
+__all__ = [
+    "SERVED",
+    "Decision",
+    "NotCancelable",
+    "RunService",
+    "check_decisions",
+    "mismatch",
+    "stopped",
+    "waiting",
+]
 
 SERVED = "served_by"
 """The setting every run `keel serve` starts carries (so a restart knows which to take up)."""
@@ -100,6 +109,7 @@ class RunService:
                 f"run {run_id} cannot go on here: {why}; decide with `keel approve`/`keel deny` "
                 "and continue it with `keel resume`"
             )
+        check_decisions(record, decisions)  # all or nothing: none is recorded unless all can be
         for decision in decisions:
             if decision.approved:
                 approvals.approve(self.store, run_id, decision.call_id, by=self.by)
@@ -176,15 +186,8 @@ class RunService:
             await asyncio.wait(waiting, timeout=timeout)
 
     def foreign(self, record: RunRecord) -> str | None:
-        """Why this server's agent cannot continue `record` (another model, or tools it does not
-        have), or None: it can."""
-        mine = self.agent.config()
-        if record.config.model != mine.model:
-            return f"it runs on {record.config.model}, this server on {mine.model}"
-        missing = set(record.config.tools) - set(mine.tools)
-        if missing:
-            return f"it uses tools this server does not offer ({', '.join(sorted(missing))})"
-        return None
+        """Why this server's agent cannot continue `record`, or None: it can (`mismatch`)."""
+        return mismatch(self.agent, record)
 
     # -- following -------------------------------------------------------------------------------
 
@@ -234,6 +237,47 @@ class RunService:
             if asyncio.get_running_loop().time() > deadline:
                 raise KeelError(f"run {handle.run_id} was not recorded in {OPEN_SECONDS:.0f} s")
             await asyncio.sleep(0.02)
+
+
+def mismatch(agent: Agent, record: RunRecord) -> str | None:
+    """Why `agent` cannot continue `record`, or None: it can. Another model, tools it does not
+    have, or another folder (`--repo`): a run approved to write in one folder must never write
+    in another's, nor a run started on one model go on with another's answers."""
+    mine = agent.config()
+    if record.config.model != mine.model:
+        return f"it runs on {record.config.model}, this server on {mine.model}"
+    missing = set(record.config.tools) - set(mine.tools)
+    if missing:
+        return f"it uses tools this server does not offer ({', '.join(sorted(missing))})"
+    theirs, ours = record.config.settings.get("repo"), mine.settings.get("repo")
+    if theirs != ours:
+        return f"it works in {theirs or 'no named folder'}, this server in {ours or 'none named'}"
+    return None
+
+
+def check_decisions(record: RunRecord, decisions: Sequence[Decision]) -> None:
+    """Refuse (ConfigError) a set of decisions of which any cannot be recorded, naming every
+    one that cannot, before any is: one recorded and the next refused would leave the run with
+    no call waiting and nobody to take it on."""
+    pending = {p.call_id for p in record.state.pending}
+    problems: list[str] = []
+    seen: set[str] = set()
+    for decision in decisions:
+        call = decision.call_id
+        if call in seen:
+            problems.append(f"{call} is decided twice in this message")
+        elif call not in pending:
+            problems.append(f"{call} is not a call of run {record.run_id} that waits for approval")
+        elif (earlier := record.state.decisions.get(call)) is not None:
+            what = "approved" if earlier.approved else "denied"
+            problems.append(f"{call} was {what} already by {earlier.by} (decisions are final)")
+        seen.add(call)
+    if problems:
+        waiting_now = sorted(pending - set(record.state.decisions))
+        raise ConfigError(
+            f"nothing recorded: {'; '.join(problems)}. Calls waiting: "
+            f"{', '.join(waiting_now) or 'none'}"
+        )
 
 
 def waiting(record: RunRecord) -> bool:

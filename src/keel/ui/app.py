@@ -53,6 +53,8 @@ class _Ui:
         self.origins = frozenset(f"http://{h}" for h in hosts)
         self.poll = live.POLL_SECONDS
         self.live = live.LiveRuns(self.pages)
+        self.gate = asyncio.Semaphore(live.AT_ONCE)
+        """The live streams' turns to read and render, shared by all (see `live.AT_ONCE`)."""
         """The chart folds the open pages of a run share (see `live`)."""
         self.answers = None if is_url(target) else LiveTexts(Path(target))
         """The answers being written, from the running processes' live files (SQLite)."""
@@ -101,6 +103,7 @@ class _Ui:
             poll=self.poll,
             live=self.live,
             answer=None if self.answers is None else self.answers.fragment,
+            gate=self.gate,
         )
         return StreamingResponse(
             stream,

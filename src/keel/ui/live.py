@@ -41,6 +41,10 @@ IDLE_POLL_SECONDS = 2.0
 takes it, and the page of a decision made here is loaded anew anyway."""
 KEEPALIVE_SECONDS = 15.0
 KEEP = 4
+AT_ONCE = 4
+"""Streams that read the store and render at the same time (`gate`); the others wait their
+turn. A hundred streams opened on a big run each read and draw it whole once: all at once,
+on the event loop, the index and every page waited seconds behind them (issue 33)."""
 """Runs no page follows whose fold is kept, for a reload or a reconnect."""
 
 
@@ -106,16 +110,19 @@ class LiveRuns:
                 if not unseen or unseen[0].seq != run.seq + 1:
                     unseen = await asyncio.to_thread(store.events, run_id, run.seq)
                 if unseen:
-                    run.fold.add(unseen)
+                    await asyncio.to_thread(run.fold.add, unseen)
                     run.seq, run.charts = unseen[-1].seq, None
                 del unseen
             if run.charts is None:
-                run.charts = self.pages.charts(run.fold.chart_set(threshold))
+                run.charts = await asyncio.to_thread(self._draw, run.fold, threshold)
             with self._lock:
                 if run_id in self._runs:
                     self._runs.move_to_end(run_id)
                 self._trim()
             return run.charts
+
+    def _draw(self, fold: ChartFold, threshold: int) -> str:
+        return self.pages.charts(fold.chart_set(threshold))
 
     def __len__(self) -> int:
         return len(self._runs)
@@ -137,6 +144,7 @@ async def follow(
     poll: float = POLL_SECONDS,
     live: LiveRuns | None = None,
     answer: Callable[[str], str] | None = None,
+    gate: asyncio.Semaphore | None = None,
 ) -> AsyncIterator[str]:
     """The event stream of one run's page, as SSE text; `live` shares the charts' folds with
     the other open pages (a stream of its own without).
@@ -148,6 +156,7 @@ async def follow(
     `answer`: the escaped text a running run's model is writing (`live_text.py`), sent as a
     `text` message each time it changes, and as "" once it is gone."""
     live = live if live is not None else LiveRuns(pages)
+    gate = gate if gate is not None else asyncio.Semaphore(AT_ONCE)
     with live.watching(run_id):
         shown: object = None
         """The record and the note the page shows: nothing is rendered while they stay."""
@@ -159,29 +168,35 @@ async def follow(
         writing = ""
         """The growing answer the page shows."""
         while True:
-            record = await asyncio.to_thread(store.get_run, run_id)
+            update: str | None = None
+            async with gate:  # a few streams read and render at once; the pages go on meanwhile
+                record = await asyncio.to_thread(store.get_run, run_id)
+                new = await asyncio.to_thread(store.events, run_id, after) if record else []
+                now = (record, note(run_id))
+                if record is not None and (new or now != shown):
+                    last = new[-1].seq if new else after
+                    threshold = record.config.limits.loop_threshold
+                    view = RunView(record, [], now[1])
+                    parts = {
+                        "summary": await asyncio.to_thread(pages.summary, view),
+                        "charts": await live.charts(store, run_id, threshold, new, last),
+                    }
+                    if sent is None:  # the page was rendered at `after`: what it shows is not news
+                        sent = {} if new else dict(parts)
+                    changed = {k: v for k, v in parts.items() if v != sent.get(k)}
+                    if new or changed:
+                        sent.update(changed)
+                        rows = await asyncio.to_thread(pages.rows, new) if new else ""
+                        update = _message("update", {"seq": last, **changed, "rows": rows}, last)
+                        after, quiet = last, 0.0
+                    shown = now
+                del new  # nothing of the run is held between polls
             if record is None:
                 yield _message("end", {"reason": "no such run"})
                 return
-            new = await asyncio.to_thread(store.events, run_id, after)
-            now = (record, note(run_id))
-            if new or now != shown:
-                last = new[-1].seq if new else after
-                threshold = record.config.limits.loop_threshold
-                parts = {
-                    "summary": pages.summary(RunView(record, [], now[1])),
-                    "charts": await live.charts(store, run_id, threshold, new, last),
-                }
-                if sent is None:  # the page was rendered at `after`: what it shows is not news
-                    sent = {} if new else dict(parts)
-                changed = {k: v for k, v in parts.items() if v != sent.get(k)}
-                if new or changed:
-                    sent.update(changed)
-                    payload = {"seq": last, **changed, "rows": pages.rows(new) if new else ""}
-                    yield _message("update", payload, last)
-                    after, quiet = last, 0.0
-                shown = now
-            del new  # nothing of the run is held between polls
+            if update is not None:  # sent with the gate open: a slow reader holds up no one
+                yield update
+                del update
             if answer is not None:
                 running = record.status == "running"
                 growing = await asyncio.to_thread(answer, run_id) if running else ""
