@@ -76,6 +76,7 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/pool.py
 	$(BIN)/python benchmarks/replay.py
 	$(BIN)/python benchmarks/startup.py
+	$(BIN)/python benchmarks/subagents.py
 
 clean:
 	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache

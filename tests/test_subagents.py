@@ -316,3 +316,26 @@ def test_children_of_one_batch_run_at_once_up_to_max_children(tmp_path: Path, re
 
     assert overlap(1) == 1
     assert overlap(3) == 3
+
+
+def test_a_childs_invoke_agent_span_is_under_its_parents_execute_tool_span(
+    tmp_path: Path, repo: Path, spans: Any
+) -> None:
+    child_model = script(tmp_path, "child", {"turns": [{"tool_calls": [read()]}, {"text": "A."}]})
+    reader = Agent(child_model, tools=file_tools(repo))
+    parent = lead(
+        [reader.as_tool("reader", "Reads")],
+        [{"tool_calls": [delegate("reader", "read a.md")]}, {"text": "A."}],
+        tmp_path / "runs.sqlite",
+    )
+    with parent:
+        result = parent.run("q")
+    assert result.status == "completed"
+    finished = spans.get_finished_spans()
+    runs = [s for s in finished if s.name.startswith("invoke_agent")]
+    tools = {s.name: s for s in finished if s.name.startswith("execute_tool")}
+    assert len(runs) == 2
+    child_span = next(s for s in runs if s.parent is not None)
+    delegation = tools["execute_tool reader"]
+    assert child_span.parent.span_id == delegation.context.span_id
+    assert child_span.context.trace_id == delegation.context.trace_id
