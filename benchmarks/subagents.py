@@ -22,12 +22,10 @@ import time
 from pathlib import Path
 
 try:
-    import keel
+    from keel import Agent, Limits, ScriptedTransport
 except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
-    import keel
-
-from keel import Agent, Limits, ScriptedTransport
+    from keel import Agent, Limits, ScriptedTransport
 
 
 async def plain(task: str) -> str:
