@@ -11,12 +11,15 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+import psycopg
 import pytest
 
 from keel.store import Store
+from keel.subagents import child_run_id
 
 WORDS = ("one", "two", "three")
 ANSWER = "All three were logged."
@@ -143,3 +146,50 @@ def test_kill_9_in_a_fan_out_then_resume_repeats_no_side_effect_and_completes(
         assert after.count(word) >= before[word]
     assert len(result["children"]) == 3
     assert all(c["status"] == "completed" for c in result["children"])
+
+
+def test_a_fan_out_on_postgres_with_two_workers_one_killed_completes_once(
+    tmp_path: Path, pg_url: str
+) -> None:
+    """`keel submit` a lead with three writers to a Postgres store; worker a takes it and is
+    killed while the children run; worker b rescues the lead, which finishes its children from
+    the store: every write at most once, the lead completed with three completed children."""
+    from pool import Pool
+
+    (tmp_path / "tree").mkdir()
+    tree = Tree(tmp_path / "tree")
+    for word in WORDS:  # slow children, so the kill lands while they run
+        path = tmp_path / "tree" / f"{word}.json"
+        path.write_text(json.dumps({**json.loads(path.read_text()), "latency_ms": 400}))
+    pool = Pool(tmp_path, pg_url, json.loads(tree.lead.read_text()))
+    pool.env["XDG_CONFIG_HOME"] = str(tree.config)
+    try:
+        agents = [a for w in WORDS for a in ("--agent", f"writer_{w}")]
+        done = pool.keel(
+            "submit", "Log the three words.", "--model", f"script:{tree.lead}",
+            "--repo", str(tree.repo), "--allow-writes", "--json", *agents,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stderr
+        lead_id = json.loads(done.stdout)["run_id"]
+        first = pool.worker("a", lease_ttl=2.0)
+        children = [child_run_id(lead_id, f"k1_{n}") for n in range(3)]
+        pool.wait_for(children, {"running"})
+        time.sleep(0.5)  # the children are between their turns
+        with psycopg.connect(pg_url, autocommit=True) as conn:
+            rows = conn.execute(
+                "SELECT status FROM keel.runs WHERE run_id = ANY(%s)", (children,)
+            ).fetchall()
+        assert [status for (status,) in rows] == ["running"] * 3  # killed in the fan-out
+        first.send_signal(signal.SIGKILL)
+        first.wait()
+        pool.worker("b", lease_ttl=2.0)
+        pool.wait_for([lead_id], {"completed"}, timeout=120)
+        shown = pool.show(lead_id)["run"]
+        assert shown["answer"] == ANSWER
+        assert len(shown["children"]) == 3
+        assert all(c["status"] == "completed" for c in shown["children"])
+        log = tree.log()
+        for word in WORDS:
+            assert log.count(word) <= 1, log
+    finally:
+        pool.stop_all()

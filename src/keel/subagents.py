@@ -24,14 +24,15 @@ parent's resume resumes the child.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 from collections.abc import Awaitable
 from typing import Protocol
 
 import pydantic
 
-from keel._run.tree import CURRENT, qualified
-from keel.errors import ToolError
+from keel._run.tree import CURRENT, Delegations, qualified
+from keel.errors import LeaseHeld, ToolError
 from keel.limits import Limits
 from keel.result import ChildRun, RunResult
 from keel.store import RunStore
@@ -43,6 +44,9 @@ CHILD_TIMEOUT = 7 * 24 * 3600.0
 """A delegation's own timeout: none to speak of. The child's carved deadline (and the parent's,
 which the executor applies to every call) is what bounds it."""
 ENDED = ("completed", "failed")
+LEASE_WAIT = 120.0
+"""Seconds a resumed parent waits for a child's lease held by a process that died."""
+LEASE_POLL = 0.5
 
 
 class ChildAgent(Protocol):
@@ -111,28 +115,48 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
         record = None if store is None else store.get_run(child_id)
         if record is not None and record.status in ENDED:  # answered before: read, not rerun
             result = record.state.result(child_id, record.conversation_id)
-        else:
-            if record is None:
-                carved = tree.carve(call.id, agent.limits)
-                if isinstance(carved, str):
-                    raise ToolError(f"Error: {name} was not started: {carved}.")
-                handle = agent.start_child(
-                    task, run_id=child_id, parent=(tree.run_id, call.id, name), limits=carved,
-                    store=store,
-                )  # fmt: skip
-            else:  # running (its process died), cancelled or paused: on from its last step
-                tree.hold(call.id, record.config.limits)
-                handle = agent.start_resume(child_id, store=store)
-            try:
-                result = await handle
-            except BaseException:  # cancelled with the parent: it resumes with the parent
-                tree.release(call.id)
-                raise
+        elif record is None:
+            carved = tree.carve(call.id, agent.limits)
+            if isinstance(carved, str):
+                raise ToolError(f"Error: {name} was not started: {carved}.")
+            parent = (tree.run_id, call.id, name)
+            result = await _held(
+                tree, call.id, agent.start_child(
+                    task, run_id=child_id, parent=parent, limits=carved, store=store
+                ),
+            )  # fmt: skip
+        else:  # running (its process died), cancelled or paused: on from its last step
+            tree.hold(call.id, record.config.limits)
+            result = await _held(tree, call.id, _resumed(agent, child_id, store))
     if result.status == "awaiting_approval":
         tree.paused[call.id] = tuple(qualified(child_id, p) for p in result.pending_approvals)
         return "(waiting for a decision in the child run)"
     tree.settle(call.id, _summary(child_id, call.id, name, result))
     return result_text(name, result)
+
+
+async def _held(tree: Delegations, call_id: str, child: Awaitable[RunResult]) -> RunResult:
+    """The child's result; its carve-out given back if it never gets one (cancelled with the
+    parent, which resumes it on its own resume)."""
+    try:
+        return await child
+    except BaseException:
+        tree.release(call_id)
+        raise
+
+
+async def _resumed(agent: ChildAgent, child_id: str, store: RunStore | None) -> RunResult:
+    """Resume a child, waiting out the lease of a process that died while advancing it (on
+    another machine its lease must expire; here a dead holder is seen at once)."""
+    waited = 0.0
+    while True:
+        try:
+            return await agent.start_resume(child_id, store=store)
+        except LeaseHeld:
+            if waited >= LEASE_WAIT:
+                raise
+            await asyncio.sleep(LEASE_POLL)
+            waited += LEASE_POLL
 
 
 def _summary(run_id: str, call_id: str, name: str, result: RunResult) -> ChildRun:
