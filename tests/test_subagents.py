@@ -339,3 +339,36 @@ def test_a_childs_invoke_agent_span_is_under_its_parents_execute_tool_span(
     delegation = tools["execute_tool reader"]
     assert child_span.parent.span_id == delegation.context.span_id
     assert child_span.context.trace_id == delegation.context.trace_id
+
+
+async def test_childrens_events_interleave_in_the_parents_stream_with_their_run_ids(
+    tmp_path: Path, repo: Path
+) -> None:
+    from keel.events import ChildEvent
+    from keel.records import RunCompleted, RunStarted
+
+    child_model = script(tmp_path, "child", {"turns": [{"tool_calls": [read()]}, {"text": "A."}],
+                                             "latency_ms": 50})  # fmt: skip
+    reader = Agent(child_model, tools=file_tools(repo))
+    parent = lead(
+        [reader.as_tool("reader", "Reads")],
+        [{"tool_calls": [delegate("reader", "one"), delegate("reader", "two")]},
+         {"text": "Both."}],
+        tmp_path / "runs.sqlite",
+    )  # fmt: skip
+    with parent:
+        stream = parent.stream("q", text=False)
+        items = [item async for item in stream]
+        result = await stream
+    children = {c.run_id for c in result.children}
+    theirs = [i for i in items if isinstance(i, ChildEvent)]
+    assert {i.run_id for i in theirs} == children
+    for run_id in children:  # each child's own log, in order, within the parent's stream
+        logged = [type(e) for e in parent.store.events(run_id)]
+        assert [type(i.event) for i in theirs if i.run_id == run_id] == logged
+    own = [i for i in items if not isinstance(i, ChildEvent)]
+    assert isinstance(own[0], RunStarted) and isinstance(own[-1], RunCompleted)
+    assert [e.seq for e in own] == [e.seq for e in parent.store.events(result.run_id)]
+    first_child = items.index(theirs[0])
+    last_child = items.index(theirs[-1])
+    assert 0 < first_child < last_child < len(items) - 1  # between the parent's own events

@@ -193,3 +193,20 @@ def test_a_fan_out_on_postgres_with_two_workers_one_killed_completes_once(
             assert log.count(word) <= 1, log
     finally:
         pool.stop_all()
+
+
+def test_keel_run_events_carries_the_childrens_events_with_their_run_ids(tmp_path: Path) -> None:
+    tree = Tree(tmp_path)
+    agents = [a for w in WORDS for a in ("--agent", f"writer_{w}")]
+    done = tree(
+        "run", "Log the three words.", "--model", f"script:{tree.lead}", "--repo",
+        str(tree.repo), "--allow-writes", *agents, "--events",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lines = [json.loads(line) for line in done.stdout.splitlines()]
+    result = lines[-1]
+    assert result["type"] == "result" and result["status"] == "completed"
+    children = {c["run_id"] for c in result["children"]}
+    theirs = [line for line in lines if "run_id" in line and line["type"] != "result"]
+    assert {line["run_id"] for line in theirs} == children
+    assert sum(1 for line in theirs if line["type"] == "run_completed") == 3

@@ -22,7 +22,7 @@ from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError
-from keel.events import RunStream
+from keel.events import RunStream, TreeListener
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
 from keel.options import check_tool_names
@@ -384,10 +384,11 @@ class Agent:
         parent: tuple[str, str, str],
         limits: Limits,
         store: RunStore | None,
+        listeners: Sequence[Listener] = (),
     ) -> RunHandle:
         """A child run on `task` (keel/subagents.py): `run_id` named after its parent's call,
         `parent` the parent's run id, call id and this agent's tool name, `limits` carved from
-        the parent's, in the parent's `store`."""
+        the parent's, in the parent's `store`; `listeners` hear it (its parent's stream)."""
         traced = _begin_trace(
             run_id,
             self._model_name,
@@ -397,7 +398,7 @@ class Agent:
         )
         setup = self._setup(
             limits,
-            listeners=() if traced is None else (traced,),
+            listeners=(*listeners, *(() if traced is None else (traced,))),
             settings=traced.settings() if traced else None,
             store=store,
             parent=parent,
@@ -454,7 +455,7 @@ class Agent:
         stream = RunStream()
         handle = self.start(
             question,
-            listeners=(stream.listener,),
+            listeners=(TreeListener(stream.listener),),
             conversation=conversation,
             text_listeners=(stream.listener,) if text else (),
         )
@@ -464,7 +465,7 @@ class Agent:
         """`start_resume`, streamed: the events the resumed run records from here on."""
         stream = RunStream()
         handle = self.start_resume(
-            run_id, listeners=(stream.listener,), text_listeners=(stream.listener,)
+            run_id, listeners=(TreeListener(stream.listener),), text_listeners=(stream.listener,)
         )
         return stream.follow(handle, handle._task)
 

@@ -32,13 +32,22 @@ import json
 import queue
 import threading
 from collections.abc import Callable, Generator
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from keel.records import Event, ToolResultRecorded, encode_event
 from keel.result import RunResult
 from keel.transports.streaming import TextDelta, TextDiscarded, TextEvent
 
-__all__ = ["LineSink", "RunStream", "event_json", "result_line", "stream_lines"]
+__all__ = [
+    "ChildEvent",
+    "LineSink",
+    "RunStream",
+    "TreeListener",
+    "event_json",
+    "result_line",
+    "stream_lines",
+]
 
 _END = None
 
@@ -53,6 +62,37 @@ def event_json(event: Event) -> dict[str, Any]:
     return shown
 
 
+@dataclass(frozen=True, slots=True)
+class ChildEvent:
+    """An event of a child run (sub-agents, ADR 0046) in its parent's stream, with the child's
+    run id: not an event of the parent's record (the child's own log has it)."""
+
+    run_id: str
+    event: Event
+
+    def to_json(self) -> dict[str, Any]:
+        return {"run_id": self.run_id, **event_json(self.event)}
+
+
+class TreeListener:
+    """A listener that also hears the runs its run delegates to (and theirs), each of their
+    events as a `ChildEvent`. Plain listeners (progress lines, traces) hear their own run only."""
+
+    __slots__ = ("hear",)
+
+    def __init__(self, hear: Callable[[Any], None]) -> None:
+        self.hear = hear
+
+    def __call__(self, event: Any) -> None:
+        self.hear(event)
+
+    def for_child(self, run_id: str) -> TreeListener:
+        def relay(event: Any) -> None:
+            self.hear(event if isinstance(event, ChildEvent) else ChildEvent(run_id, event))
+
+        return TreeListener(relay)
+
+
 class LineSink(Protocol):
     """Where `--events` lines go: stdout, or anything that writes text."""
 
@@ -65,13 +105,13 @@ class RunStream:
     """The events of one run as they happen, then (awaited) its result."""
 
     def __init__(self) -> None:
-        self._queue: asyncio.Queue[Event | TextEvent | None] = asyncio.Queue()
+        self._queue: asyncio.Queue[Event | TextEvent | ChildEvent | None] = asyncio.Queue()
         self._handle: Any = None
         self._task: asyncio.Task[RunResult] | None = None
         """Set by `follow`, before the stream is handed out."""
         self._finished = False
 
-    def listener(self, event: Event | TextEvent) -> None:
+    def listener(self, event: Event | TextEvent | ChildEvent) -> None:
         """Given to the run's recorder (and its text listeners): never blocks, never raises."""
         self._queue.put_nowait(event)
 
@@ -93,7 +133,7 @@ class RunStream:
     def __aiter__(self) -> RunStream:
         return self
 
-    async def __anext__(self) -> Event | TextEvent:
+    async def __anext__(self) -> Event | TextEvent | ChildEvent:
         if self._finished:
             raise StopAsyncIteration
         event = await self._queue.get()
@@ -118,7 +158,7 @@ def result_line(result: RunResult) -> str:
 
 def stream_lines(
     out: LineSink,
-) -> tuple[Callable[[Event | TextEvent], None], Callable[[RunResult], None]]:
+) -> tuple[TreeListener, Callable[[RunResult], None]]:
     """A listener writing each event as a JSON line to `out` from a thread of its own, and a
     function that writes the result line once every event line is out, then stops the thread.
     The first write that fails (OSError, or ValueError on a closed stream) ends the writing;
@@ -139,9 +179,11 @@ def stream_lines(
     writer = threading.Thread(target=write, name="keel-events", daemon=True)
     writer.start()
 
-    def listener(event: Event | TextEvent) -> None:
+    def listener(event: Event | TextEvent | ChildEvent) -> None:
         shown = (
-            event.to_json() if isinstance(event, TextDelta | TextDiscarded) else event_json(event)
+            event.to_json()
+            if isinstance(event, TextDelta | TextDiscarded | ChildEvent)
+            else event_json(event)
         )
         lines.put(json.dumps(shown, ensure_ascii=False))
 
@@ -150,4 +192,4 @@ def stream_lines(
         lines.put(None)
         writer.join()
 
-    return listener, finish
+    return TreeListener(listener), finish

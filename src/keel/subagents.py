@@ -26,13 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Sequence
 from typing import Protocol
 
 import pydantic
 
 from keel._run.tree import CURRENT, Delegations, qualified
 from keel.errors import LeaseHeld, ToolError
+from keel.events import TreeListener
 from keel.limits import Limits
 from keel.result import ChildRun, RunResult
 from keel.store import RunStore
@@ -65,10 +66,16 @@ class ChildAgent(Protocol):
         parent: tuple[str, str, str],
         limits: Limits,
         store: RunStore | None,
+        listeners: Sequence[TreeListener] = (),
     ) -> Awaitable[RunResult]: ...
 
-    def start_resume(self, run_id: str, *, store: RunStore | None = None) -> Awaitable[RunResult]:
-        ...
+    def start_resume(
+        self,
+        run_id: str,
+        *,
+        store: RunStore | None = None,
+        listeners: Sequence[TreeListener] = (),
+    ) -> Awaitable[RunResult]: ...
 
 
 class Delegation(pydantic.BaseModel):
@@ -111,6 +118,7 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
         raise ToolError(f"Error: {name} needs a task: say what the child agent should do.")
     child_id = child_run_id(tree.run_id, call.id)
     store = tree.store
+    heard = tuple(h.for_child(child_id) for h in tree.listeners if isinstance(h, TreeListener))
     async with tree.slots:
         record = None if store is None else store.get_run(child_id)
         if record is not None and record.status in ENDED:  # answered before: read, not rerun
@@ -122,12 +130,13 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
             parent = (tree.run_id, call.id, name)
             result = await _held(
                 tree, call.id, agent.start_child(
-                    task, run_id=child_id, parent=parent, limits=carved, store=store
+                    task, run_id=child_id, parent=parent, limits=carved, store=store,
+                    listeners=heard,
                 ),
             )  # fmt: skip
         else:  # running (its process died), cancelled or paused: on from its last step
             tree.hold(call.id, record.config.limits)
-            result = await _held(tree, call.id, _resumed(agent, child_id, store))
+            result = await _held(tree, call.id, _resumed(agent, child_id, store, heard))
     if result.status == "awaiting_approval":
         tree.paused[call.id] = tuple(qualified(child_id, p) for p in result.pending_approvals)
         return "(waiting for a decision in the child run)"
@@ -145,13 +154,15 @@ async def _held(tree: Delegations, call_id: str, child: Awaitable[RunResult]) ->
         raise
 
 
-async def _resumed(agent: ChildAgent, child_id: str, store: RunStore | None) -> RunResult:
+async def _resumed(
+    agent: ChildAgent, child_id: str, store: RunStore | None, heard: tuple[TreeListener, ...]
+) -> RunResult:
     """Resume a child, waiting out the lease of a process that died while advancing it (on
     another machine its lease must expire; here a dead holder is seen at once)."""
     waited = 0.0
     while True:
         try:
-            return await agent.start_resume(child_id, store=store)
+            return await agent.start_resume(child_id, store=store, listeners=heard)
         except LeaseHeld:
             if waited >= LEASE_WAIT:
                 raise

@@ -130,6 +130,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         parts.limits,
         parts.clock,
         context_tokens=parts.context.total_tokens,
+        listeners=parts.recorder.listeners,
         slots=asyncio.Semaphore(parts.limits.max_children),
         expected=sum(1 for c in to_run[:allowed] if _delegates(parts, c)),
     )

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Callable
 from contextvars import ContextVar
 from dataclasses import dataclass, field
+from typing import Any
 
 from keel._run.budgets import Clock, deadline_reserve
 from keel.limits import Limits
@@ -55,6 +57,9 @@ class Delegations:
     clock: Clock
     context_tokens: int = 0
     """The parent's context size now: its synthesis turn is at least that big."""
+    listeners: tuple[Callable[[Any], None], ...] = ()
+    """The parent's listeners: those that hear a tree (`keel.events.TreeListener`) hear its
+    children too."""
     slots: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(4))
     """Children running at once (`Limits.max_children`)."""
     expected: int = 0

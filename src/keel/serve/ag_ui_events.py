@@ -44,7 +44,7 @@ from ag_ui.core import (
     UserMessage,
 )
 
-from keel.events import event_json
+from keel.events import ChildEvent, event_json
 from keel.messages import SynthesisReason
 from keel.records import (
     Event,
@@ -142,12 +142,14 @@ class EventMapper:
         self._sent_text: set[str] = set()
         """Messages whose text went out as deltas (and so are not sent again whole)."""
 
-    def feed(self, event: Event | TextEvent) -> list[BaseEvent]:
+    def feed(self, event: Event | TextEvent | ChildEvent) -> list[BaseEvent]:
         """The AG-UI events for one item of the Keel stream."""
         if isinstance(event, TextDelta):
             return self._delta(event)
         if isinstance(event, TextDiscarded):
             return self._discarded(event)
+        if isinstance(event, ChildEvent):  # a child run's (sub-agents): its own, told as such
+            return [_custom("keel.child_event", event.to_json(), event.event.at)]
         out = self._enter(event)
         match event:
             case ModelRequestSent():
