@@ -372,3 +372,29 @@ async def test_childrens_events_interleave_in_the_parents_stream_with_their_run_
     first_child = items.index(theirs[0])
     last_child = items.index(theirs[-1])
     assert 0 < first_child < last_child < len(items) - 1  # between the parent's own events
+
+
+def test_keel_ui_draws_the_tree_and_links_each_child(tmp_path: Path, repo: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
+
+    child_model = script(tmp_path, "child", {"turns": [{"text": "A."}]})
+    reader = Agent(child_model, tools=file_tools(repo))
+    store = tmp_path / "runs.sqlite"
+    parent = lead(
+        [reader.as_tool("reader", "Reads")],
+        [{"tool_calls": [delegate("reader", "one"), delegate("reader", "two")]},
+         {"text": "Both."}],
+        store,
+    )  # fmt: skip
+    with parent:
+        result = parent.run("q")
+    app = create_app(store, served_hosts("127.0.0.1", 8350))
+    with TestClient(app, base_url="http://127.0.0.1:8350") as ui:
+        page = ui.get(f"/runs/{result.run_id}").text
+        for child in result.children:
+            assert f'<a href="/runs/{child.run_id}">{child.run_id}</a>' in page
+        child_page = ui.get(f"/runs/{result.children[0].run_id}").text
+        assert f'a child run of <a href="/runs/{result.run_id}">' in child_page
