@@ -27,6 +27,7 @@ from keel.evals.command import eval_command
 BUILTIN = [
     "budget_synthesis",
     "changing_page",
+    "child_loop",
     "denial",
     "edit_and_reread",
     "evidence_reset_cap",
@@ -70,7 +71,7 @@ def only_row(report: dict[str, Any]) -> dict[str, Any]:
 # --- the built-in scenarios pass -------------------------------------------------------------
 
 
-def test_builtin_scenarios_are_the_seven_of_the_issue_and_the_two_of_the_replay() -> None:
+def test_builtin_scenarios_are_the_seven_of_the_issue_the_two_of_the_replay_and_a_tree() -> None:
     assert builtin_names() == BUILTIN
 
 
@@ -200,6 +201,20 @@ def test_each_scenario_fails_when_its_rule_is_broken(
     assert report["passed"] is False and row["passed"] is False
     assert row["actual"] == actual, row["problems"]
     assert any(p.startswith("ended with") for p in row["problems"]), row["problems"]
+
+
+def test_a_child_that_loops_comes_back_synthesized_and_fails_the_scenario_when_it_cannot(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Sub-agents: the looping reader's synthesis answer reaches the lead; without the synthesis
+    turn the reader fails ToolLoopDetected, and the scenario says which child missed."""
+    code, report = eval_json("child_loop")
+    assert code == 0, report
+    never_synthesize(monkeypatch)
+    code, report = eval_json("child_loop")
+    row = only_row(report)
+    assert code == 1 and row["passed"] is False
+    assert any("of reader ended failed" in p for p in row["problems"]), row["problems"]
 
 
 def test_broken_hard_breaker_is_seen_at_the_page_server(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -13,7 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from keel.evals.grading import Grade
-from keel.evals.scenario import Bounds, Count, Expect, Scenario
+from keel.evals.scenario import Bounds, ChildExpect, Count, Expect, Scenario
 from keel.result import RunResult
 
 __all__ = ["RunRow", "ScenarioReport", "actual_end", "check", "expected_end"]
@@ -133,8 +133,30 @@ def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
         f"answer lacks {t!r}" for t in expect.answer_contains if t.casefold() not in answer
     ]
     problems += [f"answer contains {t!r}" for t in expect.answer_excludes if t.casefold() in answer]
+    for name, want_child in expect.children.items():
+        problems += _child_problems(name, want_child, result)
     if row.unused_turns is not None and row.unused_turns != expect.unused_turns:
         problems.append(
             f"scripted turns left unused: {row.unused_turns}, expected {expect.unused_turns}"
         )
+    return problems
+
+
+def _child_problems(name: str, want: ChildExpect, result: RunResult) -> list[str]:
+    """How the run's children of agent `name` missed what the scenario expects of them."""
+    mine = [c for c in result.children if c.agent == name]
+    problems = []
+    if want.count is not None and (problem := _count_problem(f"{name} children", len(mine),
+                                                               want.count)):  # fmt: skip
+        problems.append(problem)
+    for child in mine:
+        synthesized = child.synthesized or False
+        if child.status != want.status or (
+            want.synthesized is not None and synthesized != want.synthesized
+        ):
+            problems.append(
+                f"child {child.run_id} of {name} ended {child.status} (synthesized: "
+                f"{synthesized}), expected {want.status}"
+                + ("" if want.synthesized is None else f" (synthesized: {want.synthesized})")
+            )
     return problems

@@ -46,6 +46,7 @@ from keel.evals.scenario import (
     SlowPage,
     StaticPage,
 )
+from keel.limits import Limits
 from keel.models import resolve_model
 from keel.records import (
     ApprovalRequested,
@@ -172,6 +173,30 @@ def build_tools(
     return tools, closers
 
 
+def child_tools(
+    spec: ScenarioSpec, tools: list[Tool], base: str, store: RunStore, folder: Path
+) -> list[Tool]:
+    """The scenario's child agents as delegation tools (sub-agents, ADR 0046): each with its
+    own script, read from its start by every child run (a `script:` file in `folder`), and
+    the scenario's tools it names."""
+    by_name = {t.name: t for t in tools}
+    made = []
+    for name, child in spec.agents.items():
+        unknown = sorted(set(child.tools) - set(by_name))
+        if unknown:
+            raise ConfigError(f"agents.{name}.tools: not a tool of this scenario: {unknown}")
+        script = folder / f"agent-{name}.json"
+        script.write_text(json.dumps(substitute(child.script, base)), encoding="utf-8")
+        agent = Agent(
+            f"script:{script}",
+            tools=[by_name[t] for t in child.tools],
+            limits=Limits(**child.limits.model_dump()),
+            store=store,
+        )
+        made.append(agent.as_tool(name, child.description))
+    return made
+
+
 def make_transport(scenario: Scenario, model: str | None, base: str) -> Transport:
     if model is not None:
         return resolve_model(model)
@@ -223,6 +248,7 @@ async def run_once(
         serve(server, spec.pages, base)
         transport = shared or make_transport(scenario, model, base)
         tools, closers = build_tools(spec, Path(tmp), repo)
+        tools += child_tools(spec, tools, base, store, Path(tmp))
 
         def agent_on(model_transport: Transport) -> Agent:
             return Agent(

@@ -252,6 +252,15 @@ Count = Annotated[int, Field(ge=0)] | Bounds
 RunEnd = Literal["completed", "failed", "awaiting_approval", "cancelled"]
 
 
+class ChildExpect(_Strict):
+    """How every child run of one agent must end (sub-agents)."""
+
+    status: RunEnd = "completed"
+    synthesized: Literal["repeated_tool", "budget", "deadline", False] | None = None
+    count: Count | None = None
+    """How many children of this agent the run must have had."""
+
+
 class Expect(_Strict):
     status: RunEnd
     failure: FailureKind | None = None
@@ -276,6 +285,8 @@ class Expect(_Strict):
     unused_turns: int = Field(default=0, ge=0)
     """Scripted turns the run must leave unused: what the model would have done next had the
     rule under test not stopped it (the twin that breaks the rule uses them)."""
+    children: dict[str, ChildExpect] = {}
+    """By agent name: how that agent's child runs must end."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Expect:
@@ -284,6 +295,17 @@ class Expect(_Strict):
         if self.synthesized is not None and self.status != "completed":
             raise ValueError('synthesized is only checked with status = "completed"')
         return self
+
+
+class AgentSpec(_Strict):
+    """A child agent the scenario's agent may delegate to (`Agent.as_tool`, ADR 0046)."""
+
+    description: str = Field(min_length=1)
+    script: dict[str, Any]
+    """The child's scripted model; every child of this agent reads it from its start."""
+    tools: list[str] = []
+    """Which of the scenario's tools the child gets (by name); default: none."""
+    limits: LimitsSpec = LimitsSpec()
 
 
 class Decision(_Strict):
@@ -321,6 +343,8 @@ class ScenarioSpec(_Strict):
     evaluation runs, and invent nothing (`keel.evals.facts`)."""
     pages: list[Page] = []
     limits: LimitsSpec = LimitsSpec()
+    agents: dict[str, AgentSpec] = {}
+    """Child agents, offered to the scenario's agent as tools named after them."""
     approvals: ApprovalsSpec = ApprovalsSpec()
     expect: Expect
     expect_live: Expect | None = None
