@@ -15,6 +15,8 @@ import keel.errors
 EXPORTED = {
     # running agents
     "Agent",
+    "ChildEvent",
+    "agent_from_options",
     "Limits",
     "RunHandle",
     "RunStream",

@@ -140,7 +140,7 @@ ROOMS = (
     "trace_hooks", "failpoints", "inbound", "local_model", "config", "durability", "options",
     "structured", "transports", "pricing", "tools", "store", "approvals", "live_file",
     "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "evals", "present",
-    "assemble", "run_options", "pool", "ui", "serve", "cli", "__main__", "keel",
+    "run_options", "assemble", "pool", "ui", "serve", "cli", "__main__", "keel",
 )  # fmt: skip
 """The package's rooms (top-level modules and packages), lowest first: a room imports only rooms
 below it, so no lower room reaches up (the event stream into the presenters, the workers into

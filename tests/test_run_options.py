@@ -178,3 +178,29 @@ def test_keel_show_says_where_each_option_that_was_not_a_default_came_from(
         "from": str(tmp_path / "keel.toml"),
         "value": 7,
     }
+
+
+def test_the_library_builds_an_agent_from_the_same_options_as_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (tmp_path / "notes.md").write_text("notes\n")
+    script = tmp_path / "script.json"
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+    script.write_text(json.dumps({"turns": [read, {"text": "It says notes."}]}))
+    monkeypatch.setenv("KEEL_LOOP_THRESHOLD", "4")
+    agent = keel.agent_from_options(
+        model=f"script:{script}", repo=tmp_path, store=str(tmp_path / "runs.sqlite"),
+        max_model_calls=6, allow_writes=True,
+    )  # fmt: skip
+    with agent:
+        assert {"read_file", "write_file"} <= {t.name for t in agent.tools}
+        assert (agent.limits.max_model_calls, agent.limits.loop_threshold) == (6, 4)
+        result = agent.run("What do the notes say?")
+        assert (result.status, result.answer) == ("completed", "It says notes.")
+        record = agent.store.get_run(result.run_id)
+        assert record is not None
+        assert record.config.settings["options"]["loop_threshold"] == {
+            "from": "KEEL_LOOP_THRESHOLD", "value": 4,
+        }  # fmt: skip
+    with pytest.raises(ConfigError, match=r"no run option 'max_modell_calls'.*'max_model_calls'"):
+        keel.agent_from_options(max_modell_calls=3)

@@ -21,6 +21,7 @@ from keel import _lazy
 
 if _typing.TYPE_CHECKING:
     from keel.agent import Agent, RunHandle
+    from keel.assemble import agent_from_options
     from keel.errors import (
         AlreadyDecided,
         BudgetExhausted,
@@ -42,7 +43,7 @@ if _typing.TYPE_CHECKING:
         ToolError,
         ToolLoopDetected,
     )
-    from keel.events import RunStream
+    from keel.events import ChildEvent, RunStream
     from keel.limits import Limits
     from keel.messages import (
         AssistantMessage,
@@ -70,6 +71,8 @@ if _typing.TYPE_CHECKING:
 
 _WHERE: dict[str, str] = {
     "Agent": "keel.agent",
+    "agent_from_options": "keel.assemble",
+    "ChildEvent": "keel.events",
     "AlreadyDecided": "keel.errors",
     "AssistantMessage": "keel.messages",
     "BudgetExhausted": "keel.errors",
@@ -129,6 +132,7 @@ __all__ = [
     "AlreadyDecided",
     "AssistantMessage",
     "BudgetExhausted",
+    "ChildEvent",
     "ConfigError",
     "DeadlineExceeded",
     "Effect",
@@ -171,6 +175,7 @@ __all__ = [
     "Transport",
     "Usage",
     "UserMessage",
+    "agent_from_options",
     "browser_tools",
     "file_tools",
     "mcp_tools",

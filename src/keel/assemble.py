@@ -8,10 +8,11 @@ the workers, which both build their agents here: neither imports the other (ADR 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from collections.abc import Collection
 from pathlib import Path
-from typing import Any, Protocol, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 from keel._run.recorder import Listener
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
@@ -31,7 +32,18 @@ from keel.tools.writes import write_tools
 from keel.transports.base import TOOL_CHOICES, Transport
 from keel.transports.streaming import TextListener
 
-__all__ = ["SETTINGS", "Plugins", "agent_for_record", "build_agent"]
+if TYPE_CHECKING:
+    from keel.run_options import Resolved
+
+__all__ = [
+    "SETTINGS",
+    "Plugins",
+    "agent_for_record",
+    "agent_from_options",
+    "agent_from_resolved",
+    "build_agent",
+    "settings_of",
+]
 
 SETTINGS = (
     "repo",
@@ -122,6 +134,80 @@ def build_agent(
         if plugins is not None:  # a bad model spec, a tool name clash: stop the servers
             plugins.close()
         raise
+
+
+def agent_from_options(**options: Any) -> Agent:
+    """An agent as `keel run` would build it from these options (keel/run_options.py: `model`,
+    `repo`, `allow_writes`, `agent`, every limit, ...), each resolved as the command line
+    resolves it: the argument, else its KEEL_ variable, else a trusted keel.toml, else its
+    default. The built-in tools on `repo`; MCP servers are the command line's (give a program's
+    own with `tools=keel.mcp_tools(...)` on an `Agent`)."""
+    from keel.run_options import BY_NAME, resolve
+
+    unknown = sorted(set(options) - set(BY_NAME))
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], list(BY_NAME), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        raise ConfigError(f"no run option {unknown[0]!r}{hint} (keel/run_options.py)")
+    if options.get("mcp") or options.get("mcp_url"):
+        raise ConfigError("agent_from_options starts no MCP servers: use keel.mcp_tools(...)")
+    return agent_from_resolved(resolve(options), None, [])
+
+
+def agent_from_resolved(
+    resolved: Resolved, plugins: Plugins | None, mcp: list[JsonValue]
+) -> Agent:
+    """The agent the resolved options describe; `mcp`: the MCP servers' saved form."""
+    from keel.options import check_hosts
+    from keel.run_options import read_schema
+    from keel.store import store_target
+
+    values = resolved.values
+    folder = (values["repo"] or Path(".")).resolve()
+    check_hosts(values["allow_host"] or [])
+    schema_file: Path | None = values["output_schema"]
+    return build_agent(
+        values["model"],
+        settings_of(resolved, folder, mcp),
+        resolved.limits(),
+        store_target(values["store"]),
+        plugins,
+        approve_tools=values["approve_tools"] or [],
+        base_url=values["base_url"],
+        durability=values["durability"],
+        output_type=None if schema_file is None else read_schema(schema_file),
+    )
+
+
+def settings_of(resolved: Resolved, folder: Path, mcp: list[JsonValue]) -> JsonObject:
+    """What is saved with the run to rebuild its tools and transport in any process."""
+    from keel.config import public_url
+
+    values = resolved.values
+    settings: JsonObject = {
+        "repo": str(folder),
+        "allow_hosts": cast("list[JsonValue]", values["allow_host"] or []),
+        "allow_writes": bool(values["allow_writes"]),
+        "browser": bool(values["browser"]),
+        "mcp": mcp,
+        "first_turn_tool": "given" if resolved.given("first_turn_tool") else "default",
+        "options": cast("JsonValue", resolved.saved()),
+    }
+    if values["agent"]:  # the tables as they are now, saved: a resume builds the same children
+        from keel.run_options import agent_tables
+
+        settings["agents"] = cast("JsonValue", agent_tables(values["agent"]))
+    for key, name in (
+        ("without_tools", "without_tool"),
+        ("tool_choice", "tool_choice"),
+        ("api_key_env", "api_key_env"),
+    ):
+        if values[name]:  # saved only when given: a run without them stores what it always did
+            settings[key] = cast("JsonValue", values[name])
+    if values["base_url"]:
+        settings["base_url"] = public_url(values["base_url"])  # no credentials in the store
+        settings["base_url_redacted"] = settings["base_url"] != values["base_url"]
+    return settings
 
 
 def agent_for_record(record: RunRecord, store: RunStore) -> Agent:

@@ -11,7 +11,7 @@ import inspect
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -29,7 +29,6 @@ from keel.run_options import OPTIONS, Option
 if TYPE_CHECKING:
     from keel.agent import Agent
     from keel.cli.integrations import RunExtras
-    from keel.records import JsonObject, JsonValue
     from keel.run_options import Resolved
 
 __all__ = ["CommandAgent", "command_agent", "with_agent_options"]
@@ -105,72 +104,21 @@ def command_agent(options: dict[str, Any], *, workers: bool = False) -> CommandA
     """The agent a command's options describe: each option resolved once (flag > environment
     > keel.toml > default), misuse one line and exit code 2. `workers`: the run goes to
     `keel worker`s, which start no MCP servers (ADR 0026)."""
-    from keel.assemble import build_agent
+    from keel.assemble import agent_from_resolved
     from keel.cli.integrations import RunExtras, mcp_settings
-    from keel.options import check_hosts
-    from keel.run_options import read_schema, resolve
-    from keel.store import store_target
+    from keel.run_options import resolve
 
     shown = {name: bool(options.pop(name, False)) for name in OUTPUT_PARAMETERS}
     resolved = guard(lambda: resolve(options))
     values = resolved.values
-    folder = (values["repo"] or Path(".")).resolve()
-    settings = guard(lambda: _settings(resolved, folder, mcp_settings))
-    if workers and settings["mcp"]:
+    mcp = guard(lambda: mcp_settings(values["mcp"] or [], values["mcp_url"] or []))
+    if workers and mcp:
         usage_error(
             "keel submit: MCP servers are not started on workers, so this run would have no "
             "MCP tools there; run it here with keel run"
         )
-    guard(lambda: check_hosts(values["allow_host"] or []))
     for warning in resolved.warnings:
         err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)
-    schema_file: Path | None = values["output_schema"]
-    schema = None if schema_file is None else guard(lambda: read_schema(schema_file))
     extras = RunExtras(shown["as_json"], shown["events"], shown["otel"], shown["otel_content"])
-    agent = guard(
-        lambda: build_agent(
-            values["model"],
-            settings,
-            resolved.limits(),
-            store_target(values["store"]),
-            extras,
-            approve_tools=values["approve_tools"] or [],
-            base_url=values["base_url"],
-            durability=values["durability"],
-            output_type=schema,
-        )
-    )
-    return CommandAgent(agent, extras, resolved, folder)
-
-
-def _settings(
-    resolved: Resolved, folder: Path, mcp_settings: Callable[..., list[JsonValue]]
-) -> JsonObject:
-    """What is saved with the run to rebuild its tools and transport in any process."""
-    from keel.config import public_url
-
-    values = resolved.values
-    settings: JsonObject = {
-        "repo": str(folder),
-        "allow_hosts": cast("list[JsonValue]", values["allow_host"] or []),
-        "allow_writes": bool(values["allow_writes"]),
-        "browser": bool(values["browser"]),
-        "mcp": mcp_settings(values["mcp"] or [], values["mcp_url"] or []),
-        "first_turn_tool": "given" if resolved.given("first_turn_tool") else "default",
-        "options": cast("JsonValue", resolved.saved()),
-    }
-    if values["agent"]:  # the tables as they are now, saved: a resume builds the same children
-        from keel.run_options import agent_tables
-
-        settings["agents"] = cast("JsonValue", agent_tables(values["agent"]))
-    for key, name in (
-        ("without_tools", "without_tool"),
-        ("tool_choice", "tool_choice"),
-        ("api_key_env", "api_key_env"),
-    ):
-        if values[name]:  # saved only when given: a run without them stores what it always did
-            settings[key] = cast("JsonValue", values[name])
-    if values["base_url"]:
-        settings["base_url"] = public_url(values["base_url"])  # no credentials in the store
-        settings["base_url_redacted"] = settings["base_url"] != values["base_url"]
-    return settings
+    agent = guard(lambda: agent_from_resolved(resolved, extras, mcp))
+    return CommandAgent(agent, extras, resolved, (values["repo"] or Path(".")).resolve())
