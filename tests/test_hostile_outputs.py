@@ -8,14 +8,27 @@ start, a classified failure or a bounded cost, never a traceback, a hang or a ru
 
 from __future__ import annotations
 
+import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
+import pydantic
 import pytest
 
 import keel
+from isolated import run_python
 from keel.pricing import Price, PriceTable, configured_prices
+from keel.records import OutputRejected
+from keel.structured import OutputSpec
+from keel.transports.scripted import ScriptedTransport
+from support import call
 
 # --- prices ----------------------------------------------------------------------------------
 
@@ -36,3 +49,229 @@ def test_a_keel_toml_price_of_nan_or_inf_is_refused_at_start(tmp_path: Path, wor
                     f"output = {word} }}\n")  # fmt: skip
     with pytest.raises(keel.ConfigError, match=r"gpt-4o.*finite"):
         configured_prices([(toml, tomllib.loads(toml.read_text()))])
+
+
+# --- the output schema, checked at start -----------------------------------------------------
+
+RECURSIVE = {"type": "array", "items": {"$ref": "#"}}
+"""A legitimate recursive schema: a list of lists, each level one level deeper in the answer."""
+FORKING = {"$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}},
+                                     {"type": "array", "items": {"$ref": "#/$defs/n"}}]}},
+           "$ref": "#/$defs/n"}  # fmt: skip
+"""Two branches per level: an answer that fails at its bottom is tried 2**depth ways."""
+
+
+def nested(depth: int, leaf: str = "[]") -> str:
+    return "[" * depth + leaf + "]" * depth
+
+
+@keel.tool
+def fetch(url: str) -> str:
+    """Download a web page as text."""
+    return f"page {url}"
+
+
+class Finding(pydantic.BaseModel):
+    module: str
+    confident: bool
+
+
+FINDING = {"module": "loop", "confident": True}
+
+
+def scripted(script: dict[str, Any], output: Any, **limits: Any) -> keel.Agent:
+    transport = ScriptedTransport.from_dict(script, record=True)
+    return keel.Agent(transport, tools=[fetch], store=keel.Store(":memory:"),
+                      limits=keel.Limits(**limits), output_type=output)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$ref": "#"},
+        {"allOf": [{"$ref": "#"}]},
+        {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"anyOf": [{"type": "null"},
+                                                                {"$ref": "#/$defs/a"}]}},
+         "$ref": "#/$defs/a"},
+    ],
+)
+def test_a_ref_cycle_that_never_reaches_a_value_is_refused_at_start(schema: Any) -> None:
+    with pytest.raises(keel.ConfigError, match=r"\$ref cycle"):
+        OutputSpec.of(schema)
+
+
+@pytest.mark.parametrize(
+    "ref",
+    ["https://example.com/schema.json", "file:///etc/passwd", "other.json#/x", "//host/s",
+     "#/$defs/missing"],
+)
+def test_a_ref_that_is_not_inside_the_schema_is_refused_without_retrieval(ref: str) -> None:
+    schema = {"type": "object", "properties": {"a": {"$ref": ref}}, "$defs": {}}
+    with pytest.raises(keel.ConfigError, match=r"\$ref") as refused:
+        OutputSpec.of(schema)
+    assert ref in str(refused.value)
+
+
+@pytest.mark.parametrize("pattern", [r"(a)\1", r"^(?=x)", r"(?<!a)b"])
+def test_a_pattern_re2_cannot_take_is_refused_at_start_naming_it(pattern: str) -> None:
+    for schema in (
+        {"type": "string", "pattern": pattern},
+        {"type": "object", "patternProperties": {pattern: {"type": "string"}}},
+    ):
+        with pytest.raises(keel.ConfigError, match="RE2") as refused:
+            OutputSpec.of(schema)
+        assert repr(pattern) in str(refused.value)
+
+
+def test_a_property_named_pattern_is_a_name_not_a_regular_expression() -> None:
+    schema = {"type": "object", "properties": {"pattern": {"type": "string"}}}
+    assert OutputSpec.of(schema).schema == schema
+
+
+def test_a_schema_nested_thousands_deep_is_refused_at_start_not_a_traceback() -> None:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(3000):
+        schema = {"type": "array", "items": schema}
+    with pytest.raises(keel.ConfigError, match="nested"):
+        OutputSpec.of(schema)
+
+
+# --- the answer, validated bounded and off the event loop ------------------------------------
+
+
+async def test_a_recursive_schema_validates_a_modest_answer_and_refuses_one_300_deep() -> None:
+    ok = await scripted({"turns": [{"text": nested(20)}]}, RECURSIVE).arun("q")
+    assert ok.status == "completed" and ok.output == json.loads(nested(20))
+    agent = scripted({"turns": [{"text": nested(300)}] * 3}, RECURSIVE)
+    result = await agent.arun("q")
+    assert result.status == "failed" and result.failure is not None
+    assert result.failure.kind == "InvalidOutput" and "nested" in result.failure.message
+    stored = agent.store.get_run(result.run_id)
+    assert stored is not None and stored.status == "failed"
+
+
+_WATCHED_RUN = """
+import asyncio, json, time, keel
+from keel.transports.scripted import ScriptedTransport
+
+async def main():
+    transport = ScriptedTransport.from_dict({"turns": [{"text": %(answer)r}] * 3})
+    agent = keel.Agent(transport, store=keel.Store(":memory:"), output_type=%(schema)r,
+                       limits=keel.Limits(%(limits)s))
+    ticks = 0
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    result = await agent.arun("q")
+    took = time.monotonic() - started
+    ticker.cancel()
+    print(json.dumps({"status": result.status, "took": took, "ticks": ticks,
+                      "kind": result.failure.kind if result.failure else None,
+                      "message": result.failure.message if result.failure else None}))
+
+asyncio.run(main())
+"""
+
+
+def watched_run(schema: Any, answer: str, limits: str, timeout: float) -> dict[str, Any]:
+    """A run in its own interpreter (a blocked loop would hang this one), with a task that
+    ticks every 20 ms beside it: what it ended as, how long it took, how often the loop ticked."""
+    done = run_python(_WATCHED_RUN % {"schema": schema, "answer": answer, "limits": limits},
+                      timeout)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return dict(json.loads(done.stdout))
+
+
+def test_a_backtracking_pattern_against_a_crafted_answer_does_not_block_the_loop() -> None:
+    schema = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}},
+              "patternProperties": {"^(b+)+$": {"type": "string"}},
+              "additionalProperties": False}  # fmt: skip
+    answer = json.dumps({"s": "a" * 40 + "!", "b" * 40 + "!": "x"})
+    seen = watched_run(schema, answer, "", timeout=30)
+    assert seen["status"] == "failed" and seen["kind"] == "InvalidOutput"
+    assert "does not match" in seen["message"] and "not allowed" in seen["message"]
+    assert seen["took"] < 10
+
+
+async def test_a_valid_answer_that_is_a_json_string_is_the_output() -> None:
+    schema = {"type": "string", "pattern": "^a+$"}
+    result = await scripted({"turns": [{"text": '"aaa"'}]}, schema).arun("q")
+    assert result.status == "completed", result.failure
+    assert result.output == "aaa" and result.model_calls == 1
+
+
+def test_a_costly_validation_is_cut_off_and_the_deadline_still_ends_the_run() -> None:
+    seen = watched_run(FORKING, nested(40, '"x"'), "deadline=3", timeout=40)
+    assert seen["status"] == "failed" and seen["kind"] == "DeadlineExceeded"
+    assert seen["took"] < 6
+    assert seen["ticks"] >= seen["took"] / 0.02 / 4  # the loop kept its turns all along
+
+
+def test_sigterm_ends_a_run_whose_answer_is_being_validated(tmp_path: Path) -> None:
+    schema, script = tmp_path / "schema.json", tmp_path / "script.json"
+    schema.write_text(json.dumps(FORKING))
+    script.write_text(json.dumps({"turns": [{"text": nested(40, '"x"')}] * 3}))
+    db = tmp_path / "r.db"
+    command = [sys.executable, "-m", "keel", "run", "q", "--model", f"script:{script}",
+               "--store", str(db), "--output-schema", str(schema), "--json"]  # fmt: skip
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               env=os.environ | {"PYTHONUNBUFFERED": "1"})  # fmt: skip
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not _has_run(db):
+            time.sleep(0.1)
+        time.sleep(1.0)  # the first answer is being validated now
+        process.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        process.communicate(timeout=15)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.communicate()
+        pytest.fail("keel run did not end within 15 s of SIGTERM")
+    assert time.monotonic() - sent < 5
+    assert process.returncode != 0
+    (run,) = keel.Store(str(db)).list_runs()
+    assert run.status == "cancelled"
+
+
+def _has_run(db: Path) -> bool:
+    if not db.exists():
+        return False
+    try:
+        return bool(keel.Store(str(db)).list_runs())
+    except keel.KeelError:
+        return False
+
+
+# --- the synthesis turn ----------------------------------------------------------------------
+
+
+async def test_a_synthesis_answer_without_the_envelope_that_matches_the_schema_is_the_partial_output() -> None:  # noqa: E501
+    script = {"turns": [call("fetch", url="a")], "on_synthesis": {"text": json.dumps(FINDING)}}
+    result = await scripted(script, Finding, max_model_calls=2).arun("q")
+    assert result.status == "completed", result.failure
+    assert result.partial and result.gaps == () and result.output == Finding(**FINDING)
+
+
+async def test_an_invalid_synthesis_answer_gets_the_same_output_retries_as_a_normal_turn() -> None:
+    envelope = {"output": FINDING, "gaps": ["the store was not read"]}
+    script = {"turns": [call("fetch", url="a"), {"text": "not json"},
+                        {"text": json.dumps(envelope)}]}  # fmt: skip
+    agent = scripted(script, Finding, loop_threshold=2)
+    result = await agent.arun("q")
+    assert result.status == "completed", result.failure
+    assert result.synthesized == "repeated_tool" and result.partial
+    assert result.gaps == ("the store was not read",) and result.model_calls == 3
+    events = agent.store.events(result.run_id)
+    assert [e.text for e in events if isinstance(e, OutputRejected)] == ["not json"]
+
+
+async def test_a_synthesis_answer_with_no_budget_left_for_a_retry_fails_invalid_output() -> None:
+    script = {"turns": [call("fetch", url="a")], "on_synthesis": {"text": "not json"}}
+    result = await scripted(script, Finding, max_model_calls=2).arun("q")
+    assert result.failure is not None and result.failure.kind == "InvalidOutput"
+    assert "no model call" in result.failure.message
