@@ -12,6 +12,7 @@ import json
 import math
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -24,10 +25,13 @@ import pytest
 
 import keel
 from isolated import run_python
+from keel.live_file import LiveFiles, live_dir, live_path
 from keel.pricing import Price, PriceTable, configured_prices
 from keel.records import OutputRejected
 from keel.structured import OutputSpec
 from keel.transports.scripted import ScriptedTransport
+from keel.transports.streaming import TextDelta
+from keel.ui.live_text import LiveTexts, read
 from support import call
 
 # --- prices ----------------------------------------------------------------------------------
@@ -275,3 +279,66 @@ async def test_a_synthesis_answer_with_no_budget_left_for_a_retry_fails_invalid_
     result = await scripted(script, Finding, max_model_calls=2).arun("q")
     assert result.failure is not None and result.failure.kind == "InvalidOutput"
     assert "no model call" in result.failure.message
+
+
+# --- the live answer file --------------------------------------------------------------------
+
+
+def live_file_in(directory: Path, text: str = "half an answer") -> Path:
+    """A run's live file in `directory`, with `text` streamed to it."""
+    file = LiveFiles(directory).for_run("r1")
+    file(TextDelta(text, 1, 1))
+    file.close()
+    return file.path
+
+
+def test_the_live_folder_keel_ui_makes_is_private_and_its_file_is_written(tmp_path: Path) -> None:
+    store = tmp_path / "runs.sqlite"
+    os.umask(old := os.umask(0o022))
+    try:
+        LiveTexts(store)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(live_dir(store).stat().st_mode) == 0o700
+    path = live_file_in(live_dir(store))
+    assert path.read_bytes().endswith(b"half an answer")
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+
+
+def test_a_live_file_is_not_written_through_a_link_planted_in_its_place(tmp_path: Path) -> None:
+    directory = tmp_path / "runs.sqlite.live"
+    directory.mkdir(mode=0o700)
+    victim = tmp_path / "victim.txt"
+    victim.write_text("keep me")
+    live_path(directory, "r1").symlink_to(victim)
+    live_file_in(directory)
+    assert victim.read_text() == "keep me"
+    assert read(live_path(directory, "r1")) is None  # nor read through it by the UI
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o777, 0o1777])
+def test_a_live_folder_others_may_enter_is_not_written_in(tmp_path: Path, mode: int) -> None:
+    directory = tmp_path / "runs.sqlite.live"
+    directory.mkdir()
+    directory.chmod(mode)
+    live_file_in(directory)
+    assert list(directory.iterdir()) == []
+
+
+def test_a_live_folder_that_is_a_link_is_not_written_in(tmp_path: Path) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir(mode=0o700)
+    directory = tmp_path / "runs.sqlite.live"
+    directory.symlink_to(elsewhere)
+    live_file_in(directory)
+    assert list(elsewhere.iterdir()) == []
+
+
+def test_a_live_folder_of_another_owner_is_not_written_in(tmp_path: Path) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("making a folder of another owner needs root")
+    directory = tmp_path / "runs.sqlite.live"
+    directory.mkdir(mode=0o700)
+    os.chown(directory, 65534, 65534)
+    live_file_in(directory)
+    assert list(directory.iterdir()) == []
