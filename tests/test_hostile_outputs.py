@@ -17,21 +17,31 @@ import subprocess
 import sys
 import time
 import tomllib
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pydantic
 import pytest
+from typer.testing import CliRunner
 
 import keel
+from contract import case_anthropic, case_openai_chat, case_openai_responses
+from contract.harness import Recorder
 from isolated import run_python
+from keel.cli.app import app
 from keel.live_file import LiveFiles, live_dir, live_path
 from keel.pricing import Price, PriceTable, configured_prices
 from keel.records import OutputRejected
 from keel.structured import OutputSpec
+from keel.transports.anthropic import AnthropicTransport
+from keel.transports.openai_chat import OpenAIChatTransport
+from keel.transports.openai_responses import OpenAIResponsesTransport
 from keel.transports.scripted import ScriptedTransport
 from keel.transports.streaming import TextDelta
 from keel.ui.live_text import LiveTexts, read
+from loopback_http import QuietHandler, serving
 from support import call
 
 # --- prices ----------------------------------------------------------------------------------
@@ -342,3 +352,92 @@ def test_a_live_folder_of_another_owner_is_not_written_in(tmp_path: Path) -> Non
     os.chown(directory, 65534, 65534)
     live_file_in(directory)
     assert list(directory.iterdir()) == []
+
+
+# --- the API key, never kept from what the model said ----------------------------------------
+
+KEY = "sk-proj-Vq3xT9Lm2Rk8Wz4Np6Bd1Hs5Jf7Gc0Ya2Ue4Io6Pl8KnT3BlbkFJx9q"
+
+
+def echoes_the_key(vendor: str) -> httpx.Response:
+    """A model (or a proxy in front of it) that says the key back in its answer."""
+    text = f"Your key is {KEY}; keep it safe."
+    if vendor == "responses":
+        content = [{"type": "output_text", "annotations": [], "text": text}]
+        message = {"id": "msg_1", "type": "message", "status": "completed",
+                   "role": "assistant", "content": content}  # fmt: skip
+        usage = {"input_tokens": 10, "output_tokens": 5, "total_tokens": 15}
+        return case_openai_responses._response([message], usage)
+    if vendor == "chat":
+        return case_openai_chat._completion({"content": text}, "stop",
+                                            case_openai_chat._usage(10, 0, 5))  # fmt: skip
+    block = {"type": "text", "text": text}
+    usage = {"input_tokens": 10, "output_tokens": 5}
+    return case_anthropic._message([block], "end_turn", usage)
+
+
+def keyed_transport(vendor: str, http: httpx.AsyncClient) -> Any:
+    if vendor == "responses":
+        return OpenAIResponsesTransport("gpt-4o", http_client=http, api_key=KEY)
+    if vendor == "chat":
+        return OpenAIChatTransport("gpt-4o", http_client=http, api_key=KEY)
+    return AnthropicTransport("claude-sonnet-4-5", http_client=http, api_key=KEY)
+
+
+@pytest.mark.parametrize("vendor", ["responses", "chat", "anthropic"])
+async def test_a_key_the_model_says_back_is_scrubbed_from_the_answer_and_the_store(
+    vendor: str, tmp_path: Path
+) -> None:
+    server = Recorder(echoes_the_key(vendor))
+    db = tmp_path / "runs.sqlite"
+    agent = keel.Agent(keyed_transport(vendor, server.http()), store=keel.Store(str(db)))
+    result = await agent.arun("What is my key?")
+    assert result.status == "completed", result.failure
+    assert result.answer == "Your key is [redacted]; keep it safe."
+    assert all(KEY not in repr(e) for e in agent.store.events(result.run_id))
+    agent.store.close()
+    assert KEY.encode() not in b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+
+
+def test_keel_run_scrubs_the_api_key_env_key_from_the_answer(tmp_path: Path) -> None:
+    class Echo(QuietHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers["content-length"]))
+            self.reply(echoes_the_key("chat").content)
+
+    db = tmp_path / "runs.sqlite"
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Echo)) as server:
+        base = f"http://127.0.0.1:{server.server_address[1]}/v1"
+        out = CliRunner(env={"MY_PROXY_KEY": KEY}).invoke(
+            app, ["run", "What is my key?", "--model", "openai-chat:house", "--base-url", base,
+                  "--api-key-env", "MY_PROXY_KEY", "--store", str(db), "--json"],
+        )  # fmt: skip
+    assert out.exit_code == 0, out.stderr
+    assert json.loads(out.stdout)["answer"] == "Your key is [redacted]; keep it safe."
+    assert KEY not in out.stdout + out.stderr
+    assert KEY.encode() not in b"".join(p.read_bytes() for p in tmp_path.iterdir() if p.is_file())
+
+
+async def test_a_streamed_key_split_across_deltas_never_reaches_a_text_listener() -> None:
+    class Streaming:
+        name = "streaming"
+        streams = True
+
+        def secret(self) -> str:
+            return KEY
+
+        async def request(self, request: keel.ModelRequest) -> keel.ModelResponse:
+            raise AssertionError("a run with a text listener streams")
+
+        async def request_streaming(self, request: keel.ModelRequest, on_text: Any) -> Any:
+            text = f"key: {KEY} end"
+            for i in range(0, len(text), 7):
+                on_text(text[i : i + 7])
+            return keel.ModelResponse(text=text, stop_reason="stop")
+
+    heard: list[str] = []
+    agent = keel.Agent(Streaming(), store=keel.Store(":memory:"),
+                       text_listeners=[lambda e: heard.append(getattr(e, "text", ""))])  # fmt: skip
+    result = await agent.arun("q")
+    assert result.answer == "key: [redacted] end"
+    assert "".join(heard) == "key: [redacted] end"
