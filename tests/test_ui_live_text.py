@@ -124,7 +124,7 @@ def test_the_live_text_kept_is_capped(tmp_path: Path) -> None:
 
 async def test_a_discarded_attempts_live_text_disappears(tmp_path: Path) -> None:
     directory = tmp_path / "runs.sqlite.live"
-    directory.mkdir()
+    directory.mkdir(mode=0o700)  # as `keel ui` makes it: others' folders are not written in
     file = LiveFiles(directory).for_run("r/1")
     file(TextDelta("partial", 1, 1))
     assert file.path.parent == directory and file.path.read_bytes().endswith(b"partial")
@@ -139,7 +139,7 @@ async def test_no_live_file_when_no_one_streams(tmp_path: Path) -> None:
     listener but a model that does not stream writes nothing."""
     store = tmp_path / "runs.sqlite"
     assert wanted(store) is None and wanted("postgresql://x/y") is None
-    live_dir(store).mkdir()
+    live_dir(store).mkdir(mode=0o700)
     quiet = ScriptedTransport.from_dict({"turns": [{"text": "one two"}]})
     agent = keel.Agent(quiet, store=store, text_listeners=[LiveFiles(live_dir(store))])
     result = await agent.arun("Q")

@@ -17,11 +17,13 @@ Text that encodes, which is nearly all of it, is returned as it is: one `str.enc
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 from keel.canonical import call_key, canonical_json
 from keel.messages import ModelResponse, ToolCall
+from keel.transports.policy import scrub
 
 __all__ = ["REPLACEMENT", "clean_response", "clean_text", "clean_value"]
 
@@ -38,32 +40,36 @@ def clean_text(text: str) -> str:
     return text
 
 
-def clean_value(value: Any) -> Any:
-    """A JSON value with every string in it (keys too) cleaned; the same object when clean."""
+def clean_value(value: Any, fix: Callable[[str], str] = clean_text) -> Any:
+    """A JSON value with every string in it (keys too) cleaned (by `fix`); the same object
+    when clean."""
     if isinstance(value, str):
-        return clean_text(value)
+        return fix(value)
     if isinstance(value, dict):
         changed, out = False, {}
         for key, item in value.items():
-            clean_key = clean_text(key) if isinstance(key, str) else key
-            clean_item = clean_value(item)
+            clean_key = fix(key) if isinstance(key, str) else key
+            clean_item = clean_value(item, fix)
             changed |= clean_key is not key or clean_item is not item
             out[clean_key] = clean_item
         return out if changed else value
     if isinstance(value, list | tuple):
-        items = [clean_value(v) for v in value]
+        items = [clean_value(v, fix) for v in value]
         if all(a is b for a, b in zip(items, value, strict=True)):
             return value
         return type(value)(items) if isinstance(value, tuple) else items
     return value
 
 
-def clean_response(response: ModelResponse) -> ModelResponse:
-    """The response with nothing in it that the store, a terminal or JSON cannot hold."""
-    text = None if response.text is None else clean_text(response.text)
-    calls = tuple(_clean_call(call) for call in response.tool_calls)
-    details = clean_value(response.provider_details)
-    stop = None if response.stop_reason is None else clean_text(response.stop_reason)
+def clean_response(response: ModelResponse, secret: str | None = None) -> ModelResponse:
+    """The response with nothing in it that the store, a terminal or JSON cannot hold, and
+    with `secret` (the transport's API key) scrubbed from every string in it: text, calls,
+    provider details (SECURITY.md: keys are never stored)."""
+    fix = clean_text if secret is None else _scrubbing(secret)
+    text = None if response.text is None else fix(response.text)
+    calls = tuple(_clean_call(call, fix) for call in response.tool_calls)
+    details = clean_value(response.provider_details, fix)
+    stop = None if response.stop_reason is None else fix(response.stop_reason)
     changed = (
         text is not response.text
         or details is not response.provider_details
@@ -77,9 +83,20 @@ def clean_response(response: ModelResponse) -> ModelResponse:
     )
 
 
-def _clean_call(call: ToolCall) -> ToolCall:
-    call_id, name = clean_text(call.id), clean_text(call.name)
-    raw, arguments = clean_text(call.raw_arguments), clean_value(call.arguments)
+def _scrubbing(secret: str) -> Callable[[str], str]:
+    """clean_text, then `secret` replaced (`keel.transports.policy.scrub`); the same object
+    when there is nothing to change."""
+
+    def fix(text: str) -> str:
+        cleaned = clean_text(text)
+        return scrub(cleaned, secret) if secret in cleaned else cleaned
+
+    return fix
+
+
+def _clean_call(call: ToolCall, fix: Callable[[str], str] = clean_text) -> ToolCall:
+    call_id, name = fix(call.id), fix(call.name)
+    raw, arguments = fix(call.raw_arguments), clean_value(call.arguments, fix)
     if (
         call_id is call.id
         and name is call.name
@@ -87,7 +104,7 @@ def _clean_call(call: ToolCall) -> ToolCall:
         and arguments is call.arguments
     ):
         return call
-    provider_id = None if call.provider_id is None else clean_text(call.provider_id)
+    provider_id = None if call.provider_id is None else fix(call.provider_id)
     if call.parse_error is None and isinstance(arguments, dict):
         # a JSON escape put the surrogate in the parsed arguments: key them as cleaned
         key = call_key(name, arguments)

@@ -8,12 +8,19 @@ the file anew; it is removed when the attempt is discarded, when the next reques
 answer is recorded by then), and when the run ends or pauses. At most `MAX_BYTES` of an
 attempt's text are kept. Nothing of this runs unless the listener is given: `keel run` gives it
 only when `keel ui` made the directory (`wanted`), so a run nobody watches does not stream.
+
+The directory sits beside the store, where others may write too (ADR 0048): `keel ui` makes it
+with mode 0700 (`make_live_dir`), and a file is written only in a directory that is no link,
+is the user's own and lets no one else in; the file is opened without following a link planted
+in its place (O_NOFOLLOW), with mode 0600. Otherwise nothing is written and the run goes on.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import os
+import stat
 from pathlib import Path
 from typing import IO
 from urllib.parse import quote
@@ -28,11 +35,23 @@ from keel.records import (
 )
 from keel.transports.streaming import TextDelta, TextDiscarded, TextEvent
 
-__all__ = ["MAX_BYTES", "LiveFiles", "RunLiveFile", "live_dir", "live_path", "wanted"]
+__all__ = [
+    "MAX_BYTES",
+    "NOFOLLOW",
+    "LiveFiles",
+    "RunLiveFile",
+    "live_dir",
+    "live_path",
+    "make_live_dir",
+    "wanted",
+]
 
 MAX_BYTES = 64 * 1024
 """Of one attempt's text, what is written at most (the UI reads no more)."""
 _ENDS = (ModelRequestSent, ApprovalRequested, RunCompleted, RunFailed, RunCancelled)
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+"""Opening a link fails (ELOOP) instead of following it."""
+_DIRECTORY = getattr(os, "O_DIRECTORY", 0)
 
 
 def live_dir(store: str | Path) -> Path:
@@ -44,6 +63,27 @@ def live_dir(store: str | Path) -> Path:
 def live_path(directory: Path, run_id: str) -> Path:
     """The live file of `run_id` (quoted: a run id never names another path)."""
     return directory / (quote(run_id, safe="") + ".txt")
+
+
+def make_live_dir(directory: Path) -> None:
+    """Make the live directory, private to the user (0700); OSError when it cannot be."""
+    directory.mkdir(mode=0o700, exist_ok=True)
+
+
+def _private_dir(directory: Path) -> int | None:
+    """The directory opened (a descriptor), when it is no link, is the user's own and lets no
+    one else in; None otherwise: nothing is written there."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | _DIRECTORY | NOFOLLOW)
+    except OSError:
+        return None
+    info = os.fstat(fd)
+    getuid = getattr(os, "getuid", None)
+    mine = getuid is None or info.st_uid == getuid()
+    if stat.S_ISDIR(info.st_mode) and mine and stat.S_IMODE(info.st_mode) & 0o077 == 0:
+        return fd
+    os.close(fd)
+    return None
 
 
 def wanted(store: object) -> LiveFiles | None:
@@ -116,11 +156,18 @@ class RunLiveFile:
         self.close()
         self._attempt, self._written = (delta.step, delta.attempt), 0
         head = json.dumps({"step": delta.step, "attempt": delta.attempt}) + "\n"
+        directory = _private_dir(self.path.parent)
+        if directory is None:
+            return  # not a folder of the user's own: the UI shows no text; the run goes on
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | NOFOLLOW | getattr(os, "O_CLOEXEC", 0)
         try:
-            handle = open(self.path, "wb")  # noqa: SIM115 (kept open for the attempt)
+            fd = os.open(self.path.name, flags, 0o600, dir_fd=directory)
+            handle = os.fdopen(fd, "wb")
             self._made = True
             handle.write(head.encode())
             handle.flush()
         except OSError:
             return  # the UI shows no text; the run goes on
+        finally:
+            os.close(directory)
         self._handle = handle

@@ -17,6 +17,7 @@ its runs show no cost, and a cost limit refuses to start it (never a silent zero
 from __future__ import annotations
 
 import functools
+import math
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -57,8 +58,12 @@ class Price:
     def __post_init__(self) -> None:
         for name in ("input", "cached_input", "output"):
             value = getattr(self, name)
-            if not isinstance(value, int | float) or isinstance(value, bool) or value < 0:
-                raise ConfigError(f"a price's {name} must be a number of dollars >= 0")
+            number = isinstance(value, int | float) and not isinstance(value, bool)
+            if not number or not math.isfinite(value) or value < 0:
+                # NaN passes `< 0` and would make every cost (and a cost limit) NaN; inf too
+                raise ConfigError(
+                    f"a price's {name} must be a finite number of dollars >= 0, not {value!r}"
+                )
 
 
 FREE = Price(0.0, 0.0, 0.0)

@@ -8,17 +8,30 @@ Each request of the run carries the schema (`ModelRequest.output`), and each tra
 it in its provider's own form (OpenAI's json_schema formats, an answer tool for Anthropic, a
 grammar for the local model, instructions for the XML fallback). Whatever the provider does,
 the answer is validated here: by pydantic for a model, by the JSON Schema validator for a
-schema. A normal turn whose answer does not validate gets the errors back and one more turn (at
-most `Limits.output_retries`); a synthesis turn asks for an envelope around the same schema,
-``{"output": <the schema>, "gaps": [...]}``, so a forced answer is still the caller's shape and
-says what it could not fill in (`partial`). An answer that cannot be validated even then ends
-the run InvalidOutput, with the model's text kept.
+schema. A turn whose answer does not validate gets the errors back and one more turn (at most
+`Limits.output_retries`, and only while the budgets allow a model call); a synthesis turn asks
+for an envelope around the same schema, ``{"output": <the schema>, "gaps": [...]}``, so a forced
+answer is still the caller's shape and says what it could not fill in (`partial`); a synthesis
+answer in the bare schema is taken too, with no gaps named. An answer that cannot be validated
+even then ends the run InvalidOutput, with the model's text kept.
+
+A JSON Schema from outside is checked before the run (keel/schema_checks.py: local `$ref`s
+only, no cycles, RE2 patterns), and validation is bounded (ADR 0048): the answer at most
+MAX_ANSWER_DEPTH deep, its patterns matched by RE2, and `check_bounded` validates in a thread
+of its own that gives up after VALIDATION_SECONDS, so the event loop, a deadline and a signal
+are never kept waiting.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import functools
 import json
 import re
+import threading
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -26,13 +39,34 @@ import pydantic
 
 from keel.errors import ConfigError
 from keel.messages import OutputSchema
+from keel.schema_checks import check_schema, re2_pattern, value_depth
 
-__all__ = ["GAPS_KEY", "OUTPUT_KEY", "Checked", "OutputSpec", "parse_json_answer"]
+__all__ = [
+    "GAPS_KEY",
+    "MAX_ANSWER_DEPTH",
+    "OUTPUT_KEY",
+    "VALIDATION_SECONDS",
+    "Checked",
+    "OutputSpec",
+    "Rejected",
+    "ValidationTooCostly",
+    "parse_json_answer",
+]
 
 OUTPUT_KEY = "output"
 GAPS_KEY = "gaps"
 MAX_ERRORS = 8
 """Validation errors given back to the model (and kept): the first ones say enough."""
+MAX_ERROR_CHARS = 300
+"""Of one validation error, what is kept: a message quotes the value, which may be huge."""
+MAX_ANSWER_DEPTH = 64
+"""How deep an answer may nest (objects and arrays). A recursive schema is legitimate, and this
+bounds it: the validator recurses a few Python frames per level, and 64 levels stay well inside
+the interpreter's recursion limit while no real answer comes close."""
+VALIDATION_SECONDS = 2.0
+"""How long one answer's validation may take (less when the run's deadline is nearer). A real
+answer takes milliseconds; a schema whose branches multiply (anyOf in anyOf...) can take
+longer than any run has, and is cut off here."""
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
 
 
@@ -43,6 +77,17 @@ class Checked:
     value: Any
     """The validated answer as JSON values (a model's `model_dump(mode="json")`)."""
     gaps: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejected:
+    """An answer that did not validate: the errors, as text for the model and the failure."""
+
+    errors: str
+
+
+class ValidationTooCostly(TimeoutError):
+    """Validating one answer took longer than it was given (`check_bounded`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,10 +115,14 @@ class OutputSpec:
 
     @classmethod
     def from_schema(cls, schema: dict[str, Any], name: str | None = None) -> OutputSpec:
+        """A JSON Schema from outside: refused (ConfigError) unless it is valid and passes
+        keel/schema_checks.py (a local $ref, no cycle, RE2 patterns, bounded nesting)."""
         import jsonschema  # only runs with a JSON Schema output pay for importing it
 
+        dialect = jsonschema.validators.validator_for(schema)
+        check_schema(schema, dialect.ID_OF)  # type: ignore[attr-defined]  # first: it bounds the nesting check_schema walks
         try:
-            jsonschema.validators.validator_for(schema).check_schema(schema)
+            dialect.check_schema(schema)
         except jsonschema.SchemaError as exc:
             raise ConfigError(
                 f"the output schema is not a valid JSON Schema: {exc.message}"
@@ -117,21 +166,63 @@ class OutputSpec:
         return OutputSchema(f"{self.name}_partial", envelope, partial=True)
 
     def check(self, text: str | None, synthesis: bool) -> Checked | str:
-        """The validated answer, or the errors (text for the model and the failure)."""
+        """The validated answer, or the errors (text for the model and the failure). A
+        synthesis answer is read as the envelope, else as the bare schema (no gaps named)."""
         parsed = parse_json_answer(text)
-        if isinstance(parsed, str):
-            return parsed
-        gaps: tuple[str, ...] = ()
-        if synthesis:
-            if not isinstance(parsed, dict) or OUTPUT_KEY not in parsed:
-                return f'the answer must be a JSON object with "{OUTPUT_KEY}" and "{GAPS_KEY}"'
+        if isinstance(parsed, Rejected):
+            return parsed.errors
+        if not synthesis:
+            return self._checked(parsed, ())
+        if isinstance(parsed, dict) and OUTPUT_KEY in parsed:
             raw_gaps = parsed.get(GAPS_KEY) or []
             gaps = tuple(str(g) for g in raw_gaps) if isinstance(raw_gaps, list) else ()
-            parsed = parsed[OUTPUT_KEY]
-        problems = self._validate(parsed)
-        if isinstance(problems, str):
-            return problems
-        return Checked(problems, gaps)
+            inside = self._checked(parsed[OUTPUT_KEY], gaps)
+            if isinstance(inside, Checked):
+                return inside
+            bare = self._checked(parsed, ())  # the schema's own shape may hold "output"
+            return bare if isinstance(bare, Checked) else inside
+        bare = self._checked(parsed, ())
+        if isinstance(bare, Checked):
+            return bare  # the caller's shape without the envelope: partial, no gaps named
+        return (
+            f'the answer must be a JSON object with "{OUTPUT_KEY}" (matching the schema) and '
+            f'"{GAPS_KEY}": {bare}'
+        )
+
+    async def check_bounded(
+        self, text: str | None, synthesis: bool, seconds: float = VALIDATION_SECONDS
+    ) -> Checked | str:
+        """`check` in a thread of its own, so the event loop goes on meanwhile; one that takes
+        longer than `seconds` raises ValidationTooCostly (the thread stops at its next keyword).
+        A daemon thread: a process that is ending never waits for it."""
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Checked | str] = loop.create_future()
+
+        def deliver(outcome: Checked | str | BaseException) -> None:
+            if done.done():
+                return
+            if isinstance(outcome, BaseException):
+                done.set_exception(outcome)
+            else:
+                done.set_result(outcome)
+
+        def work() -> None:
+            _clock.deadline = time.monotonic() + seconds
+            outcome: Checked | str | BaseException
+            try:
+                outcome = self.check(text, synthesis)
+            except BaseException as exc:  # handed to the awaiting task, never lost here
+                outcome = exc
+            finally:
+                _clock.deadline = None
+            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
+                loop.call_soon_threadsafe(deliver, outcome)
+
+        threading.Thread(target=work, name="keel-output-check", daemon=True).start()
+        try:  # the thread keeps its own time; this only backs it up (a model's validator)
+            return await asyncio.wait_for(done, seconds + 1.0)
+        except TimeoutError:
+            raise ValidationTooCostly(f"validating the answer took over {seconds:g}s") from None
 
     def to_python(self, value: Any) -> Any:
         """The validated JSON as the caller's type: a model instance, or the JSON itself."""
@@ -139,35 +230,58 @@ class OutputSpec:
             return value
         return self.model.model_validate(value)
 
-    def _validate(self, value: Any) -> Any:
-        """The value as JSON when it validates, else the errors as one text."""
+    def _checked(self, value: Any, gaps: tuple[str, ...]) -> Checked | str:
+        """`value` validated (bounded in depth), or the errors as one text."""
+        if value_depth(value, MAX_ANSWER_DEPTH) > MAX_ANSWER_DEPTH:
+            return (
+                f"the answer is nested more than {MAX_ANSWER_DEPTH} levels deep (arrays and "
+                "objects); reply with a flatter JSON value that matches the schema"
+            )
+        try:
+            valid = self._validate(value)
+        except RecursionError:
+            return "the answer is nested too deep for its schema; reply with a flatter value"
+        return valid if isinstance(valid, str) else Checked(valid.value, gaps)
+
+    def _validate(self, value: Any) -> _Valid | str:
+        """The value as JSON (wrapped, to tell it from errors: a valid answer may itself be a
+        string) when it validates, else the errors as one text."""
         if self.model is not None:
             try:
-                return self.model.model_validate(value).model_dump(mode="json")
+                dumped = self.model.model_validate(value).model_dump(mode="json")
             except pydantic.ValidationError as exc:
                 lines = [
                     f"{'.'.join(str(p) for p in e['loc']) or '(top level)'}: {e['msg']}"
                     for e in exc.errors()[:MAX_ERRORS]
                 ]
-                return "; ".join(lines)
+                return _joined(lines)
+            return _Valid(dumped)
         import jsonschema
 
-        validator = jsonschema.validators.validator_for(self.schema)(self.schema)
-        errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        validator = _bounded(jsonschema.validators.validator_for(self.schema))(self.schema)
+        try:
+            errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
+        except _OutOfTime:
+            raise ValidationTooCostly("validating the answer took too long") from None
         if not errors:
-            return value
-        lines = [
+            return _Valid(value)
+        return _joined(
             f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
             for e in errors[:MAX_ERRORS]
-        ]
-        return "; ".join(lines)
+        )
+
+
+
+@dataclass(frozen=True, slots=True)
+class _Valid:
+    value: Any
 
 
 def parse_json_answer(text: str | None) -> Any:
     """The JSON value an answer holds: the whole text, or inside a code fence, or from its
-    first ``{`` to its last ``}``; the error text when there is none."""
+    first ``{`` to its last ``}``; Rejected when there is none (a JSON string is an answer)."""
     if text is None or not text.strip():
-        return "the answer was empty; it must be a JSON value that matches the schema"
+        return Rejected("the answer was empty; it must be a JSON value that matches the schema")
     body = text.strip()
     fenced = _FENCE.match(body)
     candidates = [fenced.group(1)] if fenced else []
@@ -181,7 +295,102 @@ def parse_json_answer(text: str | None) -> Any:
             return cast(Any, json.loads(candidate))
         except (json.JSONDecodeError, RecursionError) as exc:
             error = error or str(exc)
-    return f"the answer is not JSON ({error}); reply with only the JSON value"
+    return Rejected(f"the answer is not JSON ({error}); reply with only the JSON value")
+
+
+def _joined(lines: Iterator[str] | list[str]) -> str:
+    return "; ".join(
+        line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..." for line in lines
+    )
+
+
+# --- the validator, bounded: RE2 for patterns, and a clock every keyword looks at ------------
+
+_clock = threading.local()
+"""The deadline of the validation running in this thread (`check_bounded`), if any."""
+
+
+class _OutOfTime(Exception):
+    """Raised inside the validator when its thread's deadline has passed."""
+
+
+Keyword = Callable[[Any, Any, Any, dict[str, Any]], Iterator[Any]]
+
+
+def _timed(keyword: Keyword) -> Keyword:
+    """`keyword` that first looks at the clock: every keyword of every subschema the
+    validator applies passes here, so a validation that multiplies stops soon after its time."""
+
+    def timed(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
+        deadline = getattr(_clock, "deadline", None)
+        if deadline is not None and time.monotonic() > deadline:
+            raise _OutOfTime
+        yield from keyword(validator, value, instance, schema) or ()
+
+    return timed
+
+
+def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
+    from jsonschema.exceptions import ValidationError
+
+    if validator.is_type(instance, "string") and re2_pattern(pattern).search(instance) is None:
+        yield ValidationError(f"{instance!r} does not match {pattern!r}")
+
+
+def _pattern_properties(
+    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
+) -> Iterator[Any]:
+    if not validator.is_type(instance, "object"):
+        return
+    for pattern, subschema in patterns.items():
+        compiled = re2_pattern(pattern)
+        for key, item in instance.items():
+            if compiled.search(key) is not None:
+                yield from validator.descend(item, subschema, path=key, schema_path=pattern)
+
+
+def _additional_properties(
+    validator: Any, extra: Any, instance: Any, schema: dict[str, Any]
+) -> Iterator[Any]:
+    """jsonschema's own, with the patternProperties it weeds out matched by RE2."""
+    from jsonschema.exceptions import ValidationError
+
+    if not validator.is_type(instance, "object"):
+        return
+    properties = schema.get("properties", {})
+    patterns = [re2_pattern(p) for p in schema.get("patternProperties", {})]
+    extras = [
+        key
+        for key in instance
+        if key not in properties and not any(p.search(key) is not None for p in patterns)
+    ]
+    if validator.is_type(extra, "object"):
+        for key in extras:
+            yield from validator.descend(instance[key], extra, path=key)
+    elif not extra and extras:
+        names = ", ".join(repr(key) for key in sorted(extras))
+        yield ValidationError(f"Additional properties are not allowed ({names} unexpected)")
+
+
+_RE2_KEYWORDS: dict[str, Keyword] = {
+    "pattern": _pattern,
+    "patternProperties": _pattern_properties,
+    "additionalProperties": _additional_properties,
+}
+
+
+@functools.cache
+def _bounded(dialect: type) -> type:
+    """The dialect's validator with every keyword timed and the pattern keywords on RE2
+    (Python's `re` never sees a schema's pattern: keel/schema_checks.py refuses the one
+    keyword left that would, unevaluatedProperties beside patternProperties)."""
+    import jsonschema
+
+    keywords = cast(dict[str, Keyword], dialect.VALIDATORS)  # type: ignore[attr-defined]
+    bounded = {
+        name: _timed(_RE2_KEYWORDS.get(name, keyword)) for name, keyword in keywords.items()
+    }
+    return cast(type, jsonschema.validators.extend(dialect, bounded))  # type: ignore[no-untyped-call]
 
 
 def _wire_name(name: str) -> str:

@@ -8,12 +8,14 @@ the record, have no `seq`, and are neither saved nor counted.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol, runtime_checkable
 
 from keel._run.recorder import Listener
 from keel.messages import ModelRequest, ModelResponse
 from keel.records import Event
-from keel.transports.base import Transport
+from keel.transports.base import Keyed, Transport
+from keel.transports.policy import MIN_SECRET_LENGTH, REDACTED
 from keel.transports.streaming import (
     OnText,
     Streams,
@@ -66,6 +68,8 @@ class LiveText:
         self._listeners = listeners
         self._streamed = False
         """The current attempt has handed out text."""
+        secret = transport.secret() if isinstance(transport, Keyed) else None
+        self._secret = secret if secret and len(secret) >= MIN_SECRET_LENGTH else None
 
     @classmethod
     def for_run(cls, transport: Transport, listeners: tuple[TextListener, ...]) -> LiveText | None:
@@ -77,12 +81,23 @@ class LiveText:
         """The transport for attempt `attempt` of step `step`: its text goes to the
         listeners as it arrives."""
         self._streamed = False
+        held = ""
 
         def on_text(text: str) -> None:
+            nonlocal held
             self._streamed = True
-            self._tell(TextDelta(text, step, attempt))
+            if self._secret is not None:  # the key may come split across deltas
+                text, held = _scrubbed(held + text, self._secret)
+            if text:
+                self._tell(TextDelta(text, step, attempt))
 
-        return _Streamed(self._transport, on_text)
+        def finished() -> None:
+            nonlocal held
+            if held:  # the answer ended: what was held was no key
+                self._tell(TextDelta(held, step, attempt))
+                held = ""
+
+        return _Streamed(self._transport, on_text, finished)
 
     def failed(self, step: int, attempt: int) -> None:
         """The attempt failed: if it streamed text, the listeners are told to drop it."""
@@ -98,13 +113,26 @@ class LiveText:
                 continue
 
 
+def _scrubbed(text: str, secret: str) -> tuple[str, str]:
+    """`text` with `secret` replaced, split into what may be shown now and what is held back:
+    its longest end that could be where the secret begins."""
+    text = text.replace(secret, REDACTED)
+    for size in range(min(len(text), len(secret) - 1), 0, -1):
+        if secret.startswith(text[-size:]):
+            return text[:-size], text[-size:]
+    return text, ""
+
+
 class _Streamed:
     """A transport whose `request` streams (what the gateway calls for one attempt)."""
 
-    def __init__(self, transport: Streams, on_text: OnText) -> None:
+    def __init__(self, transport: Streams, on_text: OnText, finished: Callable[[], None]) -> None:
         self._transport = transport
         self._on_text = on_text
+        self._finished = finished
         self.name: str = getattr(transport, "name", "model")
 
     async def request(self, request: ModelRequest) -> ModelResponse:
-        return await self._transport.request_streaming(request, self._on_text)
+        response = await self._transport.request_streaming(request, self._on_text)
+        self._finished()
+        return response

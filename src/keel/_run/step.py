@@ -15,6 +15,7 @@ from typing import assert_never
 
 from keel._run import batch as batches
 from keel._run import turns
+from keel._run.budgets import past_limits
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
 from keel.errors import (
@@ -27,7 +28,11 @@ from keel.errors import (
 from keel.failpoints import failpoint
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason, ToolCall, UserMessage
 from keel.records import OutputRejected, ToolCallRequested
-from keel.structured import Checked
+from keel.structured import VALIDATION_SECONDS, Checked, OutputSpec, ValidationTooCostly
+
+MIN_VALIDATION_SECONDS = 0.1
+"""Even an answer that came in at the deadline gets this long to validate: the answer is
+there, and a cheap schema takes milliseconds."""
 
 __all__ = [
     "Completed",
@@ -48,7 +53,7 @@ async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcom
             failpoint("step_start")
             response, mode = await turns.next_turn(parts)
             if not response.tool_calls:
-                return _answered(parts, response, mode)
+                return await _answered(parts, response, mode)
             batch = _accept_batch(parts, response, mode)
         pending = await batches.answer(parts, batch)
     except RunFailure as failure:
@@ -56,29 +61,33 @@ async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcom
     return Paused(pending) if pending else Continue()
 
 
-def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> StepOutcome:
-    """An answer ends the run; with an output schema, only one that validates (ADR 0034). A
-    normal turn's invalid answer gets its errors back and another turn, at most
-    `Limits.output_retries` times; a synthesis turn's, or one past the retries, fails the run
-    InvalidOutput with the model's text."""
+async def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> StepOutcome:
+    """An answer ends the run; with an output schema, only one that validates (ADR 0034). An
+    invalid answer gets its errors back and another turn, at most `Limits.output_retries`
+    times, a synthesis turn's too while the limits allow one more model call (ADR 0048); past
+    that the run fails InvalidOutput with the model's text."""
     spec = parts.output
     if spec is None:
         return Completed(response.text, mode.reason, response.cut_off)
-    checked = spec.check(response.text, synthesis=mode.reason is not None)
+    synthesis = mode.reason is not None
+    checked = await _validated(parts, spec, response.text, synthesis)
     if isinstance(checked, Checked):
         return Completed(
             response.text, mode.reason, response.cut_off, checked.value, checked.gaps
         )
     state, limits = parts.state, parts.limits
-    if mode.reason is None and state.output_retries < limits.output_retries:
+    blocked = past_limits(state, limits, parts.clock) if synthesis else None
+    if state.output_retries < limits.output_retries and blocked is None:
         state.output_retries += 1
-        feedback = output_feedback(checked)
+        feedback = output_feedback(checked, synthesis)
         parts.context.append(AssistantMessage(response.text))  # as a resume replays it
         parts.context.append(UserMessage(feedback))
         parts.recorder.emit(OutputRejected(step=state.step, text=response.text, feedback=feedback))
         return Continue()
-    where = "synthesis turn" if mode.reason is not None else "answer"
-    tries = "" if mode.reason is not None else f" after {state.output_retries} retries"
+    where = "synthesis turn" if synthesis else "answer"
+    tries = f" after {state.output_retries} retries"
+    if blocked is not None and state.output_retries < limits.output_retries:
+        tries = f", and no model call was left for a retry ({blocked.message})"
     return Failed(
         InvalidOutput(
             f"the model's {where} did not match the output schema {spec.name}{tries}: "
@@ -94,8 +103,33 @@ def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> StepOutc
     )
 
 
-def output_feedback(errors: str) -> str:
+async def _validated(
+    parts: StepParts, spec: OutputSpec, text: str | None, synthesis: bool
+) -> Checked | str:
+    """The answer checked off the event loop, in at most VALIDATION_SECONDS or the time left
+    before the deadline: past the deadline the run fails DeadlineExceeded, and a validation
+    too costly for its time is an invalid answer."""
+    remaining = parts.clock.remaining()
+    seconds = VALIDATION_SECONDS if remaining is None else min(VALIDATION_SECONDS, remaining)
+    try:
+        return await spec.check_bounded(text, synthesis, max(seconds, MIN_VALIDATION_SECONDS))
+    except ValidationTooCostly as exc:
+        stop = past_limits(parts.state, parts.limits, parts.clock)
+        if isinstance(stop, DeadlineExceeded):
+            raise stop from None
+        return (
+            f"{exc}: the schema is too costly to check against this answer; reply with a "
+            "simpler JSON value that matches it"
+        )
+
+
+def output_feedback(errors: str, synthesis: bool = False) -> str:
     """What the model is told when its answer does not match the schema."""
+    if synthesis:
+        return (
+            f"Your answer does not match the required output schema: {errors}. Reply again "
+            f'with only the JSON object: "output" in the schema, "gaps" a list of strings.'
+        )
     return (
         f"Your answer does not match the required output schema: {errors}. Reply again with "
         "only a JSON value that matches the schema (no prose around it), or call a tool if "

@@ -29,6 +29,7 @@ from keel.records import (
     ToolChoiceIgnored,
 )
 from keel.trace_hooks import traced_attempt
+from keel.transports.base import Keyed
 
 __all__ = ["current_mode", "next_turn"]
 
@@ -90,7 +91,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         transport = parts.transport if live is None else live.attempt(state.step, number)
         try:
             attempt = gateway.attempt(transport, request, limits, parts.clock.remaining())
-            response = clean_response(await traced_attempt(attempt))
+            response = clean_response(await traced_attempt(attempt), _secret(parts))
         except ProviderError as error:
             if live is not None:
                 live.failed(state.step, number)  # drop what the failed attempt streamed
@@ -124,6 +125,13 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
                 details={"attempts": empty},
             )
         last_was_empty = True
+
+
+def _secret(parts: StepParts) -> str | None:
+    """The API key the run's transport sends: scrubbed from its answers before anything keeps
+    them (ADR 0048)."""
+    transport = parts.transport
+    return transport.secret() if isinstance(transport, Keyed) else None
 
 
 def _remember_transport(parts: StepParts) -> None:

@@ -58,7 +58,7 @@ from keel.messages import (
 )
 from keel.transports.base import ServerToolChoice, address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
-from keel.transports.keys import endpoint_key
+from keel.transports.keys import endpoint_key, sent_key
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.sse_readers import read_anthropic
 from keel.transports.streaming import OnText, cut_short, sse_events
@@ -437,6 +437,10 @@ class AnthropicTransport:
     @property
     def server_address(self) -> tuple[str, int]:
         return address_of(self._client.base_url)
+
+    def secret(self) -> str | None:
+        """The API key sent, scrubbed from answers (`keel.transports.base.Keyed`)."""
+        return sent_key(self._client.api_key)
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = to_wire(

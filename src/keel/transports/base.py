@@ -31,6 +31,7 @@ __all__ = [
     "MAX_REPORTED_TOKENS",
     "TOOL_CHOICES",
     "CountsTokens",
+    "Keyed",
     "LocalModel",
     "PinnedSampling",
     "Priced",
@@ -153,6 +154,16 @@ def server_of(transport: object) -> tuple[str, int] | None:
         if transport is None:
             return None
     return None
+
+
+@runtime_checkable
+class Keyed(Protocol):
+    """A transport that sends an API key: the key is scrubbed from everything it answers, as
+    from its errors, before the run keeps or shows any of it (SECURITY.md, ADR 0048)."""
+
+    def secret(self) -> str | None:
+        """The key this transport sends; None when it sends none (or the placeholder)."""
+        ...
 
 
 @runtime_checkable

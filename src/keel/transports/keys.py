@@ -19,10 +19,16 @@ from urllib.parse import urlsplit
 
 from keel.errors import ConfigError
 
-__all__ = ["PLACEHOLDER_KEY", "endpoint_key", "is_provider_host"]
+__all__ = ["PLACEHOLDER_KEY", "endpoint_key", "is_provider_host", "sent_key"]
 
 PLACEHOLDER_KEY = "keel-no-key"
 """Sent to a user-chosen server when the user gave no key for it."""
+
+
+def sent_key(api_key: str | None) -> str | None:
+    """The key a transport's client sends, as one to scrub from answers: None for none, or
+    for the placeholder (a word Keel made up, nobody's secret)."""
+    return None if not api_key or api_key == PLACEHOLDER_KEY else api_key
 
 
 def is_provider_host(base_url: str | None, provider_host: str) -> bool:

@@ -55,6 +55,7 @@ from keel.transports._openai_common import (
 )
 from keel.transports.base import ServerToolChoice
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
+from keel.transports.keys import sent_key
 from keel.transports.sse_readers import read_chat
 from keel.transports.streaming import OnText
 from keel.transports.wire import Shape, TokenCount, parse
@@ -103,6 +104,10 @@ class OpenAIChatTransport:
     @property
     def server_address(self) -> tuple[str, int]:
         return server_address(self._client)
+
+    def secret(self) -> str | None:
+        """The API key sent, scrubbed from answers (`keel.transports.base.Keyed`)."""
+        return sent_key(self._client.api_key)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
         """The request's body, the same streamed or not (but for the stream flags)."""

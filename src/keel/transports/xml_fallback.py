@@ -49,7 +49,7 @@ from keel.messages import (
     UserMessage,
 )
 from keel.tokens import CalibratedCounter, TokenCounter
-from keel.transports.base import LocalModel, Priced, Resumable, Transport
+from keel.transports.base import Keyed, LocalModel, Priced, Resumable, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
 __all__ = [
@@ -207,6 +207,10 @@ class XmlFallbackTransport:
         self._issued = max(self._issued, _highest_xml_id(request.items))
         response = await self.inner.request(to_text_request(request))
         return from_text_response(response, self._new_id)
+
+    def secret(self) -> str | None:
+        """The key of the transport it wraps (`keel.transports.base.Keyed`)."""
+        return self.inner.secret() if isinstance(self.inner, Keyed) else None
 
     def priced_as(self) -> str:
         """Priced as the transport it wraps (`keel.transports.base.Priced`)."""

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from markupsafe import escape
 
-from keel.live_file import MAX_BYTES, live_dir, live_path
+from keel.live_file import MAX_BYTES, NOFOLLOW, live_dir, live_path, make_live_dir
 from keel.ui import text
 
 __all__ = ["LiveTexts", "read"]
@@ -32,7 +32,7 @@ run stays `running` in the store until it is resumed, whose first text starts th
 def read(path: Path) -> tuple[int, int, str] | None:
     """The step, attempt and text of a live file; None when there is none to show."""
     try:
-        with open(path, "rb") as handle:
+        with os.fdopen(os.open(path, os.O_RDONLY | NOFOLLOW), "rb") as handle:
             if time.time() - os.fstat(handle.fileno()).st_mtime > STALE_SECONDS:
                 return None
             data = handle.read(HEAD_BYTES + MAX_BYTES)
@@ -55,7 +55,7 @@ class LiveTexts:
     def __init__(self, store: Path) -> None:
         self.directory = live_dir(store)
         with contextlib.suppress(OSError):  # a read-only place: no live text, all else works
-            self.directory.mkdir(exist_ok=True)
+            make_live_dir(self.directory)
 
     def close(self) -> None:
         """`keel ui` stops: without the directory, runs started from now on stream nothing
