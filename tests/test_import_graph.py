@@ -137,8 +137,8 @@ def test_observers_never_import_the_run_loop() -> None:
 
 ROOMS = (
     "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
-    "trace_hooks", "failpoints", "inbound", "local_model", "config", "durability", "options",
-    "structured", "transports", "pricing", "tools", "store", "approvals", "live_file",
+    "trace_hooks", "failpoints", "local_model", "config", "durability", "options", "schema_checks",
+    "structured", "transports", "inbound", "pricing", "tools", "store", "approvals", "live_file",
     "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "evals", "present",
     "run_options", "assemble", "pool", "ui", "serve", "cli", "__main__", "keel",
 )  # fmt: skip
