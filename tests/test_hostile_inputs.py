@@ -12,16 +12,29 @@ from __future__ import annotations
 import asyncio
 import gzip
 import json
+import sys
 import time
 from pathlib import Path
+from typing import Any
 
+import httpx
+import pytest
 from typer.testing import CliRunner
 
+from contract.harness import Recorder
 from keel.cli.app import app
-from keel.records import Event, ModelRequestSent
+from keel.errors import ConfigError
+from keel.messages import ModelRequest, ModelResponse, UserMessage
+from keel.records import Event, ModelRequestSent, ToolResultRecorded
 from keel.replay.lines import Bounds
 from keel.replay.playback import replay
 from keel.replay.recordings import Recorded, Recording, Skipped, read_file
+from keel.tools.mcp_servers import McpServer, servers_from_config
+from keel.tools.mcp_tools import McpToolset
+from keel.transports.anthropic import AnthropicTransport
+from support import call, run_script
+
+RAW_SERVER = Path(__file__).resolve().parent / "mcp_raw_server.py"
 
 
 def _run_line(run_id: str, commands: list[str]) -> str:
@@ -152,4 +165,120 @@ def test_replay_time_grows_in_proportion_to_the_turns() -> None:
 
     cpu(200)  # imports and first-call costs out of the way
     short, long = cpu(2000), cpu(8000)
+    assert long / short < 6, (short, long)
+
+
+# -- MCP: settings and servers from outside -----------------------------------------------------
+
+
+@pytest.mark.parametrize("key", ["connect_timeout", "timeout"])
+@pytest.mark.parametrize("value", ["inf", "-inf", "nan"])
+def test_an_mcp_table_with_a_timeout_that_is_not_finite_is_a_config_error(
+    tmp_path: Path, key: str, value: str
+) -> None:
+    """`inf` is a TOML float: accepted, it reached `threading` as a timeout and overflowed."""
+    path = tmp_path / "keel.toml"
+    path.write_text(f'[[mcp]]\ncommand = "python server.py"\n{key} = {value}\n')
+    with pytest.raises(ConfigError, match=f"{key} must be a finite, positive number of seconds"):
+        servers_from_config(path)
+
+
+def _raw_server(*mode: str, **options: Any) -> McpServer:
+    return McpServer.stdio([sys.executable, str(RAW_SERVER), *mode], **options)
+
+
+def test_an_mcp_server_whose_tool_schema_nests_3000_deep_is_a_clear_error_at_once(
+    capfd: pytest.CaptureFixture[str],
+) -> None:
+    """The `mcp` client cannot parse the listing (its JSON parser's depth limit): it logged a
+    library traceback and Keel waited out `connect_timeout` before saying it had no answer."""
+    server = _raw_server("deep-schema", "3000", connect_timeout=20)
+    started = time.monotonic()
+    with pytest.raises(ConfigError) as info:
+        McpToolset([server]).open()
+    assert time.monotonic() - started < 10
+    message = str(info.value)
+    assert "could not list its tools" in message and "could not be read" in message, message
+    assert "recursion limit" in message, message
+    assert "Traceback" not in capfd.readouterr().err
+
+
+async def test_a_json_rpc_error_minus_32000_from_an_mcp_server_is_that_calls_error_result() -> None:
+    """-32000 is the server's own error range, and also the code the `mcp` client gives a lost
+    connection: a live server's -32000 is the call's error result, not a lost connection."""
+    async with McpToolset([_raw_server("call-error", "-32000")]) as mcp:
+        script = {"turns": [call("probe"), call("echo", text="still here"), {"text": "done"}]}
+        outcome = await run_script(script, list(mcp))
+    assert outcome.result.status == "completed", outcome.result.failure
+    probe, echo = outcome.of_type(ToolResultRecorded)
+    assert probe.is_error and "the backend is overloaded; try again later" in probe.content
+    assert "lost its connection" not in probe.content
+    assert not echo.is_error and echo.content == "still here"
+
+
+# -- the Anthropic stream reader ---------------------------------------------------------------
+
+
+def _anthropic_sse(pieces: int, size: int) -> bytes:
+    """A Messages stream: one text block and one tool_use block, each in `pieces` deltas."""
+    start = {
+        "id": "msg_01", "type": "message", "role": "assistant", "model": "claude-sonnet-4-6",
+        "content": [], "stop_reason": None, "stop_sequence": None,
+        "usage": {"input_tokens": 10, "output_tokens": 1},
+    }  # fmt: skip
+    tool = {"type": "tool_use", "id": "toolu_01", "name": "note", "input": {}}
+    events: list[dict[str, Any]] = [
+        {"type": "message_start", "message": start},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+    ]
+    text = "t" * size
+    events += [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": text}}
+    ] * pieces
+    events += [
+        {"type": "content_block_stop", "index": 0},
+        {"type": "content_block_start", "index": 1, "content_block": tool},
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": '{"text": "'}},
+    ]  # fmt: skip
+    events += [
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": "j" * size}}
+    ] * pieces  # fmt: skip
+    events += [
+        {"type": "content_block_delta", "index": 1,
+         "delta": {"type": "input_json_delta", "partial_json": '"}'}},
+        {"type": "content_block_stop", "index": 1},
+        {"type": "message_delta", "delta": {"stop_reason": "tool_use", "stop_sequence": None},
+         "usage": {"output_tokens": pieces}},
+        {"type": "message_stop"},
+    ]  # fmt: skip
+    return "".join(f"event: {e['type']}\ndata: {json.dumps(e)}\n\n" for e in events).encode()
+
+
+async def _streamed(pieces: int, size: int) -> tuple[float, ModelResponse]:
+    body = _anthropic_sse(pieces, size)
+    server = Recorder(
+        httpx.Response(200, content=body, headers={"content-type": "text/event-stream"})
+    )
+    transport = AnthropicTransport("claude-sonnet-4-6", http_client=server.http(), api_key="k")
+    heard: list[str] = []
+    started = time.process_time()
+    response = await transport.request_streaming(
+        ModelRequest("sys", (), (UserMessage("q"),)), heard.append
+    )
+    took = time.process_time() - started
+    assert "".join(heard) == response.text
+    return took, response
+
+
+async def test_the_anthropic_stream_reader_joins_many_deltas_in_linear_time() -> None:
+    """Text and tool-input deltas are gathered and joined once (a string grown by `+` for
+    each delta copies it whole each time). CPU time of 4x the deltas: 4x when linear."""
+    await _streamed(200, 400)
+    short, _ = await _streamed(5_000, 400)
+    long, response = await _streamed(20_000, 400)
+    assert response.text == "t" * 400 * 20_000
+    (note,) = response.tool_calls
+    assert note.arguments == {"text": "j" * 400 * 20_000}
     assert long / short < 6, (short, long)
