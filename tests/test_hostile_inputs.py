@@ -282,3 +282,17 @@ async def test_the_anthropic_stream_reader_joins_many_deltas_in_linear_time() ->
     (note,) = response.tool_calls
     assert note.arguments == {"text": "j" * 400 * 20_000}
     assert long / short < 6, (short, long)
+
+
+def test_replay_reports_at_most_a_thousand_unreadable_lines_of_a_file_then_counts_the_rest(
+    tmp_path: Path,
+) -> None:
+    """A file of unreadable lines (a gzip bomb of them) must not cost a report each in memory."""
+    path = tmp_path / "junk.jsonl.gz"
+    with gzip.open(path, "wt") as out:
+        out.write(_run_line("first", ["ls"]) + "\n" + "{not json\n" * 1500)
+    skipped: list[Skipped] = []
+    assert [r.id for r in read_file(path, skipped)] == ["first"]
+    assert len(skipped) == 1001
+    assert skipped[999].where == f"{path}:1001"
+    assert skipped[-1] == Skipped(str(path), "500 more lines could not be read (not listed)")

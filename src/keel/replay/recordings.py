@@ -71,8 +71,35 @@ class Skipped:
 def read_file(
     path: Path, skipped: list[Skipped], bounds: Bounds | None = None
 ) -> Iterator[Recording]:
-    """Recordings from a file in either format, told apart by each line's keys."""
-    bounds = bounds or Bounds()
+    """Recordings from a file in either format, told apart by each line's keys. At most
+    MAX_REPORTED lines of one file are reported; the rest are counted in one more report."""
+    reports = _Capped()
+    try:
+        yield from _read_file(path, reports, bounds or Bounds())
+    finally:
+        skipped.extend(reports)
+        if reports.dropped:
+            more = f"{reports.dropped} more lines could not be read (not listed)"
+            skipped.append(Skipped(str(path), more))
+
+
+MAX_REPORTED = 1000
+
+
+class _Capped(list[Skipped]):
+    """Reports of one file, up to MAX_REPORTED; past it only counted (a file of a billion
+    bad lines must not hold a billion reports)."""
+
+    dropped = 0
+
+    def append(self, item: Skipped) -> None:
+        if len(self) < MAX_REPORTED:
+            super().append(item)
+        else:
+            self.dropped += 1
+
+
+def _read_file(path: Path, skipped: list[Skipped], bounds: Bounds) -> Iterator[Recording]:
     try:
         read = lines(path, bounds)
         first = next(read, None)
