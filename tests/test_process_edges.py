@@ -5,9 +5,9 @@ never crashes it, never changes its outcome, and never ends in a traceback.
   goes on to its end and is stored; stderr says in one line that the output was not written.
 - SIGINT, SIGTERM, SIGHUP, mid-run or before the run started: the documented exit code 1, the
   run recorded `cancelled` (never left `running`), no traceback.
-- An async tool raising KeyboardInterrupt, SystemExit or a bare BaseException is one failed
-  call; one that swallows its cancellation is abandoned at its timeout or the run's deadline;
-  the run's own cancellation still cancels.
+- An async tool raising KeyboardInterrupt, SystemExit, GeneratorExit or a bare BaseException is
+  one failed call; one that swallows its cancellation is abandoned at its timeout or the run's
+  deadline; the run's own cancellation still cancels.
 - A misspelt `keel.toml` key is named on stderr with the closest valid key.
 """
 
@@ -340,6 +340,8 @@ async def probe(n: int) -> str:
         raise SystemExit(7)
     if KIND == "BaseException":
         raise Odd("from a tool")
+    if KIND == "GeneratorExit":
+        raise GeneratorExit("from a tool")
     while True:  # "swallow": cancellation is caught and ignored, forever
         try:
             await asyncio.sleep(3600)
@@ -403,7 +405,9 @@ def tool_run(
     return out
 
 
-@pytest.mark.parametrize("kind", ["KeyboardInterrupt", "SystemExit", "BaseException"])
+@pytest.mark.parametrize(
+    "kind", ["KeyboardInterrupt", "SystemExit", "BaseException", "GeneratorExit"]
+)
 def test_an_async_tool_raising_a_base_exception_is_one_failed_call(
     tmp_path: Path, kind: str
 ) -> None:

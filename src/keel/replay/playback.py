@@ -1,7 +1,8 @@
 """A recorded run played through Keel's real run loop: what would the loop rules have done?
 
 The loop is the one every run uses (`keel._run.loop.RunLoop`: the real breaker, counters,
-evidence resets, synthesis decision and hard limit), with two stand-ins for the outside world:
+evidence resets, synthesis decision and hard limit), with two stand-ins for the outside world
+(and a context that keeps only the question, which is all the stand-in model reads):
 
     PlaybackModel   asks, turn by turn, for the calls the recording holds; a synthesis-only
                     request (tool_choice "none") is noted and answered with text
@@ -24,8 +25,9 @@ import pydantic
 
 from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
+from keel._run.recorder import Listener
 from keel.limits import Limits, LoopPolicy
-from keel.messages import ModelRequest, ModelResponse, ToolCall
+from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, UserMessage
 from keel.records import RunConfig
 from keel.replay.recordings import Recorded, Recording
 from keel.tokens import EstimatingCounter
@@ -133,8 +135,10 @@ async def replay(
     policy: LoopPolicy = "progress",
     effects: EffectChoice = "kind",
     reset_cap: int = 3,
+    listeners: tuple[Listener, ...] = (),
 ) -> Replayed:
-    """Play one recording through the run loop, as Keel runs it and with the hard limit alone."""
+    """Play one recording through the run loop, as Keel runs it and with the hard limit alone;
+    `listeners` hear both plays' events, as a run's do."""
     limits = Limits(
         loop_threshold=threshold,
         evidence_reset_cap=reset_cap,
@@ -143,8 +147,8 @@ async def replay(
         max_tool_calls=None,
         model_retries=0,
     )
-    kept = await _play(recording, limits, effects)
-    hard = await _play(recording, replace(limits, repeat_synthesis=False), effects)
+    kept = await _play(recording, limits, effects, listeners)
+    hard = await _play(recording, replace(limits, repeat_synthesis=False), effects, listeners)
     return Replayed(
         recording=recording,
         synthesis_after=kept.synthesis_after,
@@ -164,12 +168,14 @@ class _Played:
     outcome: str = ""
 
 
-async def _play(recording: Recording, limits: Limits, effects: EffectChoice) -> _Played:
+async def _play(
+    recording: Recording, limits: Limits, effects: EffectChoice, listeners: tuple[Listener, ...]
+) -> _Played:
     results: dict[str, deque[str]] = defaultdict(deque)
     tools = _tools(recording, effects, results)
     executor = ToolExecutor(list(tools.values()))
     model = PlaybackModel(recording, tools, effects, results)
-    context = ContextBuilder("", executor.definitions, EstimatingCounter(), budget=1_000_000)
+    context = _QuestionOnly("", executor.definitions, EstimatingCounter(), budget=1_000_000)
     setup = RunSetup(
         transport=model,
         executor=executor,
@@ -177,6 +183,7 @@ async def _play(recording: Recording, limits: Limits, effects: EffectChoice) -> 
         context=context,
         store=None,
         config=RunConfig(model=model.name, system_prompt="", limits=limits),
+        listeners=listeners,
     )
     loop = RunLoop(f"replay-{recording.id}", _QUESTION, setup)
     model.view = loop.view
@@ -192,6 +199,17 @@ async def _play(recording: Recording, limits: Limits, effects: EffectChoice) -> 
     else:
         played.outcome = str(result.synthesized or result.status)
     return played
+
+
+class _QuestionOnly(ContextBuilder):
+    """The replay's context: the loop appends every item as it does to a run's, and only the
+    question is kept. The playback model reads no history, and a request copying the whole of
+    it each turn made a replay quadratic in its turns (300,000 did not finish in 120 s); the
+    loop rules read the counters, never the context."""
+
+    def append(self, item: Item) -> None:
+        if isinstance(item, UserMessage):
+            super().append(item)
 
 
 class PlaybackModel:

@@ -8,13 +8,13 @@
     store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
                    digests of the results they got
 
-A line that cannot be read is reported with its file and line number and skipped; nothing here
-raises on bad input except `ConfigError` for a file that cannot be opened at all.
+A line that cannot be read (not JSON, wrong types, nested too deep, longer than its cap: see
+`keel.replay.lines`) is reported with its file and line number and skipped; nothing here raises
+on bad input except `ConfigError` for a file that cannot be opened at all.
 """
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 from collections.abc import Iterator
@@ -29,6 +29,7 @@ from keel.records import (
     ToolDispatched,
     ToolResultRecorded,
 )
+from keel.replay.lines import Bounds, Overlong, TooDeep, lines, loads, text
 from keel.store import RunStore
 
 __all__ = ["Recorded", "Recording", "Skipped", "read_chat", "read_file", "read_store"]
@@ -67,35 +68,76 @@ class Skipped:
     reason: str
 
 
-def read_file(path: Path, skipped: list[Skipped]) -> Iterator[Recording]:
-    """Recordings from a file in either format, told apart by each line's keys."""
+def read_file(
+    path: Path, skipped: list[Skipped], bounds: Bounds | None = None
+) -> Iterator[Recording]:
+    """Recordings from a file in either format, told apart by each line's keys. At most
+    MAX_REPORTED lines of one file are reported; the rest are counted in one more report."""
+    reports = _Capped()
     try:
-        lines = _lines(path)
-        first = next(lines, None)
+        yield from _read_file(path, reports, bounds or Bounds())
+    finally:
+        skipped.extend(reports)
+        if reports.dropped:
+            more = f"{reports.dropped} more lines could not be read (not listed)"
+            skipped.append(Skipped(str(path), more))
+
+
+MAX_REPORTED = 1000
+
+
+class _Capped(list[Skipped]):
+    """Reports of one file, up to MAX_REPORTED; past it only counted (a file of a billion
+    bad lines must not hold a billion reports)."""
+
+    dropped = 0
+
+    def append(self, item: Skipped) -> None:
+        if len(self) < MAX_REPORTED:
+            super().append(item)
+        else:
+            self.dropped += 1
+
+
+def _read_file(path: Path, skipped: list[Skipped], bounds: Bounds) -> Iterator[Recording]:
+    try:
+        read = lines(path, bounds)
+        first = next(read, None)
     except OSError as exc:
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     if first is None:
         return
-    number, text = first
-    stripped = text.lstrip()
-    if stripped.startswith("[") or (stripped.startswith("{") and not _is_one_line(text)):
-        yield from read_chat(path, skipped)
-        return
-    for number, text in _chain(first, lines, path, skipped):
+    number, line = first
+    if isinstance(line, str):
+        stripped = line.lstrip()
+        if stripped.startswith("[") or (stripped.startswith("{") and not _is_one_line(line)):
+            read.close()
+            yield from read_chat(path, skipped, bounds)
+            return
+    for number, line in _chain(first, read, path, skipped):
         where = f"{path}:{number}"
+        if isinstance(line, Overlong):
+            skipped.append(Skipped(where, line.reason))
+            continue
         try:
-            data = json.loads(text)
+            data = loads(line, bounds)
+        except TooDeep as exc:
+            skipped.append(Skipped(where, str(exc)))
+            continue
         except json.JSONDecodeError as exc:
             skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
             continue
-        recording = _from_object(data, where, skipped)
+        recording = _from_object(data, where, skipped, bounds)
         if recording is not None:
             yield recording
 
 
 def _chain(
-    first: tuple[int, str], rest: Iterator[tuple[int, str]], path: Path, skipped: list[Skipped]
-) -> Iterator[tuple[int, str]]:
+    first: tuple[int, str | Overlong],
+    rest: Iterator[tuple[int, str | Overlong]],
+    path: Path,
+    skipped: list[Skipped],
+) -> Iterator[tuple[int, str | Overlong]]:
     yield first
     try:
         yield from rest
@@ -103,11 +145,14 @@ def _chain(
         skipped.append(Skipped(str(path), f"the file ends early ({exc})"))
 
 
-def _from_object(data: Any, where: str, skipped: list[Skipped]) -> Recording | None:
+def _from_object(
+    data: Any, where: str, skipped: list[Skipped], bounds: Bounds
+) -> Recording | None:
     if isinstance(data, dict) and "messages" in data and "turns" not in data:
-        return _from_messages(data["messages"], str(data.get("id") or where), where, skipped)
+        run_id = str(data.get("id") or where)
+        return _from_messages(data["messages"], run_id, where, skipped, bounds)
     if isinstance(data, list):
-        return _from_messages(data, where, where, skipped)
+        return _from_messages(data, where, where, skipped, bounds)
     if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
         skipped.append(Skipped(where, "no `turns` list (and no `messages`)"))
         return None
@@ -142,12 +187,23 @@ def _from_object(data: Any, where: str, skipped: list[Skipped]) -> Recording | N
     )
 
 
-def read_chat(path: Path, skipped: list[Skipped]) -> Iterator[Recording]:
+def read_chat(
+    path: Path, skipped: list[Skipped], bounds: Bounds | None = None
+) -> Iterator[Recording]:
     """A JSON file holding one message list, `{"messages": [...]}`, or a list of those."""
+    bounds = bounds or Bounds()
     try:
-        data = json.loads(_text(path))
-    except OSError as exc:
-        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+        whole = text(path, bounds)
+    except (OSError, EOFError) as exc:
+        raise ConfigError(f"cannot read {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    if isinstance(whole, Overlong):
+        skipped.append(Skipped(str(path), whole.reason))
+        return
+    try:
+        data = loads(whole, bounds)
+    except TooDeep as exc:
+        skipped.append(Skipped(str(path), str(exc)))
+        return
     except json.JSONDecodeError as exc:
         skipped.append(Skipped(f"{path}:{exc.lineno}", f"not JSON ({exc.msg})"))
         return
@@ -155,15 +211,16 @@ def read_chat(path: Path, skipped: list[Skipped]) -> Iterator[Recording]:
     if isinstance(data, list) and data and isinstance(data[0], dict) and "role" in data[0]:
         items = [data]  # one bare message list
     for n, item in enumerate(items, start=1):
-        recording = _from_object(item, f"{path}#{n}", skipped)
+        recording = _from_object(item, f"{path}#{n}", skipped, bounds)
         if recording is not None:
             yield recording
 
 
 def _from_messages(
-    messages: Any, run_id: str, where: str, skipped: list[Skipped]
+    messages: Any, run_id: str, where: str, skipped: list[Skipped], bounds: Bounds
 ) -> Recording | None:
-    """Assistant `tool_calls` in order, each answered by the `tool` message with its id."""
+    """Assistant `tool_calls` in order, each answered by the `tool` message with its id. A
+    field of the wrong type skips the recording, saying which."""
     if not isinstance(messages, list):
         skipped.append(Skipped(where, "`messages` is not a list"))
         return None
@@ -173,24 +230,53 @@ def _from_messages(
             content = _content_text(message.get("content"))
             results[str(message.get("tool_call_id"))] = _digest(content)
     turns = []
-    for message in messages:
+    for m, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "assistant":
             continue
+        asked = message.get("tool_calls") or []
+        if not isinstance(asked, list):
+            skipped.append(Skipped(where, f"message {m}: `tool_calls` is not a list"))
+            return None
         calls = []
-        for call in message.get("tool_calls") or ():
+        for call in asked:
             function = call.get("function") if isinstance(call, dict) else None
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
-                skipped.append(Skipped(where, "a tool call without a function name"))
+                skipped.append(Skipped(where, f"message {m}: a tool call without a function name"))
                 return None
-            raw = function.get("arguments")
-            try:
-                arguments = json.loads(raw) if isinstance(raw, str) else raw or {}
-            except ValueError:
-                arguments = raw  # not JSON: the call key keeps the text as it was
+            arguments = _arguments(function.get("arguments"), bounds)
+            if arguments is _WRONG:
+                skipped.append(
+                    Skipped(
+                        where,
+                        f"message {m}: the arguments of {function['name']!r} are neither JSON "
+                        f"text nor an object, or nest deeper than {bounds.depth} levels",
+                    )
+                )
+                return None
             calls.append(Recorded(function["name"], arguments, results.get(str(call.get("id")))))
         if calls:
             turns.append(tuple(calls))
     return Recording(id=run_id, turns=tuple(turns))
+
+
+_WRONG = object()
+
+
+def _arguments(raw: Any, bounds: Bounds) -> Any:
+    """A chat call's arguments: JSON text parsed (text that is not JSON kept as it is, so the
+    call key keeps it), an object as it is, none as {}; anything else is `_WRONG`."""
+    if raw is None or raw == "":
+        return {}
+    if isinstance(raw, dict):
+        return raw
+    if not isinstance(raw, str):
+        return _WRONG
+    try:
+        return loads(raw, bounds)
+    except TooDeep:
+        return _WRONG
+    except ValueError:
+        return raw
 
 
 def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording]:
@@ -216,7 +302,7 @@ def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording
                 for call in event.tool_calls:
                     try:
                         arguments = json.loads(call.arguments)
-                    except ValueError:
+                    except (ValueError, RecursionError):
                         arguments = call.arguments
                     effect = effects.get(call.id) or "read_only"
                     calls.append(
@@ -226,24 +312,13 @@ def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording
         yield Recording(id=run_id, turns=tuple(turns), corpus="keel store", model=record.model)
 
 
-def _lines(path: Path) -> Iterator[tuple[int, str]]:
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
-            if line.strip():
-                yield number, line
-
-
-def _text(path: Path) -> str:
-    if path.suffix == ".gz":
-        with gzip.open(path, "rt", encoding="utf-8", errors="replace") as handle:
-            return handle.read()
-    return path.read_text(encoding="utf-8", errors="replace")
-
-
-def _is_one_line(text: str) -> bool:
+def _is_one_line(line: str) -> bool:
+    """Whether a first line is a JSON value of its own (a JSON lines file), not the start of
+    a document over many lines; one too deep to parse is judged a line of its own."""
     try:
-        json.loads(text)
+        json.loads(line)
+    except RecursionError:
+        return True
     except ValueError:
         return False
     return True

@@ -214,15 +214,16 @@ class ToolExecutor:
         if deadline is not None:
             limit_at = min(limit_at, deadline)
         with traced_tool(ready.call):
-            work = asyncio.ensure_future(_contained(tool, ready.validated, ready.call))
+            closing = _Closing()
+            work = asyncio.ensure_future(_contained(tool, ready.validated, ready.call, closing))
             try:
                 await asyncio.wait((work,), timeout=max(0.0, limit_at - loop.time()))
             except asyncio.CancelledError:  # the run is cancelled: so is the call
-                await _stop(work)
+                await _stop(work, closing)
                 raise
             elapsed = loop.time() - started
             if not work.done():
-                stopped = await _stop(work)
+                stopped = await _stop(work, closing)
                 why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
                 return _timed_out(tool, elapsed, why, stopped)
         raised = work.result()  # `_contained` returns what the tool raised, never raises it
@@ -279,12 +280,13 @@ class ToolExecutor:
 
 
 async def _contained(
-    tool: Tool, validated: pydantic.BaseModel, call: ToolCall
+    tool: Tool, validated: pydantic.BaseModel, call: ToolCall, closing: _Closing
 ) -> str | BaseException:
     """The tool's text, or what it raised: nothing it raises may leave its task, where
     KeyboardInterrupt and SystemExit would stop the event loop itself. Only a cancellation of
-    this task goes on as one (a CancelledError the tool raised on its own is a failure). The
-    call is in `CURRENT_CALL` while the tool runs (in this task's own context)."""
+    this task goes on as one (a CancelledError the tool raised on its own is a failure), and
+    a GeneratorExit only when `_stop` closed the coroutine (one the tool raised is a failure).
+    The call is in `CURRENT_CALL` while the tool runs (in this task's own context)."""
     CURRENT_CALL.set(call)
     try:
         return await tool.invoke(validated)
@@ -293,13 +295,22 @@ async def _contained(
         if task is not None and task.cancelling():
             raise
         return exc
-    except GeneratorExit:  # closed by `_stop`: the frame must end
-        raise
+    except GeneratorExit as exc:
+        if closing.closed:  # closed by `_stop`: the frame must end
+            raise
+        return exc
     except BaseException as exc:
         return exc
 
 
-async def _stop(work: asyncio.Task[str | BaseException]) -> bool:
+class _Closing:
+    """Set by `_stop` before it closes a call's coroutine, so the GeneratorExit that closing
+    throws in is told from one the tool raised itself."""
+
+    closed = False
+
+
+async def _stop(work: asyncio.Task[str | BaseException], closing: _Closing) -> bool:
     """Cancel the call; True if it stopped within STOP_GRACE. One that did not (it swallowed
     the cancellation) is abandoned: its coroutine is closed where it waits, so it never runs
     again and no event loop waits for it at exit."""
@@ -310,6 +321,7 @@ async def _stop(work: asyncio.Task[str | BaseException]) -> bool:
             work.exception()  # retrieved: whatever it was, its call is answered already
         return True
     work.add_done_callback(lambda t: t.cancelled() or t.exception())
+    closing.closed = True
     try:
         work.get_coro().close()
     except RuntimeError:  # it swallowed GeneratorExit too: left to itself, like a stuck thread

@@ -13,6 +13,7 @@ programs on this machine (ADR 0022).
 
 from __future__ import annotations
 
+import math
 import re
 import shlex
 import tomllib
@@ -66,8 +67,11 @@ class McpServer:
         if self.url is not None:
             _check_url(self.url)
         for value, what in ((self.timeout, "timeout"), (self.connect_timeout, "connect_timeout")):
-            if not value > 0:
-                raise ConfigError(f"MCP server {self.name!r}: {what} must be positive")
+            if not (math.isfinite(value) and value > 0):  # inf would overflow a thread's wait
+                raise ConfigError(
+                    f"MCP server {self.name!r}: {what} must be a finite, positive number of "
+                    f"seconds, not {value!r}"
+                )
 
     @classmethod
     def stdio(

@@ -10,8 +10,13 @@ server that crashes takes down its own task only, never the run's.
 A connection that was lost (the server exited, the HTTP session ended) is opened again by the
 next call, which starts a stdio server anew. A call that was running when the connection was
 lost is answered as lost: for a side-effecting tool that means "effect unknown" (see
-`keel.tools.mcp_tools`). Nothing here waits without a bound: opening has `connect_timeout`,
-calls have the tool's timeout, closing has `CLOSE_TIMEOUT`.
+`keel.tools.mcp_tools`). A JSON-RPC error -32000 is both a server's own error and the code the
+`mcp` client gives a lost connection: the server is asked again (its tools), and a live one's
+-32000 is that call's error. Nothing here waits without a bound: opening has `connect_timeout`,
+calls have the tool's timeout, closing has `CLOSE_TIMEOUT`; and a message from the server that
+the client cannot read (JSON nested past its parser's limit, say) ends the requests waiting at
+once, saying so, rather than leaving them to their timeouts. The `mcp` package's own log lines are
+one line each on stderr, never a traceback (ADR 0049).
 """
 
 from __future__ import annotations
@@ -20,9 +25,11 @@ import asyncio
 import contextlib
 import functools
 import io
+import logging
 import os
 import sys
-from typing import Any, TextIO
+from collections.abc import Awaitable
+from typing import Any, TextIO, TypeVar
 
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
@@ -36,6 +43,9 @@ __all__ = ["CLOSE_TIMEOUT", "Connection", "ConnectionLost", "Unavailable", "desc
 CLOSE_TIMEOUT = 10.0
 MAX_TOOL_PAGES = 100
 """A server whose tool listing never ends is cut off here rather than listed forever."""
+PING_TIMEOUT = 5.0
+"""How long a server that answered -32000 has to answer again, to show it is still there."""
+T = TypeVar("T")
 
 
 class Unavailable(Exception):
@@ -46,10 +56,15 @@ class ConnectionLost(Exception):
     """The connection ended while a call was running: its effect is unknown."""
 
 
+class Unreadable(Exception):
+    """The server sent a message the client could not read while a request waited."""
+
+
 class Connection:
     """One server. Every method but the constructor runs on the MCP loop."""
 
     def __init__(self, server: McpServer) -> None:
+        quiet_library_log()
         self.server = server
         self.client: Client | None = None
         self.lost: str | None = None
@@ -57,18 +72,20 @@ class Connection:
         self._owner: asyncio.Task[None] | None = None
         self._stop: asyncio.Event | None = None
         self._lock: asyncio.Lock | None = None
+        self._waiting: set[asyncio.Future[str]] = set()
+        """One future per request in flight, given the reason when a message is unreadable."""
 
     async def tools(self) -> list[RemoteTool]:
         """Open the connection and list the server's tools, every page."""
         client = await self.connect()
         try:
             async with asyncio.timeout(self.server.connect_timeout):
-                listed = await client.list_tools()
+                listed = await self._guarded(client.list_tools())
                 tools = list(listed.tools)
                 for _ in range(MAX_TOOL_PAGES):
                     if not listed.next_cursor:
                         break
-                    listed = await client.list_tools(cursor=listed.next_cursor)
+                    listed = await self._guarded(client.list_tools(cursor=listed.next_cursor))
                     tools += listed.tools
         except TimeoutError:
             raise Unavailable(
@@ -81,12 +98,51 @@ class Connection:
     async def call(self, name: str, arguments: dict[str, Any]) -> CallToolResult:
         client = await self.connect()
         try:
-            return await client.call_tool(name, arguments)
+            return await self._guarded(client.call_tool(name, arguments))
         except MCPError as exc:
-            if exc.code != CONNECTION_CLOSED:
-                raise
+            if exc.code != CONNECTION_CLOSED or await self._answers(client):
+                raise  # the server's own error: the call's error result
             self.lost = self.lost or "the connection closed (did the server exit?)"
             raise ConnectionLost(self.lost) from None
+
+    async def _answers(self, client: Client) -> bool:
+        """Whether the server still answers (a tools listing, which every server keeps, where
+        `ping` is gone from the newer protocol): a -32000 it sent is its own error."""
+        if self.lost is not None:
+            return False
+        try:
+            async with asyncio.timeout(min(PING_TIMEOUT, self.server.connect_timeout)):
+                await self._guarded(client.list_tools())
+        except Exception:
+            return False
+        return True
+
+    async def _guarded(self, request: Awaitable[T]) -> T:
+        """`request`, unless the server sends a message the client cannot read first: then
+        Unreadable, at once (the client drops such a message, and the request would wait for
+        an answer that never comes)."""
+        spoiled: asyncio.Future[str] = asyncio.get_running_loop().create_future()
+        self._waiting.add(spoiled)
+        work = asyncio.ensure_future(request)
+        try:
+            await asyncio.wait((work, spoiled), return_when=asyncio.FIRST_COMPLETED)
+            if work.done():
+                return work.result()
+            raise Unreadable(spoiled.result())
+        finally:
+            self._waiting.discard(spoiled)
+            if not work.done():
+                work.cancel()
+
+    async def _heard(self, message: Any) -> None:
+        """The client's `message_handler`: a message it could not read arrives as an
+        exception, and fails every request waiting."""
+        if not isinstance(message, Exception):
+            return
+        reason = f"the server sent a message that could not be read ({_unreadable(message)})"
+        for waiting in list(self._waiting):
+            if not waiting.done():
+                waiting.set_result(reason)
 
     async def connect(self) -> Client:
         """The open connection, opening it (again) when there is none or it was lost."""
@@ -117,7 +173,7 @@ class Connection:
     async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
         """The task that holds the connection open until asked to stop."""
         try:
-            async with Client(self._target(), cache=None) as client:
+            async with Client(self._target(), cache=None, message_handler=self._heard) as client:
                 self.client = client
                 ready.set_result(client)
                 await stop.wait()
@@ -159,6 +215,37 @@ class Connection:
             owner.cancel()
 
 
+def _unreadable(exc: Exception) -> str:
+    """The parser's own words, short: pydantic's first error, else the exception's first line."""
+    errors = getattr(exc, "errors", None)
+    text = ""
+    if callable(errors):
+        try:
+            first = errors()[0]
+            text = str(first.get("msg", "")) if isinstance(first, dict) else ""
+        except Exception:
+            text = ""
+    text = text or (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    return text[:300]
+
+
+class _OneLine(logging.Handler):
+    """The `mcp` package's log lines, one line each on the stderr of the moment, without their
+    tracebacks: Keel says itself what failed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        with contextlib.suppress(Exception):  # stderr gone: nothing to say it on
+            sys.stderr.write(f"keel: mcp: {record.getMessage()}"[:500] + "\n")
+
+
+def quiet_library_log() -> None:
+    """Once per process: the `mcp` loggers write one line each (warnings and worse) instead
+    of Python's last-resort handler printing a traceback."""
+    log = logging.getLogger("mcp")
+    if not any(isinstance(h, _OneLine) for h in log.handlers):
+        log.addHandler(_OneLine(logging.WARNING))
+
+
 def server_log() -> TextIO:
     """Where a stdio server's stderr goes: Keel's own stderr when it is a real file."""
     try:
@@ -189,7 +276,7 @@ def describe(exc: BaseException) -> str:
     for leaf in leaves[:3]:
         if isinstance(leaf, MCPError):
             text = leaf.message
-            if leaf.code == CONNECTION_CLOSED:
+            if leaf.code == CONNECTION_CLOSED and leaf.message in ("", "Connection closed"):
                 text = "the connection closed before it answered (did the server exit?)"
         elif isinstance(leaf, FileNotFoundError):
             text = f"no such program ({leaf.filename or leaf})"

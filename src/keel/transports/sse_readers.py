@@ -104,7 +104,9 @@ def _fold_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
 async def read_anthropic(events: Events, on_text: OnText, provider: str) -> dict[str, Any] | None:
     message: dict[str, Any] | None = None
     blocks: dict[int, dict[str, Any]] = {}
-    inputs: dict[int, list[str]] = {}
+    parts: dict[tuple[int, str], list[str]] = {}
+    """Each block's deltas by field (text, input JSON, thinking, signature), joined once at the
+    end: a string grown by `+` per delta copies itself whole each time (quadratic)."""
     async for event in events:
         kind = event.get("type")
         if kind == "message_start" and isinstance(event.get("message"), dict):
@@ -112,13 +114,17 @@ async def read_anthropic(events: Events, on_text: OnText, provider: str) -> dict
         elif kind == "content_block_start" and isinstance(event.get("content_block"), dict):
             blocks[_index(event)] = dict(event["content_block"])
         elif kind == "content_block_delta":
-            _fold_block(blocks, inputs, _index(event), event.get("delta") or {}, on_text)
+            _fold_block(blocks, parts, _index(event), event.get("delta") or {}, on_text)
         elif kind == "message_delta" and message is not None:
             message.update(event.get("delta") or {})
             message["usage"] = {**(message.get("usage") or {}), **(event.get("usage") or {})}
         elif kind == "message_stop" and message is not None:
-            for index, parts in inputs.items():
-                blocks[index]["input"] = _json_input("".join(parts), provider)
+            for (index, field), pieces in parts.items():
+                block = blocks[index]
+                if field == "input":
+                    block["input"] = _json_input("".join(pieces), provider)
+                else:
+                    block[field] = str(block.get(field) or "") + "".join(pieces)
             message["content"] = [blocks[i] for i in sorted(blocks)]
             return message
         elif kind == "error":
@@ -134,24 +140,30 @@ def _index(event: dict[str, Any]) -> int:
     return index if isinstance(index, int) else 0
 
 
+_DELTA_FIELDS = {
+    "text_delta": ("text", "text"),
+    "input_json_delta": ("partial_json", "input"),
+    "thinking_delta": ("thinking", "thinking"),
+    "signature_delta": ("signature", "signature"),
+}
+"""A delta's type: the key its piece is under, and the block field the pieces make."""
+
+
 def _fold_block(
     blocks: dict[int, dict[str, Any]],
-    inputs: dict[int, list[str]],
+    parts: dict[tuple[int, str], list[str]],
     index: int,
     delta: dict[str, Any],
     on_text: OnText,
 ) -> None:
-    block = blocks.setdefault(index, {"type": "text", "text": ""})
-    kind = delta.get("type")
-    if kind == "text_delta" and isinstance(delta.get("text"), str):
-        block["text"] = block.get("text", "") + delta["text"]
-        _hand(delta["text"], on_text)
-    elif kind == "input_json_delta" and isinstance(delta.get("partial_json"), str):
-        inputs.setdefault(index, []).append(delta["partial_json"])
-    elif kind == "thinking_delta" and isinstance(delta.get("thinking"), str):
-        block["thinking"] = block.get("thinking", "") + delta["thinking"]
-    elif kind == "signature_delta" and isinstance(delta.get("signature"), str):
-        block["signature"] = block.get("signature", "") + delta["signature"]
+    blocks.setdefault(index, {"type": "text", "text": ""})
+    fields = _DELTA_FIELDS.get(str(delta.get("type")))
+    if fields is None or not isinstance(delta.get(fields[0]), str):
+        return
+    piece = delta[fields[0]]
+    parts.setdefault((index, fields[1]), []).append(piece)
+    if fields[1] == "text":
+        _hand(piece, on_text)
 
 
 def _json_input(text: str, provider: str) -> Any:
