@@ -232,7 +232,7 @@ class Resolved:
     def saved(self) -> dict[str, dict[str, Any]]:
         """What the run keeps of its options, for `keel show`: each option not left at its
         default, where it came from, and its value where that is plain and safe to store (not
-        a base URL, which may hold credentials, nor an MCP command line)."""
+        a base URL or a store URL, which may hold credentials, nor an MCP command line)."""
         kept: dict[str, dict[str, Any]] = {}
         for name, source in self.sources.items():
             if source == "default":
@@ -245,7 +245,7 @@ class Resolved:
         return kept
 
 
-UNSHOWN = frozenset({"base_url", "mcp", "mcp_url"})
+UNSHOWN = frozenset({"base_url", "store", "mcp", "mcp_url"})
 
 
 def resolve(

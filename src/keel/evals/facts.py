@@ -196,9 +196,18 @@ def _default(tree: ast.Module, rel: str, name: str) -> Expected:
                     and item.target.id == field
                     and item.value is not None
                 ):
-                    value = ast.literal_eval(item.value)
+                    value = ast.literal_eval(_field_default(item.value))
                     return Expected(((f"{field} = {value!r}", (repr(value), str(value))),))
     raise ConfigError(f"{rel} has no class field {name} with a default")
+
+
+def _field_default(value: ast.expr) -> ast.expr:
+    """A dataclass field's default as written: ``= 5``, or ``= field(default=5, ...)``."""
+    if isinstance(value, ast.Call) and getattr(value.func, "id", None) == "field":
+        for keyword in value.keywords:
+            if keyword.arg == "default":
+                return keyword.value
+    return value
 
 
 def _defined_in(repo: Path, under: str, name: str) -> Expected:
