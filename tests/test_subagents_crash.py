@@ -210,3 +210,23 @@ def test_keel_run_events_carries_the_childrens_events_with_their_run_ids(tmp_pat
     theirs = [line for line in lines if "run_id" in line and line["type"] != "result"]
     assert {line["run_id"] for line in theirs} == children
     assert sum(1 for line in theirs if line["type"] == "run_completed") == 3
+
+
+def test_an_agent_table_without_a_model_runs_its_child_on_the_parents_model(
+    tmp_path: Path,
+) -> None:
+    from keel.assemble import build_agent
+    from keel.limits import Limits
+
+    (tmp_path / "notes.md").write_text("notes\n")
+    lead = tmp_path / "lead.json"
+    lead.write_text(json.dumps({"turns": [
+        {"tool_calls": [call("reader", task="Read notes.md.")]}, {"text": "Read."},
+    ]}))  # fmt: skip
+    settings = {"repo": str(tmp_path), "agents": {"reader": {"description": "Reads", "limits": {}}}}
+    agent = build_agent(f"script:{lead}", settings, Limits(), tmp_path / "runs.sqlite", None)
+    with agent:
+        result = agent.run("q")
+        (child,) = result.children
+        record = agent.store.get_run(child.run_id)
+        assert record is not None and record.config.model == f"script:{lead}"

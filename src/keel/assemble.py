@@ -109,7 +109,7 @@ def build_agent(
         tools += browser_tools(allow_hosts=allow_hosts)
     tools = _without(tools, cast(list[str], settings.get("without_tools") or []))
     base_url = base_url or _text(settings.get("base_url"))
-    tools += _children(tools, settings, store, durability)
+    tools += _children(tools, settings, store, durability, (model, base_url))
     transport = _transport(model, base_url, settings)  # before any MCP server starts
     if plugins is not None:  # last: it starts servers, stopped by `plugins.close`
         tools += plugins.mcp_tools(settings)
@@ -232,11 +232,17 @@ def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
 
 
 def _children(
-    builtin: list[Tool], settings: JsonObject, store: RunStore | str | Path, durability: Any
+    builtin: list[Tool],
+    settings: JsonObject,
+    store: RunStore | str | Path,
+    durability: Any,
+    parent: tuple[str, str | None],
 ) -> list[Tool]:
     """The sub-agents the run offers (`--agent NAME`, each an `[agents.NAME]` table saved with
     the run): each an agent with the parent's built-in tools, or those its table names, as a
-    delegation tool (keel/subagents.py). Its runs live in the parent's store."""
+    delegation tool (keel/subagents.py). Its runs live in the parent's store. Its model is its
+    table's, else the parent's (`parent`: spec and base URL); the parent's base URL goes only
+    with the parent's own model, so a child on another provider never gets it."""
     tables = settings.get("agents") or {}
     if not isinstance(tables, dict):
         raise ConfigError("the run's saved agents are not a table")
@@ -251,8 +257,10 @@ def _children(
                 f"[agents.{name}] tools: no such tool here: {', '.join(sorted(unknown))} "
                 f"(tools: {', '.join(offered)})"
             )
+        spec = str(table.get("model") or parent[0])
         child = Agent(
-            str(table.get("model") or "local"),
+            spec,
+            base_url=parent[1] if spec == parent[0] else None,
             tools=[offered[t] for t in wanted] if wanted is not None else builtin,
             limits=Limits(**table.get("limits", {})),
             system_prompt=str(table.get("instructions") or DEFAULT_SYSTEM_PROMPT),
