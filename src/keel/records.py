@@ -515,10 +515,9 @@ class RunState:
         live state while a worker thread encodes the snapshot."""
         twin = RunState.__new__(RunState)
         for name in _STATE_FIELDS:
-            value = getattr(self, name)
-            if isinstance(value, dict | list | set):
-                value = type(value)(value)
-            setattr(twin, name, value)
+            setattr(twin, name, getattr(self, name))
+        for name, make in _CONTAINER_FIELDS:
+            setattr(twin, name, make(getattr(self, name)))
         return twin
 
     def encode(self) -> JsonObject:
@@ -551,6 +550,12 @@ class RunState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
+_CONTAINER_FIELDS: tuple[tuple[str, Any], ...] = tuple(
+    (f.name, f.default_factory)
+    for f in fields(RunState)
+    if f.default_factory in (dict, list, set)
+)
+"""The fields holding a mutable container, each with the type that copies it (`copy`)."""
 
 
 # -- the run's settings ------------------------------------------------------------------------

@@ -16,6 +16,8 @@ never the provider's (which a provider may repeat).
 from __future__ import annotations
 
 import asyncio
+import functools
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
 from keel._run.parts import StepParts
@@ -123,31 +125,18 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         results[item.call.id] = _record_executed(parts, item)
         await parts.checkpoint()
 
-    tree = Delegations(
-        parts.recorder.run_id,
-        parts.recorder.store,
-        state,
-        parts.limits,
-        parts.clock,
-        context_tokens=parts.context.total_tokens,
-        listeners=parts.recorder.listeners,
-        slots=asyncio.Semaphore(parts.limits.max_children),
-        expected=sum(1 for c in to_run[:allowed] if _delegates(parts, c)),
+    run_batch = functools.partial(
+        parts.executor.run_batch,
+        to_run[:allowed],
+        deadline=parts.clock.loop_deadline(),
+        on_dispatch=journal,
+        on_effect=close_journal,
     )
-    if tree.expected:  # the calls children are named after: durable before any child starts
-        await parts.checkpoint()
-    mark = CURRENT.set(tree)  # for the delegation tools of this batch (keel/subagents.py)
-    try:
-        executed = await parts.executor.run_batch(
-            to_run[:allowed],
-            deadline=parts.clock.loop_deadline(),
-            on_dispatch=journal,
-            on_effect=close_journal,
-        )
-    finally:
-        CURRENT.reset(mark)
-    paused = tree.take_paused()
-    tree.fold()  # what the children spent, in the step that records their answers
+    paused: dict[str, tuple[PendingApproval, ...]] = {}
+    if parts.executor.delegates:
+        executed, paused = await _with_children(parts, to_run[:allowed], run_batch)
+    else:
+        executed = await run_batch()
     for item in executed:
         if item.call.id not in results and item.call.id not in paused:
             results[item.call.id] = _record_executed(parts, item)
@@ -166,6 +155,39 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
 
 
 # -- approvals and refusals --------------------------------------------------------------------
+
+
+async def _with_children(
+    parts: StepParts,
+    calls: list[ToolCall],
+    run_batch: Callable[[], Awaitable[list[ExecutedCall]]],
+) -> tuple[list[ExecutedCall], dict[str, tuple[PendingApproval, ...]]]:
+    """Run a batch whose tools may start child runs (keel/subagents.py): the calls children are
+    named after made durable first, the run's side of its children (`_run/tree.py`) in reach
+    of the delegation tools, and what the children spent folded in once the batch ends, in the
+    step that records their answers. Also: the delegations whose child waits for a person."""
+    state = parts.state
+    tree = Delegations(
+        parts.recorder.run_id,
+        parts.recorder.store,
+        state,
+        parts.limits,
+        parts.clock,
+        context_tokens=parts.context.total_tokens,
+        listeners=parts.recorder.listeners,
+        slots=asyncio.Semaphore(parts.limits.max_children),
+        expected=sum(1 for c in calls if _delegates(parts, c)),
+    )
+    if tree.expected:  # the calls children are named after: durable before any child starts
+        await parts.checkpoint()
+    mark = CURRENT.set(tree)
+    try:
+        executed = await run_batch()
+    finally:
+        CURRENT.reset(mark)
+    paused = tree.take_paused()
+    tree.fold()
+    return executed, paused
 
 
 def _delegates(parts: StepParts, call: ToolCall) -> bool:

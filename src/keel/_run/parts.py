@@ -25,7 +25,7 @@ from keel.records import RunState
 from keel.result import PendingApproval
 from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
-from keel.transports.base import Resumable, Transport
+from keel.transports.base import Keyed, Resumable, Transport
 
 __all__ = [
     "Completed",
@@ -94,10 +94,14 @@ class StepParts:
     """The transport, when its position is saved with each checkpoint (a script)."""
     live: LiveText | None = None
     """Streams each attempt's text to the run's text listeners; None: nobody listens."""
+    keyed: Keyed | None = None
+    """The transport, when it sends an API key (scrubbed from its answers, ADR 0048)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free
             self.resumable = self.transport
+        if isinstance(self.transport, Keyed):  # once per run, not once per answer
+            self.keyed = self.transport
 
 
 class RunView:

@@ -29,7 +29,6 @@ from keel.records import (
     ToolChoiceIgnored,
 )
 from keel.trace_hooks import traced_attempt
-from keel.transports.base import Keyed
 
 __all__ = ["current_mode", "next_turn"]
 
@@ -130,8 +129,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
 def _secret(parts: StepParts) -> str | None:
     """The API key the run's transport sends: scrubbed from its answers before anything keeps
     them (ADR 0048)."""
-    transport = parts.transport
-    return transport.secret() if isinstance(transport, Keyed) else None
+    return parts.keyed.secret() if parts.keyed is not None else None
 
 
 def _remember_transport(parts: StepParts) -> None:

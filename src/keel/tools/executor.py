@@ -114,6 +114,8 @@ class ToolExecutor:
                 raise ConfigError(name_clash(by_name[tool.name], tool))
             by_name[tool.name] = tool
         self._tools = by_name
+        self.delegates = any(t.delegates for t in tools)
+        """Some tool starts child runs (keel/subagents.py): batches set up their children."""
         self.max_result_chars = max_result_chars
         self.definitions: tuple[ToolDefinition, ...] = tuple(t.definition() for t in tools)
         """Computed once: part of the frozen prompt prefix, byte-identical on every turn."""
