@@ -460,11 +460,14 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
 
         return check_durability(value, where)
     if opt.name == "loop_policy":
-        from keel.limits import LOOP_POLICIES
+        from keel.limits import LOOP_POLICIES, closest_policy
 
         if value not in LOOP_POLICIES:
             choices = ", ".join(LOOP_POLICIES)
-            raise ConfigError(f"{where}: loop policy must be one of {choices}, not {value!r}")
+            raise ConfigError(
+                f"{where}: loop policy must be one of {choices}, not {value!r}"
+                + closest_policy(value)
+            )
     return value
 
 
