@@ -184,6 +184,14 @@ OPTIONS: tuple[Option, ...] = (
         toml="",
     ),
     Option(
+        "mcp_env",
+        "list",
+        "Set NAME=VALUE in the environment of the --mcp servers (repeatable; only the name "
+        "is saved: a resume reads VALUE from Keel's environment).",
+        env="",
+        toml="",
+    ),
+    Option(
         "mcp_url",
         "list",
         'An MCP server at this streamable HTTP URL (or "prefix=NAME_:URL").',
@@ -245,7 +253,7 @@ class Resolved:
         return kept
 
 
-UNSHOWN = frozenset({"base_url", "mcp", "mcp_url"})
+UNSHOWN = frozenset({"base_url", "mcp", "mcp_env", "mcp_url"})
 
 
 def resolve(
