@@ -116,7 +116,7 @@ def quiet_parse_errors() -> None:
 
 def a2a_binding(path: str) -> str | None:
     """The A2A binding a path belongs to (its body capped by `CrossSiteGuard`), or None."""
-    if path == JSONRPC_PATH:
+    if path in (JSONRPC_PATH, JSONRPC_PATH + "/"):
         return "jsonrpc"
     if path.startswith(REST_PATH + "/"):
         return "rest"
@@ -191,6 +191,8 @@ def build_app(
         *extra_routes,
         *create_agent_card_routes(card),
         *create_jsonrpc_routes(handler, JSONRPC_PATH, enable_v0_3_compat=True),
+        # fasta2a's client posts to the card's URL with "/" after it
+        *create_jsonrpc_routes(handler, JSONRPC_PATH + "/", enable_v0_3_compat=True),
         *create_rest_routes(handler, path_prefix=REST_PATH, enable_v0_3_compat=True),
     ]
 
