@@ -23,6 +23,7 @@ import importlib.util
 import json
 import subprocess
 import sys
+from collections.abc import Iterator
 from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
@@ -31,10 +32,12 @@ import httpx
 import pytest
 
 import keel
+import local_model
 from keel.records import ModelRequestSent, ToolResultRecorded
 from keel.tokens import CalibratedCounter, EstimatingCounter
 from keel.tools.mcp_servers import McpServer
 from keel.transports.openai_chat import OpenAIChatTransport
+from keel.transports.text_calls import read_text_calls
 from keel.transports.xml_fallback import XmlFallbackTransport
 from loopback_http import QuietHandler, serving
 from support import call
@@ -152,6 +155,73 @@ def test_a_research_run_through_llama_cpp_server(
         assert turn["content"] == "" and turn["tool_calls"][0]["function"]["name"] == "write_file"
         assert any(m["role"] == "tool" for m in sent["messages"])
     store.close()
+
+
+@pytest.fixture(scope="session")
+def template_server(local_model_path: Path) -> Iterator[str]:
+    """llama-cpp-python's server with the model's own chat template (the GGUF's, which is what
+    it uses when started without ``--chat_format``)."""
+    yield from local_model._serve(local_model_path, "chat_template.default")
+
+
+def prompt_tokens(base_url: str, result: str) -> int:
+    """The server's count of a prompt whose history holds one call and its `result`."""
+    body = {
+        "model": SERVER_MODEL,
+        "max_tokens": 1,
+        "tools": [{"type": "function", "function": {
+            "name": "read_file", "description": "Read a file.",
+            "parameters": {"type": "object", "properties": {"path": {"type": "string"}}},
+        }}],
+        "messages": [
+            {"role": "user", "content": "Which port does the widget use?"},
+            {"role": "assistant", "content": "", "tool_calls": [{
+                "id": "c1", "type": "function",
+                "function": {"name": "read_file", "arguments": '{"path": "notes.md"}'},
+            }]},
+            {"role": "tool", "tool_call_id": "c1", "content": result},
+        ],
+    }  # fmt: skip
+    answer = httpx.post(f"{base_url}/chat/completions", json=body, timeout=300)
+    assert answer.status_code == 200, answer.text
+    count: int = answer.json()["usage"]["prompt_tokens"]
+    return count
+
+
+@pytest.mark.parametrize(
+    ("server", "carried"),
+    [("function_server", False), ("llama_server", False), ("template_server", True)],
+)
+def test_which_llama_cpp_chat_formats_carry_tool_results(
+    request: pytest.FixtureRequest, server: str, carried: bool
+) -> None:
+    """A tool result 600 words longer makes a longer prompt only where the format renders
+    tool messages: chatml-function-calling and chatml have no tool role (they drop them), the
+    model's own template (Qwen2.5's ``<tool_response>``) keeps them. README "Tested against"
+    says so."""
+    base_url = request.getfixturevalue(server)
+    short, long = prompt_tokens(base_url, "8421"), prompt_tokens(base_url, "port 8421 " * 200)
+    assert (long - short > 300) is carried, (short, long)
+
+
+def test_a_pseudo_call_from_chatml_function_calling_is_a_model_error_never_the_answer(
+    function_server: str, tmp_path: Path
+) -> None:
+    """Under "auto" that server answers with ``functions.NAME:`` as text and no arguments
+    (seen on every run here): refused as a classified ModelError naming the chat format and
+    what to use instead, where it used to end `completed` with that text as the answer."""
+    repo = repo_with_notes(tmp_path)
+    chat = OpenAIChatTransport(
+        SERVER_MODEL, base_url=function_server, max_tokens=48, tool_choice="auto"
+    )
+    limits = keel.Limits(max_model_calls=3, deadline=240)
+    with keel.Agent(chat, tools=keel.file_tools(repo), store=tmp_path / "r.db", limits=limits) as a:
+        done = a.run("Which port does the widget use? Read notes.md.")
+    assert done.answer is None or read_text_calls(done.answer, ["read_file"]) is None
+    assert done.status == "failed" and done.failure is not None, done.answer
+    assert done.failure.kind == "ModelError"
+    assert "chatml-function-calling" in done.failure.message
+    assert "xml:openai-chat:MODEL" in done.failure.message
 
 
 def test_the_xml_estimate_is_calibrated_on_the_local_models_tokenizer(

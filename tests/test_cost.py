@@ -17,11 +17,12 @@ import pytest
 from typer.testing import CliRunner
 
 import keel
+from keel._run.budgets import Clock, past_limits
 from keel._run.synthesis import BUDGET_CONTROL
 from keel.cli.app import app
 from keel.messages import Usage
 from keel.pricing import FREE, Price, PriceTable, call_cost, configured_prices
-from keel.records import ModelResponseReceived
+from keel.records import ModelRequestSent, ModelResponseReceived, RunState
 from keel.transports.scripted import ScriptedTransport
 from support import call
 
@@ -77,14 +78,20 @@ async def test_the_call_that_could_pass_the_cost_limit_is_budget_synthesis() -> 
     assert sum(costs[:-2]) + max(costs[:-2]) <= 0.004  # and the one before did not
 
 
-async def test_past_the_cost_limit_the_run_fails_budget_exhausted_naming_the_cost() -> None:
-    """A first call that alone costs more than the limit: no estimate yet, so it is sent; the
-    next turn may not be."""
+def test_past_the_cost_limit_the_run_fails_budget_exhausted_naming_the_cost() -> None:
+    """Past the limit (a synthesis turn's own retry, say) no further call goes out."""
+    state = RunState(model_calls=2, cost=0.00042)
+    stop = past_limits(state, keel.Limits(max_cost=0.0001), Clock())
+    assert isinstance(stop, keel.BudgetExhausted) and stop.details["budget"] == "cost"
+    assert "$0.0001" in stop.message and "$0.0004" in stop.message
+
+
+async def test_a_first_call_that_alone_would_pass_the_cost_limit_is_synthesis_only() -> None:
+    """Its own request is priced before it is sent (once, the run had no estimate before its
+    first call, sent it, and failed with nothing to show)."""
     result, _ = await run(priced_script(notes(3)), max_cost=0.0001)
-    assert result.failure is not None and result.failure.kind == "BudgetExhausted"
-    assert result.failure.details["budget"] == "cost"
-    assert "$0.0001" in result.failure.message
-    assert f"${result.cost:.4f}" in result.failure.message
+    assert result.status == "completed" and result.synthesized == "budget", result.failure
+    assert (result.model_calls, result.tool_calls) == (1, 0)
 
 
 def test_an_unpriced_model_with_a_cost_limit_exits_2_naming_the_model(tmp_path: Path) -> None:
@@ -196,3 +203,33 @@ def test_keel_ui_shows_the_cost_of_a_run_and_of_each_call(tmp_path: Path) -> Non
     assert f'<dd id="cost">${result.cost:.4f}' in page
     assert page.count(" · $") >= 2  # each model response
     assert f"${result.cost:.4f}" in listing
+
+
+@keel.tool
+def long_note(topic: str) -> str:
+    """Read the long note on a topic."""
+    return f"a long note about {topic}, with its details " * 150
+
+
+@pytest.mark.parametrize("max_cost", [0.004, 0.01, 0.02])
+async def test_the_next_call_is_priced_from_its_own_request_so_a_run_ends_within_the_limit_plus_its_synthesis_estimate(  # noqa: E501
+    max_cost: float,
+) -> None:
+    """Each result makes the next request longer, so the costliest call so far underprices
+    the next one (a $0.02 limit ended at $0.0436, issue 37): the next call is priced from its
+    own input tokens, counted before it is sent, and its output limit."""
+    store = keel.Store(":memory:")
+    script = {"turns": [call("long_note", topic=f"t{i}") for i in range(40)],
+              "on_synthesis": ANSWER, "model": "openai:gpt-4o"}  # fmt: skip
+    transport = ScriptedTransport.from_dict(script, record=True)
+    limits = keel.Limits(max_cost=max_cost, max_model_calls=60)
+    agent = keel.Agent(transport, tools=[long_note], store=store, limits=limits)
+    result = await agent.arun("q")
+    assert result.status == "completed" and result.synthesized == "budget", result.failure
+    events = store.events(result.run_id)
+    sent = [e for e in events if isinstance(e, ModelRequestSent)]
+    costs = [e.cost or 0.0 for e in events if isinstance(e, ModelResponseReceived)]
+    assert GPT_4O is not None and sent[-1].synthesis == "budget"
+    synthesis_estimate = sent[-1].estimated_input_tokens * GPT_4O.input / 1_000_000
+    assert sum(costs[:-1]) <= max_cost  # no call before the synthesis turn passed the limit
+    assert result.cost is not None and result.cost <= max_cost + synthesis_estimate * 1.01

@@ -93,8 +93,8 @@ class Keel:
         )
 
     def latest_run(self) -> str:
-        listing = self("runs").stdout.split()
-        return listing[0]
+        listing = self("runs").stdout.splitlines()
+        return listing[1].split()[0]  # under the header row
 
     def log(self) -> list[str]:
         path = self.repo / "log.txt"

@@ -16,6 +16,7 @@ from keel.cli.app import app
 from keel.records import EvidenceReset, RunConfig
 from keel.replay.playback import replay
 from keel.replay.recordings import Recorded, Recording
+from keel.run_options import resolve_one
 from support import call, run_script
 
 READ = "read"
@@ -206,3 +207,10 @@ def test_a_run_saved_before_loop_policies_existed_resumes_under_adr() -> None:
 def test_an_unknown_loop_policy_is_a_configuration_error() -> None:
     with pytest.raises(keel.ConfigError, match="loop policy must be one of progress, adr"):
         keel.Limits(loop_policy="lenient")  # type: ignore[arg-type]
+
+
+def test_a_mistyped_loop_policy_names_the_closest_policy() -> None:
+    with pytest.raises(keel.ConfigError, match=r"did you mean 'progress'\?"):
+        keel.Limits(loop_policy="prog")  # type: ignore[arg-type]
+    with pytest.raises(keel.ConfigError, match=r"--loop-policy: .*did you mean 'progress'\?"):
+        resolve_one("loop_policy", "prog")

@@ -63,7 +63,7 @@ class Keel:
         return shlex.join(stdio_command(self.log, *extra))
 
     def latest_run(self) -> str:
-        return self("runs").stdout.split()[0]
+        return self("runs").stdout.splitlines()[1].split()[0]  # under the header row
 
     def events(self, run_id: str) -> list[dict[str, Any]]:
         shown = self("show", run_id, "--json")

@@ -67,3 +67,49 @@ def test_import_keel_does_not_load_the_mcp_package() -> None:
     code = "import sys, keel; print(any(m == 'mcp' or m.startswith('mcp.') for m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_an_mcp_table_sets_env_values_and_passes_env_names(tmp_path: Path) -> None:
+    config = tmp_path / "keel.toml"
+    config.write_text(
+        '[[mcp]]\nname = "memory"\ncommand = "server"\n'
+        'env = {MEMORY_FILE_PATH = "/data/memory.jsonl"}\nenv_pass = ["GLOSSARY_TOKEN"]\n'
+    )
+    (server,) = servers_from_config(config)
+    assert server.env == ("GLOSSARY_TOKEN",)
+    assert server.env_values == (("MEMORY_FILE_PATH", "/data/memory.jsonl"),)
+    config.write_text('[[mcp]]\ncommand = "server"\nenv = {X = 1}\n')
+    with pytest.raises(keel.ConfigError, match="env values must be strings"):
+        servers_from_config(config)
+    config.write_text('[[mcp]]\ncommand = "server"\nenv = {"NOT A NAME" = "v"}\n')
+    with pytest.raises(keel.ConfigError, match="not an environment variable name"):
+        servers_from_config(config)
+
+
+def test_an_mcp_servers_env_values_are_never_saved_and_are_read_again_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    server = McpServer.stdio("server", name="memory", env={"MEMORY_TOKEN": "s3cr3t-value"})
+    saved = json.loads(json.dumps({"mcp": [server.to_json()]}))
+    assert "MEMORY_TOKEN" in json.dumps(saved) and "s3cr3t-value" not in json.dumps(saved)
+    config = tmp_path / "keel.toml"  # a resume reads the value where it came from, again
+    config.write_text('[[mcp]]\nname = "memory"\ncommand = "server"\nenv = {MEMORY_TOKEN = "v2"}\n')
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "none"))
+    monkeypatch.setenv("MEMORY_TOKEN", "from-keels-environment")
+    assert servers_from_settings(saved)[0].start_env() == {"MEMORY_TOKEN": "from-keels-environment"}
+    assert servers_from_settings(saved, config=config)[0].start_env() == {"MEMORY_TOKEN": "v2"}
+    monkeypatch.delenv("MEMORY_TOKEN")
+    with pytest.raises(keel.ConfigError, match=r"MEMORY_TOKEN.*not saved.*MEMORY_TOKEN=VALUE"):
+        servers_from_settings(saved)[0].start_env()
+
+
+def test_mcp_env_flags_set_variables_of_the_mcp_servers() -> None:
+    from keel.tools.mcp_servers import servers_from_flags
+
+    (server,) = servers_from_flags(["server"], [], env=["MEMORY_FILE_PATH=/tmp/m=1.jsonl"])
+    assert server.start_env() == {"MEMORY_FILE_PATH": "/tmp/m=1.jsonl"}
+    for bad in ("NOVALUE", "=v", "A B=v"):
+        with pytest.raises(keel.ConfigError, match="--mcp-env"):
+            servers_from_flags(["server"], [], env=[bad])
+    with pytest.raises(keel.ConfigError, match="--mcp-env is for --mcp servers"):
+        servers_from_flags([], ["http://127.0.0.1:8000/mcp"], env=["A=b"])

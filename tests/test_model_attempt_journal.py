@@ -88,7 +88,7 @@ def test_model_attempts_lost_in_a_crash_still_count_against_the_budget(
         "--max-model-calls", "2", "--repo", str(tmp_path), "--json",
     )  # fmt: skip
     assert first.returncode < 0, first.stderr  # killed itself after the response
-    run_id = keel(tmp_path, "runs", crash=False).stdout.split()[0]
+    run_id = keel(tmp_path, "runs", crash=False).stdout.splitlines()[1].split()[0]
     for _ in range(3):
         resumed = keel(tmp_path, "resume", run_id, "--json")
         if resumed.returncode >= 0:

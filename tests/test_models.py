@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -84,3 +85,17 @@ def test_missing_provider_key_is_a_configuration_error(monkeypatch: pytest.Monke
         resolve_model("openai:gpt-x")
     with pytest.raises(ConfigError, match="ANTHROPIC_API_KEY"):
         resolve_model("anthropic:claude-x")
+
+
+@pytest.mark.parametrize(
+    ("spec", "hint"),
+    [
+        ("lcoal", "did you mean 'local'?"),
+        ("opnai:gpt-5-mini", "did you mean 'openai:gpt-5-mini'?"),
+        ("anthropic", "did you mean 'anthropic:MODEL'?"),
+        ("opeanai-chat:qwen", "did you mean 'openai-chat:qwen'?"),
+    ],
+)
+def test_an_unknown_model_spec_names_the_closest_spec(spec: str, hint: str) -> None:
+    with pytest.raises(ConfigError, match=f"unknown model spec .*{re.escape(hint)}"):
+        resolve_model(spec)

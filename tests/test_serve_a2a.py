@@ -183,7 +183,7 @@ async def test_a_denial_is_recorded_and_the_run_goes_on_without_the_write(
         with pytest.raises(InvalidParamsError, match="k9_9"):
             await collect(client.send_message(bad))
         with pytest.raises(InvalidParamsError, match="keel_decisions"):
-            await collect(client.send_message(question("yes", task_id=task_id)))
+            await collect(client.send_message(question("perhaps", task_id=task_id)))
         shapeless = question("", task_id=task_id)
         shapeless.message.parts[0].CopyFrom(new_data_part({"keel_decisions": "yes"}))
         with pytest.raises(InvalidParamsError, match="must be a list"):

@@ -122,7 +122,7 @@ def test_a_fan_out_of_three_writers_completes_and_shows_its_tree(tmp_path: Path)
     assert as_json["parent"] == {
         "run_id": result["run_id"], "call_id": child["call_id"], "agent": child["agent"],
     }  # fmt: skip
-    listing = tree("runs").stdout.splitlines()
+    listing = tree("runs").stdout.splitlines()[1:]  # under the header row
     assert listing[0].startswith(result["run_id"])
     assert sum(1 for line in listing if line.startswith("  └ writer_")) == 3
 

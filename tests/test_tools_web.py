@@ -323,4 +323,4 @@ async def test_check_url_refuses_an_unresolvable_host(monkeypatch: pytest.Monkey
 
     monkeypatch.setattr(socket, "getaddrinfo", fail)
     refusal = await check_url("https://no-such-host.invalid/", allow_hosts=())
-    assert refusal is not None and "could not be resolved" in refusal
+    assert refusal is not None and "was not found: its DNS lookup failed" in refusal

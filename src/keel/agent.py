@@ -479,6 +479,7 @@ class Agent:
     def run(self, question: str, *, conversation: str | None = None) -> RunResult:
         """The blocking facade for scripts. `conversation`: a conversation's id (the
         `conversation_id` of a result): ask the question as a follow-up on its newest run."""
+        _outside_a_loop("run", "arun")
         return asyncio.run(self.arun(question, conversation=conversation))
 
     async def aask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
@@ -486,6 +487,7 @@ class Agent:
 
     def ask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
         """A follow-up question on an ended run (see `start_ask`)."""
+        _outside_a_loop("ask", "aask")
         return asyncio.run(self.aask(run_id, question, fork=fork))
 
     async def aresume(self, run_id: str) -> RunResult:
@@ -501,6 +503,7 @@ class Agent:
             return result
 
     def resume(self, run_id: str) -> RunResult:
+        _outside_a_loop("resume", "aresume")
         return asyncio.run(self.aresume(run_id))
 
     # -- approvals ---------------------------------------------------------------------------
@@ -609,3 +612,16 @@ def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> 
 
 def new_run_id() -> str:
     return "run_" + uuid.uuid4().hex[:16]
+
+
+def _outside_a_loop(blocking: str, awaitable: str) -> None:
+    """The blocking facade runs its own event loop, so it cannot run inside one (an async web
+    endpoint, a Jupyter cell): refused, before any run starts, with the awaitable to use."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise ConfigError(
+        f"agent.{blocking}() was called inside a running event loop (an async function, an "
+        f"async web endpoint, a Jupyter cell); there, use `await agent.{awaitable}(...)`"
+    )

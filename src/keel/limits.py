@@ -3,6 +3,7 @@ long one model attempt may take and how much of a provider's error message is ke
 
 from __future__ import annotations
 
+import difflib
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
@@ -13,6 +14,7 @@ __all__ = [
     "LOOP_POLICIES",
     "Limits",
     "LoopPolicy",
+    "closest_policy",
 ]
 
 LoopPolicy = Literal["progress", "adr"]
@@ -166,6 +168,7 @@ class Limits:
         if self.loop_policy not in LOOP_POLICIES:
             raise ConfigError(
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
+                + closest_policy(self.loop_policy)
             )
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
@@ -186,3 +189,9 @@ class Limits:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def closest_policy(name: object) -> str:
+    """ "; did you mean 'progress'?" for `prog`, as keel.toml keys get; empty when none is close."""
+    close = difflib.get_close_matches(str(name), LOOP_POLICIES, n=1, cutoff=0.4)
+    return f"; did you mean {close[0]!r}?" if close else ""

@@ -15,6 +15,7 @@ working directory's, then the user config directory's), then a provider whose AP
 
 from __future__ import annotations
 
+import difflib
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -112,7 +113,9 @@ def resolve_model(
 
         return LocalTransport(model_path=str(Path(rest).expanduser()) if rest else None)
     if not (sep and rest):
-        raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
+        raise ConfigError(
+            f"unknown model spec {spec!r}{_closest_spec(scheme, rest)}; supported: {SPEC_HELP}"
+        )
     if scheme == "script":
         from keel.transports.scripted import ScriptedTransport
 
@@ -133,7 +136,24 @@ def resolve_model(
         from keel.transports.anthropic import AnthropicTransport
 
         return AnthropicTransport(rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice)
-    raise ConfigError(f"unknown model spec {spec!r}; supported: {SPEC_HELP}")
+    raise ConfigError(
+        f"unknown model spec {spec!r}{_closest_spec(scheme, rest)}; supported: {SPEC_HELP}"
+    )
+
+
+_SCHEMES = ("local", "openai", "openai-chat", "anthropic", "xml", "script")
+
+
+def _closest_spec(scheme: str, rest: str) -> str:
+    """`lcoal` -> "; did you mean 'local'?", `opnai:gpt-5` -> 'openai:gpt-5', as keel.toml keys
+    get; empty when no spec is close."""
+    close = difflib.get_close_matches(scheme.lower(), _SCHEMES, n=1, cutoff=0.6)
+    if not close:
+        return ""
+    name = close[0]
+    blank = {"local": "", "script": ":FILE", "xml": ":SPEC"}.get(name, ":MODEL")
+    tail = f":{rest}" if rest else blank
+    return f"; did you mean {name + tail!r}?"
 
 
 def choose_model(

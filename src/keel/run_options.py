@@ -184,6 +184,14 @@ OPTIONS: tuple[Option, ...] = (
         toml="",
     ),
     Option(
+        "mcp_env",
+        "list",
+        "Set NAME=VALUE in the environment of the --mcp servers (repeatable; only the name "
+        "is saved: a resume reads VALUE from Keel's environment).",
+        env="",
+        toml="",
+    ),
+    Option(
         "mcp_url",
         "list",
         'An MCP server at this streamable HTTP URL (or "prefix=NAME_:URL").',
@@ -245,7 +253,7 @@ class Resolved:
         return kept
 
 
-UNSHOWN = frozenset({"base_url", "store", "mcp", "mcp_url"})
+UNSHOWN = frozenset({"base_url", "store", "mcp", "mcp_env", "mcp_url"})
 
 
 def resolve(
@@ -460,11 +468,14 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
 
         return check_durability(value, where)
     if opt.name == "loop_policy":
-        from keel.limits import LOOP_POLICIES
+        from keel.limits import LOOP_POLICIES, closest_policy
 
         if value not in LOOP_POLICIES:
             choices = ", ".join(LOOP_POLICIES)
-            raise ConfigError(f"{where}: loop policy must be one of {choices}, not {value!r}")
+            raise ConfigError(
+                f"{where}: loop policy must be one of {choices}, not {value!r}"
+                + closest_policy(value)
+            )
     return value
 
 

@@ -2,9 +2,16 @@
 
 Step 1 of the loop stops a run that is past its deadline or out of budget; step 2 makes the
 next turn budget synthesis when one model call is left, the tool calls are spent, the tokens
-left would not pay for more than this turn, or the next call could pass the cost limit (as
-costly as the run's costliest call so far), and deadline synthesis when the time left is below
-the deadline reserve (ADR 0033). Both are asked again before every model attempt.
+left would not pay for more than this turn, or the next call could pass the cost limit, and
+deadline synthesis when the time left is below the deadline reserve (ADR 0033). Both are asked
+again before every model attempt.
+
+The next call is priced from its own request (`next_call_cost`): its input tokens, counted
+before it is sent, all at the full input price, plus its output limit at the output price. A
+transport that declares no output limit leaves the output unknown, so then the estimate is at
+least the run's costliest call so far. Each result makes the next request longer, so the
+costliest call so far alone underprices it (a $0.02 limit ended at $0.0436, issue 37); priced
+from its request, a run ends within its limit plus the synthesis turn's own cost.
 
 The deadline reserve is the time one synthesis turn is expected to take:
 `Limits.deadline_reserve` when given, else DEADLINE_RESERVE_FACTOR times the run's longest
@@ -22,6 +29,7 @@ from dataclasses import dataclass
 
 from keel.errors import BudgetExhausted, DeadlineExceeded, RunFailure
 from keel.limits import Limits
+from keel.pricing import MILLION, Price
 from keel.records import RunState
 
 __all__ = [
@@ -29,7 +37,9 @@ __all__ = [
     "DEADLINE_RESERVE_FLOOR",
     "Clock",
     "deadline_reserve",
+    "next_call_cost",
     "out_of_time",
+    "output_limit",
     "past_limits",
     "running_out",
 ]
@@ -95,16 +105,44 @@ def past_limits(state: RunState, limits: Limits, clock: Clock) -> RunFailure | N
     return None
 
 
-def running_out(state: RunState, limits: Limits, context_tokens: int) -> str | None:
-    """The budget that allows only a final answer now, if any."""
+def running_out(
+    state: RunState, limits: Limits, context_tokens: int, next_cost: float | None = None
+) -> str | None:
+    """The budget that allows only a final answer now, if any. `next_cost`: what the next
+    call is expected to cost (`next_call_cost`); None: as much as the costliest so far."""
     if limits.max_model_calls is not None and limits.max_model_calls - state.model_calls <= 1:
         return "model_calls"
     if limits.max_tool_calls is not None and state.tool_calls >= limits.max_tool_calls:
         return "tool_calls"
     if limits.max_tokens is not None and limits.max_tokens - state.usage.total < 2 * context_tokens:
         return "tokens"
-    if limits.max_cost is not None and (state.cost or 0.0) + state.costliest_call > limits.max_cost:
-        return "cost"  # the next call could pass it, if it costs what the costliest one did
+    estimate = state.costliest_call if next_cost is None else next_cost
+    if limits.max_cost is not None and (state.cost or 0.0) + estimate > limits.max_cost:
+        return "cost"  # the next call could pass it
+    return None
+
+
+def next_call_cost(
+    state: RunState, price: Price | None, input_tokens: int, output_tokens: int | None
+) -> float | None:
+    """Dollars the next call may cost: `input_tokens` (its request, counted before sending)
+    at the full input price and `output_tokens` (its output limit) at the output price; with
+    no output limit, at least the run's costliest call so far. None without a price."""
+    if price is None:
+        return None
+    cost = input_tokens * price.input / MILLION
+    if output_tokens is None:
+        return max(cost, state.costliest_call)
+    return cost + output_tokens * price.output / MILLION
+
+
+def output_limit(transport: object) -> int | None:
+    """The most output tokens a transport asks for per call (`max_tokens`, or the Responses
+    API's `max_output_tokens`), when it declares one."""
+    for name in ("max_tokens", "max_output_tokens"):
+        value = getattr(transport, name, None)
+        if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+            return value
     return None
 
 

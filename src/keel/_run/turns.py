@@ -12,7 +12,7 @@ import time
 from dataclasses import replace
 
 from keel._run import gateway
-from keel._run.budgets import out_of_time, past_limits, running_out
+from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
 from keel._run.first_call import first_call
 from keel._run.parts import StepParts
 from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
@@ -36,7 +36,9 @@ __all__ = ["current_mode", "next_turn"]
 def current_mode(parts: StepParts) -> Mode:
     """Step 2, asked again before every attempt: a retry may only move toward synthesis. The
     first turn insists on a tool call when the run asks for it and offers tools."""
-    budget = running_out(parts.state, parts.limits, parts.context.total_tokens)
+    tokens = parts.context.total_tokens
+    cost = next_call_cost(parts.state, parts.price, tokens, output_limit(parts.transport))
+    budget = running_out(parts.state, parts.limits, tokens, cost)
     insist = (
         parts.limits.first_turn_tool is True and parts.state.step == 1 and bool(parts.context.tools)
     )

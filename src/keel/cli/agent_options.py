@@ -105,13 +105,17 @@ def command_agent(options: dict[str, Any], *, workers: bool = False) -> CommandA
     > keel.toml > default), misuse one line and exit code 2. `workers`: the run goes to
     `keel worker`s, which start no MCP servers (ADR 0026)."""
     from keel.assemble import agent_from_resolved
-    from keel.cli.integrations import RunExtras, mcp_settings
+    from keel.cli.integrations import RunExtras, mcp_servers
+    from keel.records import JsonValue
     from keel.run_options import resolve
 
     shown = {name: bool(options.pop(name, False)) for name in OUTPUT_PARAMETERS}
     resolved = guard(lambda: resolve(options))
     values = resolved.values
-    mcp = guard(lambda: mcp_settings(values["mcp"] or [], values["mcp_url"] or []))
+    servers = guard(
+        lambda: mcp_servers(values["mcp"] or [], values["mcp_url"] or [], values["mcp_env"] or [])
+    )
+    mcp: list[JsonValue] = [s.to_json() for s in servers]
     if workers and mcp:
         usage_error(
             "keel submit: MCP servers are not started on workers, so this run would have no "
@@ -120,5 +124,6 @@ def command_agent(options: dict[str, Any], *, workers: bool = False) -> CommandA
     for warning in resolved.warnings:
         err.print(f"keel: {warning}", highlight=False, markup=False, soft_wrap=True)
     extras = RunExtras(shown["as_json"], shown["events"], shown["otel"], shown["otel_content"])
+    extras.mcp_values = {s.name: {n: v for n, v in s.env_values if v is not None} for s in servers}
     agent = guard(lambda: agent_from_resolved(resolved, extras, mcp))
     return CommandAgent(agent, extras, resolved, (values["repo"] or Path(".")).resolve())

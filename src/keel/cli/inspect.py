@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import time
 from typing import TYPE_CHECKING, Annotated, Any, get_args
 
 import typer
@@ -258,10 +259,17 @@ def runs(
         db.close()
 
     def line(r: RunRecord) -> str:
+        started = time.strftime("%Y-%m-%d %H:%M", time.localtime(r.created_at))
         return (
-            f"{r.run_id}  {r.status:<17} {r.state.model_calls:>3} model "
-            f"{r.state.tool_calls:>4} tools {cost_text(r.state.cost):>9}  "
+            f"{r.run_id}  {started}  {r.status:<17} {r.state.model_calls:>5} "
+            f"{r.state.tool_calls:>5} {cost_text(r.state.cost):>12}  "
             f"{safe_text(r.question[:70])}"
+        )
+
+    if records:  # the columns named once; the started time is local
+        typer.echo(
+            f"{'RUN':<20}  {'STARTED':<16}  {'STATUS':<17} {'MODEL':>5} {'TOOLS':>5} "
+            f"{'COST':>12}  QUESTION"
         )
 
     listed = {r.run_id for r in records}

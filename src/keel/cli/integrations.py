@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keel._run.recorder import Listener
@@ -33,7 +33,7 @@ from keel.transports.streaming import TextListener
 if TYPE_CHECKING:
     from keel.tools.mcp_tools import McpToolset
 
-__all__ = ["EXPORT_ENV", "RunExtras", "mcp_settings", "open_mcp", "start_export"]
+__all__ = ["EXPORT_ENV", "RunExtras", "mcp_servers", "mcp_settings", "open_mcp", "start_export"]
 
 EXPORT_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
@@ -55,6 +55,9 @@ class RunExtras:
         if not as_json and not events and sys.stdout is not None and sys.stdout.isatty():
             self.live = TerminalText(self.out.write, _note)
         self._mcp: McpToolset | None = None
+        self.mcp_values: dict[str, dict[str, str]] = {}
+        """The values of the variables this run's MCP servers set, by server name: given here
+        (`--mcp-env`, `[[mcp]]` env), never saved with the run."""
         self._stop_export: Callable[[], None] | None = None
 
     @property
@@ -91,7 +94,7 @@ class RunExtras:
 
     def mcp_tools(self, settings: JsonObject) -> list[Tool]:
         self.close()
-        self._mcp = open_mcp(settings)
+        self._mcp = open_mcp(settings, self.mcp_values)
         return self._mcp.tools if self._mcp is not None else []
 
     def start_export(self) -> None:
@@ -125,7 +128,15 @@ def _note(line: str) -> None:
 
 def mcp_settings(commands: Sequence[str], urls: Sequence[str]) -> list[JsonValue]:
     """The servers a new run uses, as saved with it: the user's `[[mcp]]` tables, then flags."""
-    servers: list[McpServer] = [*servers_from_config(), *servers_from_flags(commands, urls)]
+    return [s.to_json() for s in mcp_servers(commands, urls)]
+
+
+def mcp_servers(
+    commands: Sequence[str], urls: Sequence[str], env: Sequence[str] = ()
+) -> list[McpServer]:
+    """The servers a new run uses: the user's `[[mcp]]` tables, then the flags (`env`: the
+    `--mcp-env NAME=VALUE` flags)."""
+    servers: list[McpServer] = [*servers_from_config(), *servers_from_flags(commands, urls, env)]
     local = os.path.abspath("keel.toml")
     if os.path.isfile(local) and local != str(user_config_file()) and _has_mcp_tables(local):
         print(
@@ -133,7 +144,7 @@ def mcp_settings(commands: Sequence[str], urls: Sequence[str]) -> list[JsonValue
             f"{user_config_file()}, never from the working directory",
             file=sys.stderr,
         )
-    return [s.to_json() for s in servers]
+    return servers
 
 
 def _has_mcp_tables(path: str) -> bool:
@@ -144,12 +155,18 @@ def _has_mcp_tables(path: str) -> bool:
         return False
 
 
-def open_mcp(settings: JsonObject) -> McpToolset | None:
+def open_mcp(
+    settings: JsonObject, values: Mapping[str, Mapping[str, str]] | None = None
+) -> McpToolset | None:
     """Start or reach the run's MCP servers and list their tools; None when it has none.
-    A server that cannot be used is a ConfigError (exit code 2)."""
-    servers = servers_from_settings(settings)
+    A server that cannot be used is a ConfigError (exit code 2). `values`: the values of the
+    variables the servers set, by server name, when this process was given them."""
+    servers = servers_from_settings(settings, values=values)
     if not servers:
         return None
+    for server in servers:
+        if server.command:
+            server.start_env()  # a value that cannot be found again: refused before starting
     return mcp_tools(*servers).open()
 
 

@@ -191,7 +191,9 @@ def _detail(event: Event) -> str:
             return event.call_key[:110]
         case ToolResultRecorded():
             flags = [f for f in ("is_error", "truncated", "elided") if getattr(event, f)]
-            return f"{event.name} · {_size(event.size)} {' '.join(flags)}".rstrip()
+            said = f"{event.name} · {_size(event.size)} {' '.join(flags)}".rstrip()
+            first = next((line.strip() for line in event.content.splitlines() if line.strip()), "")
+            return f"{said} · {first[:100]}" if first else said
         case ResultElided():
             return f"{_size(event.size)} of {event.call_key[:80]} → pointer"
         case EvidenceReset():

@@ -199,10 +199,9 @@ class KeelRequestHandler(RequestHandler):
         try:
             decisions = tasks.decisions_of(message)
             if decisions is None:
-                raise ValueError(
-                    f"the task waits for decisions: send a data part {{{tasks.DECISIONS_KEY!r}: "
-                    '[{"call_id": ..., "approve": true}]}'
-                )
+                decisions = tasks.text_decision(record, get_message_text(message))
+            if decisions is None:
+                raise ValueError(f"the task waits for decisions: {tasks.TEXT_HELP}")
             await self.service.decide(record.run_id, decisions)
         except (ValueError, ConfigError, AlreadyDecided) as exc:
             raise InvalidParamsError(message=str(exc)) from None

@@ -10,7 +10,8 @@ the `a2a-sdk`'s protobuf types; nothing is kept beside the record.
   reads the task first, then the updates after it, sees every event once.
 - input-required: the status message names each pending call, every argument, target first,
   as a data part `{"keel_pending": [...]}`; the reply is a data part `{"keel_decisions": ...}`
-  (`decisions_of`).
+  (`decisions_of`), or, when one call waits, the text an ordinary client sends: `approve`,
+  `yes`, `deny`, `no`, `deny: REASON` (`text_decision`).
 - completed: an `answer` artifact, the answer's text, and the structured output as a data part
   when the run asked for one. failed: the status message says `kind: message` and carries
   `{"kind", "message"}` as data.
@@ -253,6 +254,31 @@ def final_events(record: RunRecord) -> list[TaskStatusUpdateEvent | TaskArtifact
         )
     )
     return closing
+
+
+APPROVING = frozenset({"approve", "approved", "yes", "y"})
+DENYING = frozenset({"deny", "denied", "no", "n"})
+TEXT_HELP = (
+    "reply approve (or yes), deny (or no), or deny: REASON when one call waits; or send a "
+    f'data part {{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true}}]}} naming each call'
+)
+
+
+def text_decision(record: RunRecord, text: str) -> list[Decision] | None:
+    """The decision a text reply makes on the one call that waits (`approve`, `yes`, `deny`,
+    `no`, `deny: REASON`, any case, a final period ignored); None when the text is none of
+    those. ValueError: more than one call waits, so the text cannot say which."""
+    word, _, reason = text.strip().partition(":")
+    word = word.strip().rstrip(".!").lower()
+    if word not in APPROVING | DENYING or (reason and word in APPROVING):
+        return None
+    undecided = [p.call_id for p in record.state.pending if p.call_id not in record.state.decisions]
+    if len(undecided) != 1:
+        raise ValueError(
+            f"{len(undecided)} calls wait ({', '.join(undecided)}): a text reply decides one; "
+            f'send a data part {{"{DECISIONS_KEY}": [...]}} naming each call_id'
+        )
+    return [Decision(undecided[0], word in APPROVING, reason.strip())]
 
 
 def decisions_of(message: Message) -> list[Decision] | None:

@@ -1,6 +1,10 @@
 """`keel serve`'s web app: A2A (JSON-RPC and HTTP+JSON, the `a2a-sdk`'s routes over Keel's
 request handler), the agent card, and whatever other protocol's routes are handed in, all
-behind one door (ADR 0040):
+behind one door (ADR 0040). Spec 1.0 and 0.3 are served side by side on the same paths (the
+SDK's compat layer, `a2a.compat.v0_3`): a 0.3 method (`message/send`, `tasks/get`, REST's
+`/v1/...`) is answered as 0.3, and a request without the `A2A-Version` header is 0.3 by the
+spec, so a 0.3 client that sends none is answered (issue 37). The card carries both versions'
+fields, skills with their input and output modes (strict clients require them):
 
 - with a token, a bearer check on every request but the agent card's (a client reads the card
   to learn it must send one): a request without the token gets 401 before any handler runs,
@@ -34,7 +38,11 @@ from a2a.types import (
     SecurityScheme,
     StringList,
 )
-from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH, PROTOCOL_VERSION_CURRENT
+from a2a.utils.constants import (
+    AGENT_CARD_WELL_KNOWN_PATH,
+    PROTOCOL_VERSION_0_3,
+    PROTOCOL_VERSION_CURRENT,
+)
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.routing import BaseRoute
@@ -108,34 +116,38 @@ def quiet_parse_errors() -> None:
 
 def a2a_binding(path: str) -> str | None:
     """The A2A binding a path belongs to (its body capped by `CrossSiteGuard`), or None."""
-    if path == JSONRPC_PATH:
+    if path in (JSONRPC_PATH, JSONRPC_PATH + "/"):
         return "jsonrpc"
     if path.startswith(REST_PATH + "/"):
         return "rest"
     return None
 
 
+DECIDING = (
+    " A task that waits for approval (input-required) is decided by a reply to it: a data part "
+    '{"keel_decisions": [{"call_id": ..., "approve": true}]}, or, when one call waits, the text '
+    "approve, yes, deny, no, or deny: REASON."
+)
+"""How a paused task is decided, said in the card (a client reads no README)."""
+INPUT_MODES = ["text/plain", "application/json"]
+OUTPUT_MODES = ["text/markdown", "application/json"]
+
+
 def agent_card(base_url: str, description: str, *, token: bool) -> AgentCard:
-    """What Keel really offers: streaming, yes; push notifications, no (not implemented)."""
+    """What Keel really offers: streaming, yes; push notifications, no (not implemented).
+    Each binding is listed for 1.0 and for 0.3 (the same URL answers both)."""
     card = AgentCard(
         name="Keel research agent",
-        description=description,
+        description=description + DECIDING,
         version="1.0",
         supported_interfaces=[
-            AgentInterface(
-                url=base_url + JSONRPC_PATH,
-                protocol_binding="JSONRPC",
-                protocol_version=PROTOCOL_VERSION_CURRENT,
-            ),
-            AgentInterface(
-                url=base_url + REST_PATH,
-                protocol_binding="HTTP+JSON",
-                protocol_version=PROTOCOL_VERSION_CURRENT,
-            ),
+            AgentInterface(url=base_url + path, protocol_binding=binding, protocol_version=v)
+            for v in (PROTOCOL_VERSION_CURRENT, PROTOCOL_VERSION_0_3)
+            for path, binding in ((JSONRPC_PATH, "JSONRPC"), (REST_PATH, "HTTP+JSON"))
         ],
         capabilities=AgentCapabilities(streaming=True, push_notifications=False),
-        default_input_modes=["text/plain", "application/json"],
-        default_output_modes=["text/markdown", "application/json"],
+        default_input_modes=INPUT_MODES,
+        default_output_modes=OUTPUT_MODES,
         skills=[
             AgentSkill(
                 id="research",
@@ -145,6 +157,8 @@ def agent_card(base_url: str, description: str, *, token: bool) -> AgentCard:
                 "in an answer, a classified failure, or a durable pause.",
                 tags=["research", "approvals", "durable"],
                 examples=["Which modules does the run loop import?"],
+                input_modes=INPUT_MODES,
+                output_modes=OUTPUT_MODES,
             )
         ],
     )
@@ -176,8 +190,10 @@ def build_app(
     routes: list[BaseRoute] = [
         *extra_routes,
         *create_agent_card_routes(card),
-        *create_jsonrpc_routes(handler, JSONRPC_PATH),
-        *create_rest_routes(handler, path_prefix=REST_PATH),
+        *create_jsonrpc_routes(handler, JSONRPC_PATH, enable_v0_3_compat=True),
+        # fasta2a's client posts to the card's URL with "/" after it
+        *create_jsonrpc_routes(handler, JSONRPC_PATH + "/", enable_v0_3_compat=True),
+        *create_rest_routes(handler, path_prefix=REST_PATH, enable_v0_3_compat=True),
     ]
 
     @contextlib.asynccontextmanager

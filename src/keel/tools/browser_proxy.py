@@ -23,7 +23,7 @@ import contextlib
 from collections.abc import Collection
 from urllib.parse import urlsplit
 
-from keel.tools.netguard import HostRefused, Resolver, refusal, vet_url
+from keel.tools.netguard import HostRefused, Resolver, vet_url
 from keel.tools.pinned import open_pinned
 
 __all__ = ["CONNECT_TIMEOUT", "REFUSED_HEADER", "GuardProxy"]
@@ -98,7 +98,7 @@ class GuardProxy:
                     host, port, self.allow_hosts, self.resolver, CONNECT_TIMEOUT
                 )
             except HostRefused as exc:
-                refused = refusal(url, exc.reason)
+                refused = exc.sentence(url)
         await self._refuse(writer, url, refused)
         return None
 

@@ -2,9 +2,12 @@
 
 A server is started as a command speaking MCP over stdio, or reached at a streamable HTTP URL.
 The spec is saved with the run (`McpServer.to_json`), so `keel resume` in another process
-starts or reaches the same servers. It never holds a secret: a stdio server gets only the
-environment variables the spec *names* (their values are read from Keel's own environment when
-the server starts), and a URL with a user or password in it is refused.
+starts or reaches the same servers. It never holds a secret: a stdio server gets the few
+variables the `mcp` package always passes (HOME, LOGNAME, PATH, SHELL, TERM, USER), the ones
+its spec passes by name from Keel's environment (`env_pass`), and the ones it sets (`env =
+{NAME = "value"}`, `--mcp-env NAME=VALUE`); only their names are saved, and a resume reads each
+value again where it came from (the `[[mcp]]` table, else Keel's environment). A URL with a user
+or password in it is refused.
 
 `[[mcp]]` tables are read from the `keel.toml` in the user's config folder only, never from the
 working directory's: a `keel.toml` that came with a repository being researched must not start
@@ -13,12 +16,14 @@ programs on this machine (ADR 0022).
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import os
 import re
 import shlex
 import tomllib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, cast
 
@@ -36,7 +41,11 @@ __all__ = [
     "user_config_file",
 ]
 
-_TABLE_KEYS = {"name", "command", "url", "approve", "prefix", "env", "timeout", "connect_timeout"}
+_TABLE_KEYS = {
+    "name", "command", "url", "approve", "prefix", "env", "env_pass", "env_set", "timeout",
+    "connect_timeout",
+}  # fmt: skip
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,6 +65,10 @@ class McpServer:
     env: tuple[str, ...] = ()
     """Names of environment variables a stdio server gets from Keel's environment, beside
     the few the `mcp` package always passes (HOME, PATH, ...). Only the names are saved."""
+    env_values: tuple[tuple[str, str | None], ...] = field(default=(), compare=False)
+    """Variables set for a stdio server, NAME and value; only the names are saved, so a spec
+    rebuilt from a run's settings holds None for a value not found again (read from Keel's
+    environment when the server starts, see `start_env`)."""
     timeout: float = 30.0
     """Seconds one tool call may take (the run's deadline shortens it further)."""
     connect_timeout: float = 30.0
@@ -64,6 +77,17 @@ class McpServer:
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
             raise ConfigError(f"MCP server {self.name!r}: give either a command or a url")
+        if self.url is not None and (self.env or self.env_values):
+            raise ConfigError(
+                f"MCP server {self.name!r}: env and env_pass are for stdio servers (a command), "
+                "not a url"
+            )
+        for name in (*self.env, *(n for n, _ in self.env_values)):
+            if not _ENV_NAME.fullmatch(name):
+                raise ConfigError(
+                    f"MCP server {self.name!r}: {name!r} is not an environment variable name "
+                    "(letters, digits and _, not starting with a digit)"
+                )
         if self.url is not None:
             _check_url(self.url)
         for value, what in ((self.timeout, "timeout"), (self.connect_timeout, "connect_timeout")):
@@ -81,11 +105,14 @@ class McpServer:
         name: str | None = None,
         approve: Sequence[str] = (),
         prefix: str = "",
-        env: Sequence[str] = (),
+        env: Sequence[str] | Mapping[str, str | None] = (),
+        env_pass: Sequence[str] = (),
         timeout: float = 30.0,
         connect_timeout: float = 30.0,
     ) -> McpServer:
-        """A server started as `command` (a shell-style string or an argument list)."""
+        """A server started as `command` (a shell-style string or an argument list). `env`: the
+        variables to set, NAME to value (a list of names is passed as `env_pass` is);
+        `env_pass`: names of variables passed from Keel's environment."""
         argv = tuple(shlex.split(command) if isinstance(command, str) else command)
         if not argv:
             raise ConfigError("an MCP server command must name a program")
@@ -94,7 +121,8 @@ class McpServer:
             command=argv,
             approve=tuple(approve),
             prefix=prefix,
-            env=tuple(env),
+            env=(*(() if isinstance(env, Mapping) else env), *env_pass),
+            env_values=tuple(env.items()) if isinstance(env, Mapping) else (),
             timeout=timeout,
             connect_timeout=connect_timeout,
         )
@@ -137,9 +165,36 @@ class McpServer:
         data["approve"] = list(self.approve)
         data["prefix"] = self.prefix
         data["env"] = list(self.env)
+        if self.env_values:  # names only: a value may be a secret
+            data["env_set"] = [name for name, _ in self.env_values]
         data["timeout"] = self.timeout
         data["connect_timeout"] = self.connect_timeout
         return data
+
+    def start_env(self) -> dict[str, str]:
+        """The variables this stdio server is started with, beside the `mcp` package's
+        defaults: the passed names Keel's environment has, then the ones set. A set value the
+        saved settings could not hold is read from Keel's environment, else a ConfigError."""
+        env = {k: os.environ[k] for k in self.env if k in os.environ}
+        for name, value in self.env_values:
+            if value is None:
+                value = os.environ.get(name)
+            if value is None:
+                raise ConfigError(
+                    f"MCP server {self.name!r}: {name} was set for it when the run started "
+                    "(--mcp-env or its [[mcp]] table's env), and its value is not saved (it may "
+                    f"be a secret): start Keel with {name}=VALUE in its environment, or set it "
+                    f"in the server's [[mcp]] table in {user_config_file()}"
+                )
+            env[name] = value
+        return env
+
+    def with_values(self, values: Mapping[str, str]) -> McpServer:
+        """This spec with the set variables' values it lacks taken from `values`."""
+        if not any(v is None and n in values for n, v in self.env_values):
+            return self
+        filled = tuple((n, values.get(n) if v is None else v) for n, v in self.env_values)
+        return dataclasses.replace(self, env_values=filled)
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any], where: str = "the run's settings") -> McpServer:
@@ -164,11 +219,25 @@ class McpServer:
             if not isinstance(command, str | list):
                 raise ConfigError(f"{where}: an MCP command is a string or a list of strings")
             argv = command if isinstance(command, str) else _names(command, "command", where)
-            env = _names(data.get("env", ()), "env", where)
-            return cls.stdio(argv, env=env, **common)
+            env: dict[str, str | None] = dict.fromkeys(
+                _names(data.get("env_set", ()), "env_set", where)
+            )
+            passed = list(_names(data.get("env_pass", ()), "env_pass", where))
+            given = data.get("env", ())
+            if isinstance(given, dict):
+                if not all(isinstance(v, str) for v in given.values()):
+                    raise ConfigError(
+                        f'{where}: env values must be strings, as env = {{NAME = "value"}}'
+                    )
+                env.update(given)
+            else:  # a list of names: passed from Keel's environment (as env_pass)
+                passed[:0] = _names(given, "env", where)
+            return cls.stdio(argv, env=env, env_pass=passed, **common)
         if url is not None and command is None:
-            if data.get("env"):
-                raise ConfigError(f"{where}: env is for stdio servers (a command), not a url")
+            if data.get("env") or data.get("env_pass"):
+                raise ConfigError(
+                    f"{where}: env and env_pass are for stdio servers (a command), not a url"
+                )
             return cls.http(_text(url, "url", where), **common)
         raise ConfigError(f"{where}: an MCP server needs either command or url (not both)")
 
@@ -202,17 +271,36 @@ def _number(value: Any, key: str, where: str) -> float:
 # -- where specs come from ---------------------------------------------------------------------
 
 
-def servers_from_flags(commands: Sequence[str], urls: Sequence[str]) -> list[McpServer]:
+def servers_from_flags(
+    commands: Sequence[str], urls: Sequence[str], env: Sequence[str] = ()
+) -> list[McpServer]:
     """`--mcp "CMD ARGS"` and `--mcp-url URL`, in the order given (commands first); either may
-    begin ``prefix=NAME:`` to put NAME before each of that server's tool names."""
+    begin ``prefix=NAME:`` to put NAME before each of that server's tool names. `env`: the
+    `--mcp-env NAME=VALUE` flags, set for every `--mcp` server."""
+    values = _flag_env(env)
+    if values and not commands:
+        raise ConfigError("--mcp-env is for --mcp servers (started here), and none was given")
     servers: list[McpServer] = []
     for text in commands:
         prefix, command = _flag_prefix(text)
-        servers.append(McpServer.stdio(command, prefix=prefix))
+        servers.append(McpServer.stdio(command, prefix=prefix, env=values))
     for text in urls:
         prefix, url = _flag_prefix(text)
         servers.append(McpServer.http(url, prefix=prefix))
     return servers
+
+
+def _flag_env(flags: Sequence[str]) -> dict[str, str]:
+    values: dict[str, str] = {}
+    for text in flags:
+        name, sep, value = text.partition("=")
+        if not (sep and _ENV_NAME.fullmatch(name)):
+            raise ConfigError(
+                f"--mcp-env {text!r}: write it as NAME=VALUE, e.g. "
+                "--mcp-env MEMORY_FILE_PATH=/home/ana/memory.jsonl"
+            )
+        values[name] = value
+    return values
 
 
 _FLAG_PREFIX = re.compile(r"prefix=([A-Za-z0-9_-]*):(.*)", re.DOTALL)
@@ -250,9 +338,24 @@ def servers_from_config(path: Path | None = None) -> list[McpServer]:
     return [McpServer.from_json(t, f"{path} [[mcp]] #{i + 1}") for i, t in enumerate(tables)]
 
 
-def servers_from_settings(settings: Mapping[str, JsonValue]) -> list[McpServer]:
-    """The servers a stored run was started with (none for runs saved before MCP)."""
+def servers_from_settings(
+    settings: Mapping[str, JsonValue],
+    *,
+    values: Mapping[str, Mapping[str, str]] | None = None,
+    config: Path | None = None,
+) -> list[McpServer]:
+    """The servers a stored run was started with (none for runs saved before MCP). The values
+    of the variables they set, which are never saved, come from `values` (server name to
+    values: what this process was given, for a run it starts) or else from the `[[mcp]]`
+    table of the same name in the user's `keel.toml` (`config`); any still missing are read
+    from Keel's environment when the server starts."""
     saved = settings.get("mcp") or []
     if not isinstance(saved, list):
         raise ConfigError("the run's saved MCP settings are not a list")
-    return [McpServer.from_json(cast(dict[str, Any], s)) for s in saved]
+    servers = [McpServer.from_json(cast(dict[str, Any], s)) for s in saved]
+    values = values or {}
+    servers = [s.with_values(values.get(s.name, {})) for s in servers]
+    if any(v is None for s in servers for _, v in s.env_values):
+        tables = {t.name: dict(cast(Any, t.env_values)) for t in servers_from_config(config)}
+        servers = [s.with_values(tables.get(s.name, {})) for s in servers]
+    return servers

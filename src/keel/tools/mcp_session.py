@@ -193,9 +193,8 @@ class Connection:
         server = self.server
         if server.url is not None:
             return server.url
-        env = {k: os.environ[k] for k in server.env if k in os.environ}
         params = StdioServerParameters(
-            command=server.command[0], args=list(server.command[1:]), env=env
+            command=server.command[0], args=list(server.command[1:]), env=server.start_env()
         )
         return stdio_client(params, errlog=server_log())
 

@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 from keel.errors import ToolError
 
 __all__ = [
+    "HostNotFound",
     "HostRefused",
     "IPAddress",
     "Resolver",
@@ -67,6 +68,17 @@ class HostRefused(ToolError):
     def __init__(self, reason: str) -> None:
         super().__init__(reason)
         self.reason = reason
+
+    def sentence(self, url: str) -> str:
+        """The sentence the model reads."""
+        return refusal(url, self.reason)
+
+
+class HostNotFound(HostRefused):
+    """The host's name could not be looked up (DNS): no guard refused it."""
+
+    def sentence(self, url: str) -> str:
+        return f"could not fetch {url!r}: {self.reason}"
 
 
 def refusal(url: str, reason: str) -> str:
@@ -108,7 +120,7 @@ async def check_url(
     try:
         await resolve_checked(parts.hostname or "", port, allow_hosts, resolver)
     except HostRefused as exc:
-        return refusal(url, exc.reason)
+        return exc.sentence(url)
     return None
 
 
@@ -126,8 +138,13 @@ async def resolve_checked(
     else:
         try:
             addresses = _unique(await (resolver or system_resolver)(host))
-        except (OSError, UnicodeError) as exc:
+        except UnicodeError as exc:  # no name a lookup could answer: refused as it is spelled
             raise HostRefused(f"the host {host!r} could not be resolved ({exc})") from None
+        except OSError as exc:
+            raise HostNotFound(
+                f"the host {host!r} was not found: its DNS lookup failed ({exc}); check its "
+                "spelling and this machine's network (Keel's host guard refused nothing)"
+            ) from None
     if not addresses:
         raise HostRefused(f"the host {host!r} resolved to no address")
     if not _is_allowed(host, port, allow_hosts):

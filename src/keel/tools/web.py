@@ -164,7 +164,7 @@ async def _download(
                     redirected_from=url if current != url else None,
                 )
         except HostRefused as exc:
-            raise FetchError(_hop_refusal(refusal(current, exc.reason), current, url)) from None
+            raise FetchError(_hop_refusal(exc.sentence(current), current, url)) from None
         except httpx.InvalidURL as exc:
             invalid = refusal(current, f"not a valid URL ({exc})")
             raise FetchError(_hop_refusal(invalid, current, url)) from None

@@ -26,12 +26,18 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
   made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
   list of text parts is joined. Beyond that forgiveness, the answer is read against its declared
   shape (`_Completion`): a field of the wrong type fails the attempt, naming the field.
+- An answer that is a tool call written as text (a chat template's pseudo-call, which servers
+  such as llama-cpp-python's pass through: `keel.transports.text_calls`) is read as that call
+  when it names a tool of the request; one that cannot be read, or any in a turn that allows
+  no calls, fails the attempt (not retried) naming the chat format and what to use instead.
+  It is never taken for the answer. Requests without tools (the XML fallback's) are left alone.
 
 `to_wire` and `from_wire` are pure; `request` is a thin shell around one SDK call.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
@@ -42,6 +48,7 @@ import httpx2
 import openai
 from pydantic import JsonValue
 
+from keel.errors import ProviderError
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
 from keel.transports._openai_common import (
     OPENAI_HOST,
@@ -58,10 +65,10 @@ from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.keys import sent_key
 from keel.transports.sse_readers import read_chat
 from keel.transports.streaming import OnText
+from keel.transports.text_calls import FUNCTIONS_FORMAT, read_text_calls
 from keel.transports.wire import Shape, TokenCount, parse
 
-__all__ = ["OPENAI_HOST", "OpenAIChatTransport", "from_wire", "to_wire", "usage"]
-
+__all__ = ["OPENAI_HOST", "OpenAIChatTransport", "calls_in_text", "from_wire", "to_wire", "usage"]
 
 
 class OpenAIChatTransport:
@@ -122,7 +129,9 @@ class OpenAIChatTransport:
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         create = self._client.chat.completions.with_raw_response.create
-        return await post(self._client, create, self._body(request), from_wire)
+        return calls_in_text(
+            await post(self._client, create, self._body(request), from_wire), request
+        )
 
     async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
         """`request` with ``"stream": true`` (and the usage asked for in the last chunk, which
@@ -130,7 +139,43 @@ class OpenAIChatTransport:
         body = self._body(request)
         body["stream"], body["stream_options"] = True, {"include_usage": True}
         create = self._client.chat.completions.with_streaming_response.create
-        return await post_streaming(self._client, create, body, read_chat, on_text, from_wire)
+        response = await post_streaming(self._client, create, body, read_chat, on_text, from_wire)
+        return calls_in_text(response, request)
+
+
+def calls_in_text(
+    response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
+) -> ModelResponse:
+    """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
+    calls; a ProviderError (not retried) when they cannot be read, or the turn allows none."""
+    if response.tool_calls or not response.text or not request.tools:
+        return response
+    found = read_text_calls(response.text, {tool.name for tool in request.tools})
+    if found is None:
+        return response
+    problem = found.problem
+    if problem is None and request.tool_choice == "none":
+        problem = "this turn allows no tool calls (it is the run's answer)"
+    if problem is None:
+        make = new_id or _new_call_id
+        calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)
+        return dataclasses.replace(response, text=None, tool_calls=calls)
+    shown = " ".join(response.text.split())
+    shown = shown if len(shown) <= 120 else shown[:119] + "…"
+    if found.format == FUNCTIONS_FORMAT:
+        why = (
+            "; that format also drops every tool result (it has no tool role), so the model "
+            "never sees what its tools returned"
+        )
+    else:
+        why = ", which the server did not read as a call"
+    raise ProviderError(
+        f"the server answered with a tool call written as text ({shown!r}), as {found.format} "
+        f"writes one{why}; it was not kept as the answer, because {problem}. Use "
+        "xml:openai-chat:MODEL (Keel writes and reads the calls itself), or serve the model "
+        "with its own chat template (llama-cpp-python's server without --chat_format)",
+        retryable=False,
+    )
 
 
 # --- to the wire ------------------------------------------------------------------------------

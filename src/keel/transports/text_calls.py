@@ -1,0 +1,136 @@
+"""Tool calls a chat server handed back as text: a chat template's pseudo-call (issue 37).
+
+A server that does not parse its chat template's calls returns them as the answer's text:
+
+- ``functions.NAME:`` then a JSON object, once or more: llama-cpp-python's
+  ``chatml-function-calling`` chat format (whose prompt HTML-escapes replayed calls, so the model
+  may write ``{&#34;path&#34;: ...}``);
+- ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks, or that JSON object bare:
+  a model's own chat template (Qwen, Hermes), served by one that passes the template's text
+  through (llama-cpp-python's server without ``--chat_format``).
+
+`read_text_calls` finds such an answer. Each call is read when it names a tool of the request
+and its arguments are a JSON object; otherwise the answer is refused (`TextCalls.problem`), so a
+pseudo-call is never taken for the run's answer. Bare JSON counts only when its ``name`` is a
+known tool (any other JSON object is an ordinary answer, such as a structured one).
+"""
+
+from __future__ import annotations
+
+import html
+import json
+import re
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["BARE_FORMAT", "FUNCTIONS_FORMAT", "TAGS_FORMAT", "TextCalls", "read_text_calls"]
+
+FUNCTIONS_FORMAT = "llama-cpp-python's chatml-function-calling chat format"
+TAGS_FORMAT = "the model's own chat template (<tool_call> blocks, as Qwen and Hermes write them)"
+BARE_FORMAT = "the model's own chat template (a call as bare JSON)"
+
+_FUNCTION = re.compile(r"functions\.([A-Za-z0-9_.\-]+?):\s*")
+_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
+_ESCAPES = ("&#34;", "&quot;", "&#39;", "&lt;", "&gt;", "&amp;")
+_DECODER = json.JSONDecoder()
+
+
+@dataclass(frozen=True, slots=True)
+class TextCalls:
+    """What an answer's text held: its calls as (name, arguments JSON), in order, or the
+    `problem` that keeps them from being read; `format` names the chat format that writes them."""
+
+    format: str
+    calls: tuple[tuple[str, str], ...] = ()
+    problem: str | None = None
+
+
+def read_text_calls(text: str, tools: Collection[str]) -> TextCalls | None:
+    """The pseudo-calls `text` is made of, or None when it is an ordinary answer."""
+    body = text.strip()
+    if any(escape in body for escape in _ESCAPES):
+        body = html.unescape(body)
+    if body.startswith("functions."):
+        return _functions(body, tools)
+    if body.startswith("<tool_call>"):
+        return _blocks(body, tools)
+    if body.startswith("{"):
+        return _bare(body, tools)
+    return None
+
+
+def _functions(body: str, tools: Collection[str]) -> TextCalls | None:
+    calls: list[tuple[str, str]] = []
+    at = 0
+    while at < len(body):
+        match = _FUNCTION.match(body, at)
+        if match is None:
+            if not calls:
+                return None
+            break  # text after the calls: the model went on talking, the calls stand
+        name = match.group(1)
+        arguments, at = _object(body, match.end())
+        if arguments is None:
+            return TextCalls(
+                FUNCTIONS_FORMAT, problem=f"its arguments for {name} are not a JSON object"
+            )
+        if name not in tools:
+            return TextCalls(
+                FUNCTIONS_FORMAT, problem=f"it names {name}, which is no tool of this run"
+            )
+        calls.append((name, json.dumps(arguments, ensure_ascii=False)))
+        at = len(body) - len(body[at:].lstrip())
+    return TextCalls(FUNCTIONS_FORMAT, tuple(calls))
+
+
+def _blocks(body: str, tools: Collection[str]) -> TextCalls:
+    calls: list[tuple[str, str]] = []
+    for block in _BLOCK.findall(body):
+        call, _ = _object(block, 0)
+        read = _named_call(call, tools)
+        if isinstance(read, str):
+            return TextCalls(TAGS_FORMAT, problem=read)
+        calls.append(read)
+    if not calls:
+        return TextCalls(TAGS_FORMAT, problem="its <tool_call> block holds no call")
+    return TextCalls(TAGS_FORMAT, tuple(calls))
+
+
+def _bare(body: str, tools: Collection[str]) -> TextCalls | None:
+    calls: list[tuple[str, str]] = []
+    at = 0
+    while at < len(body) and body[at] == "{":
+        call, end = _object(body, at)
+        if not (isinstance(call, dict) and call.get("name") in tools and "arguments" in call):
+            break  # not a call of a known tool: an ordinary JSON answer, or what follows calls
+        read = _named_call(call, tools)
+        if isinstance(read, str):
+            return TextCalls(BARE_FORMAT, problem=read)
+        calls.append(read)
+        at = len(body) - len(body[end:].lstrip())
+    return TextCalls(BARE_FORMAT, tuple(calls)) if calls else None
+
+
+def _named_call(call: Any, tools: Collection[str]) -> tuple[str, str] | str:
+    """(name, arguments JSON) of a ``{"name", "arguments"}`` object, else what is wrong."""
+    if not isinstance(call, dict) or not isinstance(call.get("name"), str):
+        return 'it is not a JSON object {"name": ..., "arguments": {...}}'
+    name, arguments = call["name"], call.get("arguments", {})
+    if name not in tools:
+        return f"it names {name}, which is no tool of this run"
+    if isinstance(arguments, str):  # a template that replays arguments as a JSON string
+        arguments, _ = _object(arguments, 0)
+    if not isinstance(arguments, dict):
+        return f"its arguments for {name} are not a JSON object"
+    return name, json.dumps(arguments, ensure_ascii=False)
+
+
+def _object(text: str, at: int) -> tuple[Any, int]:
+    """The JSON object at `at` (after blanks) and where it ends, or (None, at)."""
+    start = len(text) - len(text[at:].lstrip())
+    try:
+        value, end = _DECODER.raw_decode(text, start)
+    except (ValueError, RecursionError):
+        return None, at
+    return (value, end) if isinstance(value, dict) else (None, at)
