@@ -31,7 +31,7 @@ import psycopg
 
 from keel.errors import ConfigError, RescuesExhausted, StoreError
 from keel.records import RunConfig, RunFailed, RunState
-from keel.result import Failure
+from keel.result import LIVE, Failure
 from keel.store.postgres_store import NOW, PostgresStore, insert_events, insert_run
 from keel.store.protocol import holder_alive
 
@@ -293,7 +293,7 @@ class Dispatch:
             if row is None:
                 return
             state = RunState.decode(json.loads(row[0]))
-            if state.status not in ("queued", "running", "awaiting_approval"):
+            if state.status not in LIVE:
                 return
             failure = RescuesExhausted(
                 f"the workers rescued this run {rescues} times and it stopped every time before "
