@@ -19,17 +19,24 @@ from hypothesis import strategies as st
 
 from keel import records
 from keel.codec import FLAT
+from keel.errors import ToolLoopDetected
 from keel.limits import LOOP_POLICIES, Limits
+from keel.messages import SynthesisReason
 from keel.records import (
+    Ending,
     Event,
     ModelResponseReceived,
     RecordedCall,
+    RunCancelled,
+    RunCompleted,
     RunConfig,
     RunFailed,
+    RunState,
     UnknownEvent,
     decode_event,
     encode_event,
 )
+from keel.result import Failure
 
 JSON_SCALARS = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
 JSON = st.recursive(
@@ -160,3 +167,43 @@ def test_empty_provider_details_and_a_missing_provider_id_are_not_stored() -> No
 def test_a_failures_details_sit_beside_its_fields() -> None:
     _, data, _ = encode_event(RunFailed(kind="loop_detected", message="m", details={"count": 5}))
     assert data == {"count": 5, "step": 0, "kind": "loop_detected", "message": "m"}
+
+
+# --- the run's ending -------------------------------------------------------------------------
+
+
+def test_a_completed_ending_gives_the_state_and_the_event_the_same_values() -> None:
+    ending = Ending.completed(
+        4, "done", SynthesisReason.BUDGET, cut_off=True, output={"a": 1}, gaps=("g",)
+    )
+    state = RunState(step=4)
+    state.end(ending)
+    event = ending.event()
+    assert isinstance(event, RunCompleted)
+    for f in dataclasses.fields(RunCompleted):
+        if f.name not in ("seq", "at"):
+            assert getattr(event, f.name) == getattr(state, f.name), f.name
+    assert state.status == "completed" and state.partial and event.partial
+
+
+def test_a_failure_is_converted_once_for_the_state_the_result_and_the_event() -> None:
+    error = ToolLoopDetected("read_file repeated", step=3, details={"count": 5})
+    ending = Ending.failed(error)
+    state = RunState(step=3)
+    state.end(ending)
+    event = ending.event()
+    assert isinstance(event, RunFailed)
+    assert state.failure == Failure("ToolLoopDetected", "read_file repeated", 3, {"count": 5})
+    assert (event.kind, event.message, event.step, event.details) == (
+        "ToolLoopDetected", "read_file repeated", 3, {"count": 5}
+    )
+    result = state.result("r1")
+    assert result.status == "failed" and result.failure == state.failure
+
+
+def test_every_ending_field_but_its_step_is_a_state_field() -> None:
+    """`RunState.end` sets the state's fields by the ending's names."""
+    state_fields = {f.name for f in dataclasses.fields(RunState)}
+    assert {f.name for f in dataclasses.fields(Ending)} - {"step"} <= state_fields
+    assert Ending.paused(2).event() is None
+    assert Ending.cancelled(2).event() == RunCancelled(step=2)

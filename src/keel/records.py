@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
-from keel.errors import FailureKind
+from keel.errors import FailureKind, RunFailure
 from keel.limits import Limits
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
@@ -27,6 +27,7 @@ __all__ = [
     "ApprovalDecided",
     "ApprovalRequested",
     "Decision",
+    "Ending",
     "Event",
     "EvidenceReset",
     "JsonObject",
@@ -475,6 +476,12 @@ class RunState:
             setattr(twin, name, value)
         return twin
 
+    def end(self, ending: Ending) -> None:
+        """Take the run's ending: each of its fields but the step, by name (a run that ended
+        has no other answer, failure or output than its ending's)."""
+        for name in _ENDING_FIELDS:
+            setattr(self, name, getattr(ending, name))
+
     def encode(self) -> JsonObject:
         """One codec derived from the fields (keel.codec): a new field needs no edit here."""
         return cast(JsonObject, to_json(self))
@@ -505,6 +512,72 @@ class RunState:
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a run ended (or paused), as one value: the stored state takes it (`RunState.end`),
+    the result is made from that state, and the closing event is made from it (`event`).
+    Each field is the state's field of the same name; the closing event's fields are read from
+    it by name, so nothing is copied field by field and a failure is converted once."""
+
+    status: RunStatus
+    step: int
+    answer: str | None = None
+    synthesized: SynthesisReason | None = None
+    cut_off: bool = False
+    output: JsonValue = None
+    partial: bool = False
+    """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
+    gaps: tuple[str, ...] = ()
+    failure: Failure | None = None
+
+    @classmethod
+    def completed(
+        cls,
+        step: int,
+        answer: str | None,
+        synthesized: SynthesisReason | None,
+        *,
+        cut_off: bool = False,
+        output: JsonValue = None,
+        gaps: tuple[str, ...] = (),
+    ) -> Ending:
+        partial = output is not None and synthesized is not None
+        return cls("completed", step, answer, synthesized, cut_off, output, partial, gaps)
+
+    @classmethod
+    def failed(cls, error: RunFailure) -> Ending:
+        """The one place a run's failure becomes the `Failure` the state and result keep."""
+        failure = Failure(error.kind, error.message, error.step, error.details)
+        return cls("failed", error.step, failure=failure)
+
+    @classmethod
+    def paused(cls, step: int) -> Ending:
+        return cls("awaiting_approval", step)
+
+    @classmethod
+    def cancelled(cls, step: int) -> Ending:
+        return cls("cancelled", step)
+
+    def event(self) -> RunCompleted | RunFailed | RunCancelled | None:
+        """The event that records the ending; None for a pause (its approval requests say it)."""
+        if self.status == "completed":
+            return RunCompleted(**_named(self, RunCompleted))
+        if self.status == "failed" and self.failure is not None:
+            return RunFailed(**_named(self.failure, RunFailed))
+        if self.status == "cancelled":
+            return RunCancelled(step=self.step)
+        return None
+
+
+_ENDING_FIELDS = tuple(f.name for f in fields(Ending) if f.name != "step")
+
+
+def _named(source: Any, event: type[Any]) -> dict[str, Any]:
+    """The fields of `event` that the dataclass `source` also has, by name."""
+    have = {f.name for f in fields(source)}
+    return {f.name: getattr(source, f.name) for f in fields(event) if f.name in have}
 
 
 # -- the run's settings ------------------------------------------------------------------------
