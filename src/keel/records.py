@@ -1,9 +1,11 @@
 """The run's record, typed: one class per event kind, the run state and the run's settings.
 
 Every writer and reader of a run (the recorder, resume, `keel show`, progress lines, approvals,
-evaluations, the store) uses these classes; nobody reads a run by string key. Each class has one
-encoding, here: an event is stored as its `type`, a JSON object of its fields and, for a tool
-result, its text as a separate body (cheaper to write than inside the JSON).
+evaluations, the store) uses these classes; nobody reads a run by string key. Every class is
+encoded by the one codec (keel.codec), derived from its fields: an event is stored as its `type`,
+a JSON object of its fields and, for a tool result, its text as a separate body (cheaper to
+write than inside the JSON). What a field's stored form needs beyond its type is a mark on the
+field (`OMIT_EMPTY`, `FLAT`), not a case in the encoder.
 
 Decoding is tolerant, so stores written by earlier Keel versions load: a missing optional field
 takes its default, an unknown field is ignored, and an event type this version does not know
@@ -15,8 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
-from keel.codec import from_json, to_json
-from keel.errors import FailureKind
+from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
+from keel.errors import FailureKind, RunFailure
 from keel.limits import Limits
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
@@ -25,6 +27,7 @@ __all__ = [
     "ApprovalDecided",
     "ApprovalRequested",
     "Decision",
+    "Ending",
     "Event",
     "EvidenceReset",
     "JsonObject",
@@ -115,8 +118,9 @@ class RecordedCall:
     the provider's, which those runs' other events name it by."""
     name: str
     arguments: str
-    provider_id: str | None = None
-    """The provider's id, sent back on the wire; None in runs recorded before Keel's ids."""
+    provider_id: str | None = field(default=None, metadata=OMIT_EMPTY)
+    """The provider's id, sent back on the wire; None in runs recorded before Keel's ids (and
+    then not stored: `id`, Keel's, is what a reader that knows nothing of it pairs by)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -127,8 +131,9 @@ class ModelResponseReceived(_EventBase):
     usage: Usage = field(default_factory=Usage)
     stop_reason: str | None = None
     empty: bool = False
-    provider_details: JsonObject = field(default_factory=dict)
-    """Vendor data replayed with the turn (reasoning items, thinking signatures)."""
+    provider_details: JsonObject = field(default_factory=dict, metadata=OMIT_EMPTY)
+    """Vendor data replayed with the turn (reasoning items, thinking signatures); stored only
+    when there is some."""
     cost: float | None = None
     """US dollars the call cost, priced from `usage` (keel/pricing.py); None: no known price."""
 
@@ -269,8 +274,9 @@ class RunFailed(_EventBase):
     type: ClassVar[str] = "run_failed"
     kind: FailureKind
     message: str
-    details: JsonObject = field(default_factory=dict)
-    """The counters or budget involved (stored flat beside the other fields)."""
+    details: JsonObject = field(default_factory=dict, metadata=FLAT)
+    """The counters or budget involved, stored flat beside the other fields (as `keel show
+    --json` has always printed them)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -330,34 +336,17 @@ _KINDS: dict[str, type[Any]] = {
         RunCancelled,
     )
 }
-_LOGGED = ("seq", "at")
-"""Stored in columns of their own, not in the JSON."""
-_NOT_IN_DATA = {"seq", "at", "content", "elided"}
-_FIELDS: dict[type[Any], tuple[str, ...]] = {
-    cls: tuple(f.name for f in fields(cls) if f.name not in _NOT_IN_DATA) for cls in _KINDS.values()
-}
+_NOT_IN_DATA = frozenset({"seq", "at", "content", "elided"})
+"""Fields not in an event's JSON: `seq` and `at` have columns of their own, a tool result's
+`content` is its body, and `elided` is only ever read back."""
 
 
 def encode_event(event: Event) -> tuple[str, JsonObject, str | None]:
     """(type, JSON object, body): the one way an event is written."""
     if isinstance(event, UnknownEvent):
         return event.type_name, event.data, None
-    data: JsonObject = {name: getattr(event, name) for name in _FIELDS[type(event)]}
-    if isinstance(event, ModelResponseReceived):
-        data["tool_calls"] = [_encode_call(c) for c in event.tool_calls]
-        usage = event.usage
-        data["usage"] = {
-            "input_tokens": usage.input_tokens,
-            "output_tokens": usage.output_tokens,
-            "cached_input_tokens": usage.cached_input_tokens,
-        }
-        if not event.provider_details:
-            del data["provider_details"]
-    elif isinstance(event, RunCompleted):
-        data["gaps"] = list(event.gaps)  # JSON has lists; read back as the tuple
-    elif isinstance(event, RunFailed):
-        details = cast(JsonObject, data.pop("details"))
-        data = {**details, **data}  # flat, as `keel show --json` has always printed it
+    encoded = cast(JsonObject, to_json(event))
+    data = {k: v for k, v in encoded.items() if k not in _NOT_IN_DATA}
     body = event.content if isinstance(event, ToolResultRecorded) else None
     return event.type, data, body
 
@@ -369,49 +358,15 @@ def decode_event(
     cls = _KINDS.get(type_name)
     if cls is None:
         return UnknownEvent(type_name=type_name, data=data, seq=seq, at=at, step=_int(data, "step"))
-    known = _FIELDS[cls]
-    values: dict[str, Any] = {k: v for k, v in data.items() if k in known}
-    if cls is ModelResponseReceived:
-        values["tool_calls"] = tuple(
-            _decode_call(c) for c in cast(list[dict[str, Any]], data.get("tool_calls") or [])
-        )
-        usage = cast(dict[str, int], data.get("usage") or {})
-        values["usage"] = Usage(
-            usage.get("input_tokens", 0),
-            usage.get("output_tokens", 0),
-            usage.get("cached_input_tokens", 0),
-        )
-    elif cls is RunFailed:
-        values["details"] = {k: v for k, v in data.items() if k not in known}
-    elif cls is RunCompleted:
-        gaps = data.get("gaps")
-        values["gaps"] = tuple(str(g) for g in gaps) if isinstance(gaps, list) else ()
-    elif cls is ToolResultRecorded:
+    values: dict[str, Any] = {k: v for k, v in data.items() if k not in _NOT_IN_DATA}
+    values.update(seq=seq, at=at)
+    if cls is ToolResultRecorded:
         values["content"] = body if body is not None else str(data.get("content", ""))
     try:
-        event: Event = cls(seq=seq, at=at, **values)
+        event: Event = from_json(cls, values)
     except TypeError:  # a required field is missing: keep the event, shown raw
         return UnknownEvent(type_name=type_name, data=data, seq=seq, at=at, step=_int(data, "step"))
     return event
-
-
-def _encode_call(call: RecordedCall) -> JsonObject:
-    """`id` is Keel's id, so a reader that knows nothing of `provider_id` still pairs the call
-    with its results, approvals and journal entries."""
-    data: JsonObject = {"id": call.id, "name": call.name, "arguments": call.arguments}
-    if call.provider_id is not None:
-        data["provider_id"] = call.provider_id
-    return data
-
-
-def _decode_call(data: dict[str, Any]) -> RecordedCall:
-    provider = data.get("provider_id")
-    return RecordedCall(
-        str(data["id"]),
-        str(data["name"]),
-        str(data["arguments"]),
-        None if provider is None else str(provider),
-    )
 
 
 def _int(data: JsonObject, key: str) -> int:
@@ -520,6 +475,12 @@ class RunState:
             setattr(twin, name, make(getattr(self, name)))
         return twin
 
+    def end(self, ending: Ending) -> None:
+        """Take the run's ending: each of its fields but the step, by name (a run that ended
+        has no other answer, failure or output than its ending's)."""
+        for name in _ENDING_FIELDS:
+            setattr(self, name, getattr(ending, name))
+
     def encode(self) -> JsonObject:
         """One codec derived from the fields (keel.codec): a new field needs no edit here."""
         return cast(JsonObject, to_json(self))
@@ -558,6 +519,72 @@ _CONTAINER_FIELDS: tuple[tuple[str, Any], ...] = tuple(
 """The fields holding a mutable container, each with the type that copies it (`copy`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """How a run ended (or paused), as one value: the stored state takes it (`RunState.end`),
+    the result is made from that state, and the closing event is made from it (`event`).
+    Each field is the state's field of the same name; the closing event's fields are read from
+    it by name, so nothing is copied field by field and a failure is converted once."""
+
+    status: RunStatus
+    step: int
+    answer: str | None = None
+    synthesized: SynthesisReason | None = None
+    cut_off: bool = False
+    output: JsonValue = None
+    partial: bool = False
+    """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
+    gaps: tuple[str, ...] = ()
+    failure: Failure | None = None
+
+    @classmethod
+    def completed(
+        cls,
+        step: int,
+        answer: str | None,
+        synthesized: SynthesisReason | None,
+        *,
+        cut_off: bool = False,
+        output: JsonValue = None,
+        gaps: tuple[str, ...] = (),
+    ) -> Ending:
+        partial = output is not None and synthesized is not None
+        return cls("completed", step, answer, synthesized, cut_off, output, partial, gaps)
+
+    @classmethod
+    def failed(cls, error: RunFailure) -> Ending:
+        """The one place a run's failure becomes the `Failure` the state and result keep."""
+        failure = Failure(error.kind, error.message, error.step, error.details)
+        return cls("failed", error.step, failure=failure)
+
+    @classmethod
+    def paused(cls, step: int) -> Ending:
+        return cls("awaiting_approval", step)
+
+    @classmethod
+    def cancelled(cls, step: int) -> Ending:
+        return cls("cancelled", step)
+
+    def event(self) -> RunCompleted | RunFailed | RunCancelled | None:
+        """The event that records the ending; None for a pause (its approval requests say it)."""
+        if self.status == "completed":
+            return RunCompleted(**_named(self, RunCompleted))
+        if self.status == "failed" and self.failure is not None:
+            return RunFailed(**_named(self.failure, RunFailed))
+        if self.status == "cancelled":
+            return RunCancelled(step=self.step)
+        return None
+
+
+_ENDING_FIELDS = tuple(f.name for f in fields(Ending) if f.name != "step")
+
+
+def _named(source: Any, event: type[Any]) -> dict[str, Any]:
+    """The fields of `event` that the dataclass `source` also has, by name."""
+    have = {f.name for f in fields(source)}
+    return {f.name: getattr(source, f.name) for f in fields(event) if f.name in have}
+
+
 # -- the run's settings ------------------------------------------------------------------------
 
 
@@ -571,74 +598,30 @@ class RunConfig:
     approve_tools: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     """The limits the run started with; a resumed run keeps them."""
-    settings: JsonObject = field(default_factory=dict)
+    settings: JsonObject = field(default_factory=dict, metadata=FLAT)
     """The command line's settings (repo, allowed hosts, writes, base URL, browser) and any
-    extra `run_config` a library caller saved with the run."""
-    conversation_id: str | None = None
+    extra `run_config` a library caller saved with the run; stored flat beside the fields."""
+    conversation_id: str | None = field(default=None, metadata=OMIT_EMPTY)
     """The conversation a follow-up belongs to (its first run's id); None: this run starts
     one (a first question, or a fork)."""
-    continues_from: str | None = None
+    continues_from: str | None = field(default=None, metadata=OMIT_EMPTY)
     """The run whose history this one continues (`keel ask`); None: a first question."""
-    parent_run: str | None = None
+    parent_run: str | None = field(default=None, metadata=OMIT_EMPTY)
     """A child run's parent (sub-agents, ADR 0046); None: a run of its own."""
-    parent_call: str | None = None
+    parent_call: str | None = field(default=None, metadata=OMIT_EMPTY)
     """The parent's call (Keel's id) that started this child."""
-    agent: str | None = None
+    agent: str | None = field(default=None, metadata=OMIT_EMPTY)
     """A child's agent name: the delegation tool it was started through."""
 
-    _FIXED: ClassVar[tuple[str, ...]] = (
-        "model",
-        "system_prompt",
-        "tools",
-        "approve_tools",
-        "conversation_id",
-        "continues_from",
-        "parent_run",
-        "parent_call",
-        "agent",
-    )
-
     def encode(self) -> JsonObject:
-        return {
-            **self.settings,
-            "model": self.model,
-            "system_prompt": self.system_prompt,
-            "tools": list(self.tools),
-            "approve_tools": list(self.approve_tools),
-            "limits": cast(JsonObject, self.limits.to_dict()),
-            **{k: v for k, v in self._conversation().items() if v is not None},
-        }
-
-    def _conversation(self) -> dict[str, str | None]:
-        return {
-            "conversation_id": self.conversation_id,
-            "continues_from": self.continues_from,
-            "parent_run": self.parent_run,
-            "parent_call": self.parent_call,
-            "agent": self.agent,
-        }
+        """Derived from the fields (keel.codec): the settings flat at the top level, the
+        conversation's ids only when set."""
+        return cast(JsonObject, to_json(self))
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
-        raw = cast(dict[str, Any], data)
-        known = {f.name for f in fields(Limits)}
-        limits = {k: v for k, v in (raw.get("limits") or {}).items() if k in known}
-        if raw.get("limits") is not None:  # saved before loop policies: it counted as `adr`
-            limits.setdefault("loop_policy", "adr")
-        return cls(
-            model=str(raw.get("model", "")),
-            system_prompt=str(raw.get("system_prompt", "")),
-            tools=tuple(raw.get("tools", ())),
-            approve_tools=tuple(raw.get("approve_tools", ())),
-            limits=Limits(**limits),
-            settings={k: v for k, v in data.items() if k not in cls._FIXED and k != "limits"},
-            conversation_id=_text_or_none(raw.get("conversation_id")),
-            continues_from=_text_or_none(raw.get("continues_from")),
-            parent_run=_text_or_none(raw.get("parent_run")),
-            parent_call=_text_or_none(raw.get("parent_call")),
-            agent=_text_or_none(raw.get("agent")),
-        )
-
-
-def _text_or_none(value: Any) -> str | None:
-    return value if isinstance(value, str) and value else None
+        raw: dict[str, Any] = {"model": "", "system_prompt": "", **data}
+        limits = raw.get("limits")
+        if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`
+            raw["limits"] = {"loop_policy": "adr", **limits}
+        return from_json(cls, raw)

@@ -3,17 +3,41 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import pydantic
 
 from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
-__all__ = ["ChildRun", "Failure", "PendingApproval", "RunResult", "RunStatus"]
+__all__ = [
+    "LIVE",
+    "OVER",
+    "STATUSES",
+    "TERMINAL",
+    "ChildRun",
+    "Failure",
+    "PendingApproval",
+    "RunResult",
+    "RunStatus",
+]
 
-RunStatus = Literal["queued", "running", "completed", "failed", "awaiting_approval", "cancelled"]
+RunStatus = Literal["queued", "running", "awaiting_approval", "completed", "failed", "cancelled"]
 """`queued`: submitted to the workers (`keel submit`), not started yet."""
+
+# The sets of statuses, defined here only; every reader names one of them.
+STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
+"""Every status, in the order lists show them (the runs page's filter, `keel runs --status`)."""
+LIVE: tuple[RunStatus, ...] = ("queued", "running", "awaiting_approval")
+"""Runs that may still change: a process advances them, or will once a person decides (a run's
+page follows one). Every other status is in `TERMINAL`."""
+OVER: tuple[RunStatus, ...] = ("completed", "failed")
+"""Runs that are over: nothing resumes them; a follow-up question may continue one, and a
+child run found over is read, not run again."""
+TERMINAL: tuple[RunStatus, ...] = (*OVER, "cancelled")
+"""Runs no process advances and none takes up by itself (workers leave them alone; A2A calls
+them terminal): `OVER`, and `cancelled`, a run interrupted (Ctrl-C, a cancelled task) that a
+person may still resume."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -35,7 +35,7 @@ from keel._run.tree import CURRENT, Delegations, qualified
 from keel.errors import LeaseHeld, ToolError
 from keel.events import TreeListener
 from keel.limits import Limits
-from keel.result import ChildRun, RunResult
+from keel.result import OVER, ChildRun, RunResult
 from keel.store import RunStore
 from keel.tools.base import CURRENT_CALL, Effect, Tool
 
@@ -44,7 +44,6 @@ __all__ = ["CHILD_TIMEOUT", "ChildAgent", "child_run_id", "delegation_tool", "re
 CHILD_TIMEOUT = 7 * 24 * 3600.0
 """A delegation's own timeout: none to speak of. The child's carved deadline (and the parent's,
 which the executor applies to every call) is what bounds it."""
-ENDED = ("completed", "failed")
 LEASE_WAIT = 120.0
 """Seconds a resumed parent waits for a child's lease held by a process that died."""
 LEASE_POLL = 0.5
@@ -121,7 +120,7 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
     heard = tuple(h.for_child(child_id) for h in tree.listeners if isinstance(h, TreeListener))
     async with tree.slots:
         record = None if store is None else store.get_run(child_id)
-        if record is not None and record.status in ENDED:  # answered before: read, not rerun
+        if record is not None and record.status in OVER:  # answered before: read, not rerun
             result = record.state.result(child_id, record.conversation_id)
         elif record is None:
             carved = tree.carve(call.id, agent.limits)

@@ -17,16 +17,14 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from keel._run.resume import ENDED, ResumePoint, rebuild_items
+from keel._run.resume import ResumePoint, rebuild_items
 from keel.errors import ConfigError
 from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, digest_text, wire_call_ids
 from keel.records import Event, ModelResponseReceived, RunCompleted
+from keel.result import OVER
 from keel.store import RunRecord, RunStore
 
-__all__ = ["CONTINUABLE", "Continuation", "continuation", "latest_run", "prefix", "resumed"]
-
-CONTINUABLE = ("completed", "failed")
-"""Statuses a follow-up may continue: the run has ended with an answer or on a limit."""
+__all__ = ["Continuation", "continuation", "latest_run", "prefix", "resumed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +44,7 @@ def continuation(store: RunStore, run_id: str, *, fork: bool = False) -> Continu
     record = store.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {store.path}")
-    if record.status not in CONTINUABLE:
+    if record.status not in OVER:
         raise ConfigError(_not_ended(record))
     if not fork:
         latest = store.conversation(record.conversation_id)[-1:]
@@ -155,7 +153,7 @@ def _named_apart(item: Item, run_id: str, wire: dict[str, str]) -> Item:
 
 
 def _not_ended(record: RunRecord) -> str:
-    if record.status in ENDED:  # failed on something other than a limit
+    if record.status in OVER:  # failed on something other than a limit
         return (
             f"run {record.run_id} was {record.status}; only a completed run, or one that failed "
             "on a limit, can be asked a follow-up"

@@ -39,16 +39,8 @@ from keel.errors import StoreError, StoreUnavailable
 from keel.limits import Limits
 from keel.messages import UserMessage
 from keel.pricing import Price
-from keel.records import (
-    RunCancelled,
-    RunCompleted,
-    RunConfig,
-    RunFailed,
-    RunResumed,
-    RunStarted,
-    RunState,
-)
-from keel.result import Failure, RunResult
+from keel.records import Ending, RunConfig, RunResumed, RunStarted, RunState
+from keel.result import RunResult
 from keel.store import RunStore
 from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
@@ -223,48 +215,27 @@ class RunLoop:
         """The store could not save a step (disk full, file gone). This process stops here and
         says so; the stored run stays at its last saved step, so it can be resumed once the
         store is writable again. Nothing more is written: the store just refused."""
-        failure = StoreUnavailable(str(error), step=self.state.step)
         state = self.state.copy()
-        state.status = "failed"
-        state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
+        state.end(Ending.failed(StoreUnavailable(str(error), step=self.state.step)))
         return state.result(self.run_id, self.setup.config.conversation_id)
 
     def _end(self, outcome: StepOutcome | None) -> None:
         """Record how the run ended; None: it was cancelled."""
-        state, emit = self.state, self.recorder.emit
+        step = self.state.step
         match outcome:
             case Completed(answer, synthesized, cut_off, output, gaps):
-                state.status, state.answer, state.synthesized = "completed", answer, synthesized
-                state.cut_off, state.output, state.gaps = cut_off, output, gaps
-                state.partial = output is not None and synthesized is not None
-                emit(
-                    RunCompleted(
-                        step=state.step,
-                        answer=answer,
-                        synthesized=synthesized,
-                        cut_off=cut_off,
-                        output=output,
-                        partial=state.partial,
-                        gaps=gaps,
-                    )
+                ending = Ending.completed(
+                    step, answer, synthesized, cut_off=cut_off, output=output, gaps=gaps
                 )
             case Paused():
-                state.status = "awaiting_approval"
+                ending = Ending.paused(step)
             case Failed(failure):
-                state.status = "failed"
-                state.failure = Failure(
-                    failure.kind, failure.message, failure.step, failure.details
-                )
-                emit(
-                    RunFailed(
-                        step=failure.step,
-                        kind=failure.kind,
-                        message=failure.message,
-                        details=failure.details,
-                    )
-                )
+                ending = Ending.failed(failure)
             case None:
-                state.status = "cancelled"
-                emit(RunCancelled(step=state.step))
+                ending = Ending.cancelled(step)
             case Continue():
                 raise AssertionError("a run does not end on Continue")
+        self.state.end(ending)
+        event = ending.event()
+        if event is not None:
+            self.recorder.emit(event)

@@ -25,16 +25,10 @@ from keel.records import (
     ToolDispatched,
     ToolResultRecorded,
 )
+from keel.result import OVER
 from keel.store import RunRecord, RunStore
 
-__all__ = ["ENDED", "FINISHED", "ResumePoint", "load", "rebuild_items"]
-
-ENDED = ("completed", "failed")
-"""Runs that are over: nothing resumes them."""
-FINISHED = (*ENDED, "cancelled")
-"""Runs no process advances and none takes up by itself (workers leave them alone). A
-`cancelled` run was interrupted (Ctrl-C, a cancelled task), not ended: a person resumes it,
-and a side effect that was in flight is answered "effect unknown" (ADR 0036)."""
+__all__ = ["ResumePoint", "load", "rebuild_items"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +46,7 @@ def load(store: RunStore, run_id: str) -> ResumePoint:
     record = store.get_run(run_id)
     if record is None:
         raise ConfigError(f"no run {run_id} in {store.path}")
-    if record.status in ENDED:
+    if record.status in OVER:  # a cancelled one resumes (ADR 0036)
         raise ConfigError(f"run {run_id} has already ended ({record.status}); nothing to resume")
     events = store.events(run_id)
     state = record.state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from typing import TYPE_CHECKING, Annotated, Any, get_args
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
@@ -248,10 +248,10 @@ def runs(
 ) -> None:
     """List recent runs, newest first."""
     from keel.pricing import cost_text
-    from keel.result import RunStatus
+    from keel.result import STATUSES
 
-    if status is not None and status not in get_args(RunStatus):
-        usage_error(f"--status must be one of {', '.join(get_args(RunStatus))}")
+    if status is not None and status not in STATUSES:
+        usage_error(f"--status must be one of {', '.join(STATUSES)}")
     db = open_run_store(store, read_only=True)
     try:
         records = guard(lambda: db.list_runs(limit, status))

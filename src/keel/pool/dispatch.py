@@ -30,8 +30,8 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from keel.errors import ConfigError, RescuesExhausted, StoreError
-from keel.records import RunConfig, RunFailed, RunState
-from keel.result import Failure
+from keel.records import Ending, RunConfig, RunState
+from keel.result import LIVE
 from keel.store.postgres_store import NOW, PostgresStore, insert_events, insert_run
 from keel.store.protocol import holder_alive
 
@@ -293,7 +293,7 @@ class Dispatch:
             if row is None:
                 return
             state = RunState.decode(json.loads(row[0]))
-            if state.status not in ("queued", "running", "awaiting_approval"):
+            if state.status not in LIVE:
                 return
             failure = RescuesExhausted(
                 f"the workers rescued this run {rescues} times and it stopped every time before "
@@ -303,14 +303,13 @@ class Dispatch:
                 step=state.step,
                 details={"rescues": rescues},
             )
-            event = RunFailed(
-                step=state.step, kind=failure.kind, message=failure.message, details=failure.details
-            )
-            event.seq, event.at = state.next_seq, time.time()
-            state.next_seq += 1
-            state.status = "failed"
-            state.failure = Failure(failure.kind, failure.message, failure.step, failure.details)
-            insert_events(conn, run_id, [event])
+            ending = Ending.failed(failure)
+            events = [e for e in (ending.event(),) if e is not None]  # its RunFailed
+            for event in events:
+                event.seq, event.at = state.next_seq, time.time()
+                state.next_seq += 1
+            state.end(ending)
+            insert_events(conn, run_id, events)
             conn.execute(
                 "UPDATE keel.runs SET status = 'failed', state = %s, updated_at = %s,"
                 " lease_owner = NULL, lease_until = NULL WHERE run_id = %s",

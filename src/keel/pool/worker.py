@@ -24,11 +24,11 @@ import time
 import uuid
 from collections.abc import Callable
 
-from keel._run.resume import FINISHED
 from keel.agent import RunHandle
 from keel.assemble import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
 from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
+from keel.result import TERMINAL
 from keel.store import Checkpoint, new_lease_owner
 from keel.store.postgres_store import PostgresStore
 from keel.store.protocol import HOST
@@ -142,7 +142,7 @@ class PoolWorker:
         if record is None:
             return "skipped: no such run"
         undecided = [p for p in record.state.pending if p.call_id not in record.state.decisions]
-        if record.status in FINISHED or (record.status == "awaiting_approval" and undecided):
+        if record.status in TERMINAL or (record.status == "awaiting_approval" and undecided):
             checkpoint = Checkpoint(run_id, record.state, lease=owner, release=True)
             await self.store.save_step(checkpoint)
             return record.status

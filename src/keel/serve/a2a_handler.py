@@ -50,13 +50,13 @@ from a2a.utils.errors import (
 from a2a.utils.task import apply_history_length
 
 from keel.errors import AlreadyDecided, ConfigError
+from keel.result import TERMINAL
 from keel.serve import a2a_tasks as tasks
 from keel.serve.runs import NotCancelable, RunService, stopped
 from keel.store import RunRecord
 
 __all__ = ["KeelRequestHandler"]
 
-ENDED = ("completed", "failed", "cancelled")
 DEFAULT_PAGE = 50
 MAX_PAGE = 100
 MAX_TOKEN_DIGITS = 12
@@ -185,7 +185,7 @@ class KeelRequestHandler(RequestHandler):
         yield record
 
     async def _reply(self, record: RunRecord, message: Message) -> RunRecord:
-        if record.status in ENDED:
+        if record.status in TERMINAL:
             state = TaskState.Name(tasks.state_of(record))
             raise UnsupportedOperationError(
                 message=f"Task {record.run_id} is in terminal state: {state}; send a new message "
@@ -213,7 +213,7 @@ class KeelRequestHandler(RequestHandler):
         """The task as it stands (every event so far in its history), then the events after
         it: a client that reconnects misses none and sees none twice."""
         record = self._record(params.id)
-        if record.status in ENDED:
+        if record.status in TERMINAL:
             state = TaskState.Name(tasks.state_of(record))
             raise UnsupportedOperationError(
                 message=f"Task {record.run_id} is in terminal state: {state}"

@@ -52,6 +52,7 @@ from keel.agent import Agent
 from keel.errors import AlreadyDecided, ConfigError, KeelError, LeaseHeld
 from keel.events import RunStream
 from keel.records import ApprovalDecided
+from keel.result import OVER
 from keel.serve.ag_ui_events import (
     EventMapper,
     call_id_of,
@@ -75,7 +76,6 @@ DENIED_REASON = "denied in the front end"
 """The reason recorded for a denial that gave none."""
 MAX_REASON = 2_000
 """A denial's reason is cut here (as the web view's is)."""
-_ENDED = ("completed", "failed")
 
 
 class Refused(Exception):
@@ -320,7 +320,7 @@ def check_resume(
     record = get_run(run_id)
     if record is None:
         raise Refused(404, f"no run {run_id} in this store")
-    if record.status in _ENDED:
+    if record.status in OVER:
         raise Refused(409, f"run {run_id} has ended ({record.status}): it takes no decisions")
     pending = {p.call_id for p in record.state.pending}
     answers = [_answer(record, call_id, entry, pending) for _, call_id, entry in named]

@@ -23,10 +23,10 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 
 from keel import approvals
-from keel._run.resume import FINISHED
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError, KeelError, LeaseHeld
 from keel.records import Event
+from keel.result import TERMINAL
 from keel.store import RunRecord, RunStore
 from keel.store.locate import is_url
 
@@ -133,7 +133,7 @@ class RunService:
     async def cancel(self, run_id: str) -> RunRecord:
         """Cancel the run for real: recorded `cancelled`, nothing recorded lost."""
         record = self._known(run_id)
-        if record.status in FINISHED:
+        if record.status in TERMINAL:
             raise NotCancelable(f"run {run_id} has already ended ({record.status})")
         handle = self.handles.get(run_id)
         if handle is None:  # paused or queued, or left by a process that died: take it up
@@ -291,7 +291,7 @@ def waiting(record: RunRecord) -> bool:
 
 def stopped(record: RunRecord) -> bool:
     """The run will not advance by itself: it has ended, or waits for a decision."""
-    return record.status in FINISHED or waiting(record)
+    return record.status in TERMINAL or waiting(record)
 
 
 async def _settled(handle: RunHandle) -> None:

@@ -23,13 +23,14 @@ from starlette.staticfiles import StaticFiles
 
 from keel import approvals
 from keel.errors import AlreadyDecided, ConfigError, StoreError
+from keel.result import STATUSES
 from keel.store import open_store
 from keel.store.locate import is_url
 from keel.ui import live
 from keel.ui.actions import decide, going_on
 from keel.ui.chart import ChartFold
 from keel.ui.live_text import LiveTexts
-from keel.ui.pages import PAGE_SIZE, STATUSES, Pages, RunsPage, RunView
+from keel.ui.pages import PAGE_SIZE, Pages, RunsPage, RunView
 from keel.ui.security import FormError, Guard, new_token, parse_form, token_matches
 
 __all__ = ["create_app"]

@@ -29,9 +29,10 @@ from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from keel.records import Event
+from keel.result import LIVE
 from keel.store import RunStore
 from keel.ui.chart import ChartFold
-from keel.ui.pages import LIVE_STATUSES, Pages, RunView
+from keel.ui.pages import Pages, RunView
 
 __all__ = ["IDLE_POLL_SECONDS", "KEEP", "POLL_SECONDS", "LiveRuns", "follow"]
 
@@ -203,7 +204,7 @@ async def follow(
                 if growing != writing:
                     yield _message("text", {"html": growing})
                     writing = growing
-            if record.status not in LIVE_STATUSES:
+            if record.status not in LIVE:
                 yield _message("end", {"status": record.status})
                 return
             waited = 0.0

@@ -15,18 +15,14 @@ from urllib.parse import quote
 from jinja2 import Environment, PackageLoader, StrictUndefined
 
 from keel.records import Decision, Event
-from keel.result import PendingApproval
+from keel.result import LIVE, STATUSES, PendingApproval
 from keel.store import RunRecord
 from keel.ui import text
 from keel.ui.chart import ChartSet, charts
 
-__all__ = ["PAGE_SIZE", "STATUSES", "Pages", "RunView", "RunsPage"]
+__all__ = ["PAGE_SIZE", "Pages", "RunView", "RunsPage"]
 
-STATUSES = ("queued", "running", "awaiting_approval", "completed", "failed", "cancelled")
-"""`queued`: submitted to the workers of a Postgres store (`keel submit`), not started yet."""
 PAGE_SIZE = 50
-LIVE_STATUSES = ("queued", "running", "awaiting_approval")
-"""A run in these may still change; its page follows it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,7 +67,7 @@ class RunView:
 
     @property
     def live(self) -> bool:
-        return self.record.status in LIVE_STATUSES
+        return self.record.status in LIVE
 
     @property
     def last_seq(self) -> int:
