@@ -328,3 +328,52 @@ async def asyncio_thread(work: Any) -> Any:
     import asyncio
 
     return await asyncio.to_thread(work)
+
+
+def keel_cli(*args: str) -> tuple[int, str, str]:
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+
+    result = CliRunner().invoke(app, list(args))
+    return result.exit_code, result.stdout, result.stderr
+
+
+def script_file(path: Path, data: dict[str, Any]) -> str:
+    path.write_text(json.dumps(data))
+    return f"script:{path}"
+
+
+def test_keel_fork_at_the_synthesis_point_onto_another_model(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "notes.md").write_text("The breaker counts identical calls.\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+    model_a = script_file(
+        tmp_path / "a.json", {"turns": [read] * 4, "on_synthesis": {"text": "A: it counts."}}
+    )
+    model_b = script_file(
+        tmp_path / "b.json", {"turns": [], "on_synthesis": {"text": "B: identical calls."}}
+    )
+    store = str(tmp_path / "runs.sqlite")
+    common = ("--repo", str(repo), "--store", store, "--json")
+    code, out, _ = keel_cli("run", "What does the breaker count?", "--model", model_a, *common)
+    original = json.loads(out)
+    assert code == 0 and original["synthesized"] == "repeated_tool"
+    code, out, err = keel_cli("fork", original["run_id"], "--at", "4", "--model", model_b, *common)
+    assert code == 0, err
+    forked = json.loads(out)
+    assert forked["answer"] == "B: identical calls." and forked["synthesized"] == "repeated_tool"
+    assert forked["forked_from"] == {"run_id": original["run_id"], "step": 4}
+    assert (forked["model_calls"], forked["tool_calls"]) == (5, 4)
+    code, out, _ = keel_cli("show", forked["run_id"], "--json", "--store", store)
+    shown = json.loads(out)
+    assert shown["forked_from"] == forked["forked_from"] and shown["run"] == forked
+    code, out, _ = keel_cli("show", forked["run_id"], "--store", store)
+    assert f"forked from run {original['run_id']} at step 4" in out
+    # the original is as it was
+    code, out, _ = keel_cli("show", original["run_id"], "--json", "--store", store)
+    assert json.loads(out)["run"] == original and json.loads(out)["forked_from"] is None
+    # a step that cannot be forked at: one line, exit code 2
+    code, out, err = keel_cli("fork", original["run_id"], "--at", "5", *common)
+    assert code == 2 and "the answer that ended it" in err + out
