@@ -377,3 +377,53 @@ def test_keel_fork_at_the_synthesis_point_onto_another_model(tmp_path: Path) -> 
     # a step that cannot be forked at: one line, exit code 2
     code, out, err = keel_cli("fork", original["run_id"], "--at", "5", *common)
     assert code == 2 and "the answer that ended it" in err + out
+
+
+def test_the_compare_table_for_two_scripted_models(tmp_path: Path) -> None:
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "notes.md").write_text("The breaker counts identical calls.\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+    model_a = script_file(
+        tmp_path / "a.json", {"turns": [read] * 4, "on_synthesis": {"text": "A: it counts."}}
+    )
+    model_b = script_file(
+        tmp_path / "b.json", {"turns": [], "on_synthesis": {"text": "It counts identical calls."}}
+    )
+    model_c = script_file(
+        tmp_path / "c.json",
+        {"turns": [], "on_synthesis": {"text": "No idea."}},
+    )
+    store = str(tmp_path / "runs.sqlite")
+    code, out, _ = keel_cli(
+        "run", "What does the breaker count?", "--model", model_a, "--repo", str(repo),
+        "--store", store, "--json",
+    )  # fmt: skip
+    original = json.loads(out)["run_id"]
+    compare = ("eval", "--fork", original, "--at", "4", "--model", model_b, "--model", model_c,
+               "--repeat", "2", "--store", store)  # fmt: skip
+    code, out, err = keel_cli(*compare, "--json")
+    assert code == 0, err
+    table = json.loads(out)
+    assert table["forked_from"] == {"run_id": original, "step": 4}
+    assert table["prefix"] == {"model_calls": 4, "tool_calls": 4}
+    assert table["baseline"] == model_b
+    base, other = table["models"]
+    assert [m["model"] for m in table["models"]] == [model_b, model_c]
+    assert base["summary"]["runs"] == 2 and len(base["runs"]) == 2
+    assert base["summary"]["answer"] == "It counts identical calls."
+    assert base["summary"]["synthesized"] == {"repeated_tool": 2}
+    assert base["summary"]["model_calls"] == 1 and base["summary"]["tool_calls"] == 0
+    assert base["vs_baseline"] is None
+    assert other["summary"]["answer"] == "No idea."
+    assert other["vs_baseline"]["same_answer"] is False
+    assert other["vs_baseline"]["same_synthesized"] is True
+    assert other["vs_baseline"]["model_calls"] == 0
+    # every fork is a run of its own in the store, the original untouched
+    runs = {r["run_id"] for m in table["models"] for r in m["runs"]}
+    assert len(runs) == 4
+    code, out, _ = keel_cli("show", original, "--json", "--store", store)
+    assert json.loads(out)["run"]["answer"] == "A: it counts."
+    code, out, _ = keel_cli(*compare)
+    assert code == 0
+    assert "baseline" in out and "answer differs" in out and "No idea." in out
