@@ -427,3 +427,32 @@ def test_the_compare_table_for_two_scripted_models(tmp_path: Path) -> None:
     code, out, _ = keel_cli(*compare)
     assert code == 0
     assert "baseline" in out and "answer differs" in out and "No idea." in out
+
+
+async def test_a_fork_of_a_parent_runs_none_of_its_finished_children_again(tmp_path: Path) -> None:
+    from keel.tools.files import file_tools
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "a.md").write_text("alpha\n")
+    child_turns = {"turns": [call("read_file", path="a.md"), {"text": "A says alpha."}]}
+    child_model = script_file(tmp_path / "child.json", child_turns)
+    reader = keel.Agent(child_model, tools=file_tools(repo), limits=keel.Limits(max_model_calls=5))
+    store = keel.Store(tmp_path / "runs.db")
+    parent = keel.Agent(
+        scripted([call("reader", task="What does a.md say?"), {"text": "It says alpha."}]),
+        tools=[reader.as_tool("reader", "Reads files")],
+        store=store,
+    )
+    original = await parent.arun("What does a.md say?")
+    (child,) = original.children
+    runs_before = store.count_runs()
+    model_b = scripted([{"text": "B: alpha."}])
+    forker = keel.Agent(model_b, tools=[reader.as_tool("reader", "Reads files")], store=store)
+    fork = await forker.afork(original.run_id, at=1)
+    assert fork.answer == "B: alpha." and len(model_b.requests) == 1
+    assert store.count_runs() == runs_before + 1  # the fork alone: no child run again
+    assert [c.run_id for c in fork.children] == [child.run_id]  # the original's child, named
+    assert (fork.model_calls, fork.tool_calls) == (original.model_calls, original.tool_calls)
+    results = [i.content for i in model_b.requests[0].items if isinstance(i, keel.ToolResult)]
+    assert results == ["A says alpha."]
