@@ -139,8 +139,8 @@ ROOMS = (
     "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
     "trace_hooks", "failpoints", "local_model", "config", "durability", "options", "schema_checks",
     "structured", "transports", "inbound", "pricing", "tools", "store", "approvals", "live_file",
-    "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "evals", "present",
-    "run_options", "assemble", "pool", "ui", "serve", "cli", "__main__", "keel",
+    "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "run_options",
+    "assemble", "evals", "present", "pool", "ui", "serve", "cli", "__main__", "keel",
 )  # fmt: skip
 """The package's rooms (top-level modules and packages), lowest first: a room imports only rooms
 below it, so no lower room reaches up (the event stream into the presenters, the workers into

@@ -84,6 +84,32 @@ async def test_a_step_is_saved_whole_with_counters_elisions_and_kept_texts(opene
     assert record is not None and record.state.step == 1 and record.config == CONFIG
 
 
+async def test_a_fork_is_created_with_its_prefix_counters_and_elisions_at_once(
+    opened: Opener,
+) -> None:
+    store = opened()
+    state = RunState(step=1, next_seq=2)
+    events = [
+        RunStarted(question="q", model="m", seq=0, at=1.0),
+        ToolResultRecorded(call_id="k1_0", call_key="k", name="read", content="text", seq=1,
+                           at=2.0, step=1),
+    ]  # fmt: skip
+    owner = new_lease_owner()
+    await store.create_run("run_f", "q", "m", CONFIG, state, lease=owner, lease_ttl=30,
+                           events=events, counters={"k": KeyCounter(3, 1, "d", 2, 0)},
+                           elisions=[("k1_0", 1)])  # fmt: skip
+    other = opened()  # another process sees the whole prefix
+    assert other.counters("run_f") == {"k": KeyCounter(3, 1, "d", 2, 0)}
+    assert other.elided("run_f") == {"k1_0"}
+    read = other.events("run_f")
+    assert [e.seq for e in read] == [0, 1]
+    assert isinstance(read[1], ToolResultRecorded) and read[1].elided
+    record = other.get_run("run_f")
+    assert record is not None and record.status == "running" and record.state.step == 1
+    with pytest.raises(LeaseHeld):  # the creator holds it: the fork's loop takes it over
+        await other.acquire_lease("run_f", new_lease_owner(), 30)
+
+
 async def test_a_failed_step_is_rolled_back_whole(opened: Opener) -> None:
     store = opened()
     state = await started(store)

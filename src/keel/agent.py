@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import uuid
-from collections.abc import Callable, Collection, Generator, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, cast
@@ -47,6 +47,7 @@ from keel.transports.base import (
 from keel.transports.streaming import TextListener
 
 if TYPE_CHECKING:  # imported for a run that may be traced (`_begin_trace`)
+    from keel._run.fork import ForkPrefix
     from keel.telemetry import RunTrace
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
@@ -365,9 +366,11 @@ class Agent:
             server=server_of(self.transport),
         )
         extra = () if traced is None else (traced,)
+        origin = record.config.settings.get("forked_from")  # a fork resumed says it still
         setup = self._setup(
             record.config.limits,
             listeners=(*listeners, *extra),
+            settings={"forked_from": origin} if isinstance(origin, dict) else None,
             lease_owner=lease_owner,
             output=self._output_of(record.config.settings),
             follows=record.config,
@@ -404,6 +407,82 @@ class Agent:
             parent=parent,
         )
         return _launch(RunLoop(run_id, task, setup), traced)
+
+    def start_fork(
+        self,
+        run_id: str,
+        *,
+        at: int,
+        listeners: Sequence[Listener] = (),
+        text_listeners: Sequence[TextListener] = (),
+    ) -> RunHandle:
+        """A fork of stored run `run_id` at step `at` (as `keel show` numbers steps): a new
+        run whose first `at` steps are the original's, copied from the store (no model call,
+        no tool run, counters and elisions as they stood), then live with this agent's model,
+        tools, limits and output shape (ADR 0051). The original is untouched. Raises
+        ConfigError for an unknown run or a step that cannot be forked at."""
+        from keel._run.fork import prefix_of_run
+
+        prefix = prefix_of_run(self.store, run_id, at)
+        return self.start_from_prefix(prefix, listeners=listeners, text_listeners=text_listeners)
+
+    def start_from_prefix(
+        self,
+        prefix: ForkPrefix,
+        *,
+        listeners: Sequence[Listener] = (),
+        text_listeners: Sequence[TextListener] = (),
+    ) -> RunHandle:
+        """A fork from a prefix already derived (`keel._run.fork`, or a recording's:
+        `keel.replay.forks`): the run is created with the prefix's events, counters
+        and elisions in one transaction, then continues as a resumed run does."""
+        from keel._run.fork import resume_point
+
+        run_id = new_run_id()
+        traced = _begin_trace(
+            run_id,
+            self._model_name,
+            prefix.question,
+            content=self.trace_content,
+            server=server_of(self.transport),
+        )
+        settings: JsonObject = {"forked_from": prefix.origin}
+        if traced is not None:
+            settings.update(traced.settings())
+        follows = RunConfig("", "", continues_from=prefix.continues_from)
+        setup = self._setup(
+            listeners=(*listeners, *(() if traced is None else (traced,))),
+            settings=settings,
+            follows=follows,
+            text_listeners=text_listeners,
+        )
+        store = setup.store
+        assert store is not None
+        point = resume_point(store, run_id, self._model_name, setup.config, prefix)
+        loop = RunLoop(run_id, prefix.question, setup, point)
+
+        async def create() -> None:
+            await store.create_run(
+                run_id,
+                prefix.question,
+                self._model_name,
+                setup.config,
+                prefix.state.copy(),
+                lease=loop.lease.owner,
+                lease_ttl=loop.lease.ttl,
+                events=prefix.events,
+                counters=prefix.counters,
+                elisions=prefix.elisions,
+            )
+
+        return _launch(loop, traced, before=create)
+
+    async def afork(self, run_id: str, *, at: int) -> RunResult:
+        return self._typed(await _drive(self.start_fork(run_id, at=at)))
+
+    def fork(self, run_id: str, *, at: int) -> RunResult:
+        """Fork stored run `run_id` at step `at` onto this agent (see `start_fork`)."""
+        return asyncio.run(self.afork(run_id, at=at))
 
     def as_tool(self, name: str, description: str) -> Tool:
         """This agent as a tool another agent can take in `tools=[...]`: each call runs it on
@@ -556,8 +635,24 @@ def _begin_trace(
     )
 
 
-def _launch(loop: RunLoop, traced: RunTrace | None) -> RunHandle:
-    work = loop.run() if traced is None else traced.run(loop.run, loop.view)
+def _launch(
+    loop: RunLoop,
+    traced: RunTrace | None,
+    before: Callable[[], Awaitable[None]] | None = None,
+) -> RunHandle:
+    """`before`: what must be stored before the loop takes the run over (a fork's prefix)."""
+    origin = loop.setup.config.settings.get("forked_from")
+    if before is None and not isinstance(origin, dict):
+        advance = loop.run
+    else:
+
+        async def advance() -> RunResult:
+            if before is not None:
+                await before()
+            result = await loop.run()
+            return replace(result, forked_from=origin) if isinstance(origin, dict) else result
+
+    work = advance() if traced is None else traced.run(advance, loop.view)
     return RunHandle(loop, asyncio.ensure_future(work))
 
 

@@ -130,6 +130,9 @@ class RunResult:
     children: tuple[ChildRun, ...] = ()
     """The child runs this run delegated to, in the order they were answered; its counters
     and cost include theirs."""
+    forked_from: dict[str, Any] | None = None
+    """Where a fork branched (ADR 0051): {"run_id", "step"} of the run it copied its first
+    steps from, or {"recording", "id", "step"}; None: not a fork."""
 
     @property
     def ok(self) -> bool:
@@ -164,6 +167,8 @@ class RunResult:
         }
         if self.children:
             shown["children"] = [c.to_dict() for c in self.children]
+        if self.forked_from is not None:
+            shown["forked_from"] = self.forked_from
         return shown
 
 

@@ -34,6 +34,7 @@ from keel.cli.common import (
 )
 from keel.cli.conversation import ask
 from keel.cli.finish import announce, finish
+from keel.cli.fork import fork
 from keel.cli.inspect import approve, deny, runs, show
 from keel.cli.output import keep_standard_fds
 from keel.cli.serve import serve
@@ -112,6 +113,7 @@ def submit(
 
 app.command("worker")(worker_command)
 app.command("ask")(ask)
+app.command("fork")(fork)
 app.command("serve")(serve)
 
 

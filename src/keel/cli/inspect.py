@@ -24,6 +24,7 @@ from keel.cli.common import (
     usage_error,
 )
 from keel.cli.conversation import continues_line, conversation_lines
+from keel.cli.fork import forked_json, forked_line
 from keel.present.terminal import safe_text
 
 if TYPE_CHECKING:  # each command imports what it uses: `keel --help` needs none (ADR 0042)
@@ -109,6 +110,7 @@ def show(
         shown["loop_rules"] = _loop_rules(record.config.limits)
         shown["options"] = record.config.settings.get("options") or {}
         shown["parent"] = parent_json(record)
+        shown["forked_from"] = forked_json(record)
         if sampling is not None:
             shown["sampling"] = sampling
         typer.echo(json_text(shown))
@@ -150,6 +152,9 @@ def show(
     follows = continues_line(record)
     if follows is not None:
         out.print(follows, highlight=False, markup=False)
+    branch = forked_line(record)
+    if branch is not None:
+        out.print(safe_text(branch), highlight=False, markup=False, soft_wrap=True)
     for line in tree_lines(record):
         out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)

@@ -40,11 +40,26 @@ def eval_command(
     ] = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print one JSON object.")] = False,
     model: Annotated[
-        str | None,
+        list[str] | None,
         typer.Option(
-            help=f"Run against this model instead of each scenario's script: {SPEC_HELP}.",
+            help=f"Run against this model instead of each scenario's script: {SPEC_HELP}. "
+            "With --fork, repeat it: each model is one row of the table, the first the baseline.",
             show_default=False,
         ),
+    ] = None,
+    fork_run: Annotated[
+        str | None,
+        typer.Option(
+            "--fork",
+            metavar="RUN",
+            help="Compare models on one stored run's identical prefix: fork RUN at --at under "
+            "each --model (--store: the store holding RUN [default: the user store]).",
+            show_default=False,
+        ),
+    ] = None,
+    at: Annotated[
+        int | None,
+        typer.Option("--at", help="With --fork: the last step copied.", show_default=False),
     ] = None,
     repeat: Annotated[
         int,
@@ -94,6 +109,11 @@ def eval_command(
     from keel.evals.report import WIDE, print_grades, print_table, to_json
 
     err = Console(stderr=True, emoji=False)
+    if fork_run is not None or at is not None:
+        _compare_forks(fork_run, at, model or [], repeat, store, as_json, err)
+    if model and len(model) > 1:
+        _usage_error(err, ConfigError("--model is given once, except with --fork"))
+    single = model[0] if model else None
     try:
         found = resolve(scenarios or [], suite)
         if timeout is not None:
@@ -104,11 +124,11 @@ def eval_command(
         if list_only:
             _list(found, as_json)
             return
-        reports = _run(found, model, repeat, store, repo, None if as_json else err)
+        reports = _run(found, single, repeat, store, repo, None if as_json else err)
     except ConfigError as exc:
         _usage_error(err, exc)
     if as_json:
-        typer.echo(json.dumps(to_json(reports, model=model, repeat=repeat), ensure_ascii=False))
+        typer.echo(json.dumps(to_json(reports, model=single, repeat=repeat), ensure_ascii=False))
     else:
         out = Console(emoji=False)
         if not out.is_terminal:
@@ -117,6 +137,44 @@ def eval_command(
         if any(r.scenario.spec.fact is not None for r in reports):
             print_grades(reports, out)
     raise typer.Exit(0 if all(r.passed for r in reports) else 1)
+
+
+def _compare_forks(
+    run_id: str | None,
+    at: int | None,
+    models: list[str],
+    repeat: int,
+    path: Path | None,
+    as_json: bool,
+    err: Console,
+) -> NoReturn:
+    """`--fork RUN --at STEP --model A --model B`: the comparison table (keel/evals/forks.py)."""
+    import asyncio
+
+    from keel.evals.forks import compare, print_comparison
+    from keel.evals.forks import to_json as comparison_json
+    from keel.store import Store
+    from keel.store.locate import default_store_path
+
+    if run_id is None or at is None:
+        _usage_error(err, ConfigError("--fork RUN and --at STEP go together"))
+    if not models:
+        _usage_error(err, ConfigError("--fork needs at least one --model to fork onto"))
+    db = Store(path or default_store_path())
+    try:
+        comparison = asyncio.run(compare(db, run_id, at, models, repeat))
+    except ConfigError as exc:
+        _usage_error(err, exc)
+    finally:
+        db.close()
+    if as_json:
+        typer.echo(json.dumps(comparison_json(comparison), ensure_ascii=False))
+    else:
+        from keel.evals.report import WIDE
+
+        out = Console(emoji=False)
+        print_comparison(comparison, out if out.is_terminal else Console(width=WIDE, emoji=False))
+    raise typer.Exit(0)
 
 
 def _run(

@@ -63,8 +63,12 @@ def _finite(value: Any) -> Any:
 
 
 def run_json(record: RunRecord) -> dict[str, Any]:
-    """The run's fields, the same as `keel run --json` prints."""
-    return record.state.result(record.run_id, record.conversation_id).to_dict()
+    """The run's fields, the same as `keel run --json` prints (a fork's: where it branched)."""
+    shown = record.state.result(record.run_id, record.conversation_id).to_dict()
+    origin = record.config.settings.get("forked_from")
+    if isinstance(origin, dict):
+        shown["forked_from"] = origin
+    return shown
 
 
 @dataclass(frozen=True, slots=True)

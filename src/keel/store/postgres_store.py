@@ -20,7 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
@@ -127,11 +127,19 @@ class PostgresStore:
         lease: str | None = None,
         lease_ttl: float = 0.0,
         events: Sequence[Event] = (),
+        counters: Mapping[str, KeyCounter] | None = None,
+        elisions: Sequence[tuple[str, int]] = (),
     ) -> None:
         def write(conn: Conn) -> None:
             insert_run(conn, run_id, question, model, config, state, "running", lease, lease_ttl)
             if events:
                 insert_events(conn, run_id, events)
+            if counters or elisions:  # a fork's prefix (keel/_run/fork.py)
+                prefix = Checkpoint(
+                    run_id, state, counters=dict(counters or {}), elisions=list(elisions),
+                    lease=lease, lease_ttl=lease_ttl,
+                )  # fmt: skip
+                _write_checkpoint(conn, prefix)
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 

@@ -21,7 +21,7 @@ import os
 import socket
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
@@ -127,8 +127,12 @@ class RunStore(Protocol):
         lease: str | None = None,
         lease_ttl: float = 0.0,
         events: Sequence[Event] = (),
+        counters: Mapping[str, KeyCounter] | None = None,
+        elisions: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """Record a new run, with its first events (the question), in one transaction."""
+        """Record a new run, with its first events (the question), in one transaction; a
+        fork (keel/_run/fork.py) starts with its copied prefix's events, `counters` and
+        `elisions` (call_id, step), written in the same transaction."""
 
     async def save_step(self, checkpoint: Checkpoint) -> None:
         """Save one step whole, or raise LeaseLost (taken over) or StoreError (not saved)."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 import json
 import sqlite3
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -118,8 +118,11 @@ class Store:
         lease: str | None = None,
         lease_ttl: float = 0.0,
         events: Sequence[Event] = (),
+        counters: Mapping[str, KeyCounter] | None = None,
+        elisions: Sequence[tuple[str, int]] = (),
     ) -> None:
-        """Create the run and log its first events, in one transaction."""
+        """Create the run and log its first events (a fork's: with its counters and
+        elisions), in one transaction."""
         now = time.time()
         until = now + lease_ttl if lease else None
 
@@ -143,6 +146,12 @@ class Store:
                 ),
             )
             _insert_events(conn, run_id, events)
+            if counters or elisions:  # a fork's prefix (keel/_run/fork.py)
+                prefix = Checkpoint(
+                    run_id, state, counters=dict(counters or {}), elisions=list(elisions),
+                    lease=lease, lease_ttl=lease_ttl,
+                )  # fmt: skip
+                _write_checkpoints(conn, [prefix])
 
         await self._write(write, f"run {run_id} could not be started; nothing of it was saved")
 

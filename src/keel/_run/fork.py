@@ -1,0 +1,278 @@
+"""A fork's prefix: a run's first STEP steps, copied from its record, and what stood after them.
+
+A fork (`Agent.fork`, `keel fork`, ADR 0051) is a new run whose first STEP steps are another
+run's: its events through that step are copied (the question, every model request and response,
+tool call, journal entry, result, elision, evidence reset and decision; seq renumbered, times
+kept), nothing is sent to a model and no tool runs for them. What the loop keeps besides the
+events is re-computed from the copied events, by the loop's own code where there is one:
+
+    counters     each accepted batch counted with `IdenticalCallBreaker.record`, each result
+                 that came back settled with `IdenticalCallBreaker.settle`, in request order,
+                 under the original's loop policy, threshold and reset cap, exactly as
+                 `step._accept_batch` and `batch._apply_evidence_resets` call them (a result
+                 saved before a crash was never settled, and is not here either)
+    state        step, model calls (every attempt sent), tool calls (every call that ran, or
+                 whose effect is unknown), usage, cost, the longest call, output retries,
+                 decisions and denials, the world version, the effects left unknown, and
+                 the children answered (their spend, as the original folded it)
+    elisions     the `result_elided` events of the prefix
+
+The same function takes a recording from another runtime (`keel/replay/forks.py` turns
+it into events first), so a fork of a Keel run and a fork of a recording are made alike.
+Nothing here writes: `Agent.start_fork` creates the run with the prefix in one transaction.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from keel._run import history
+from keel._run.breaker import IdenticalCallBreaker
+from keel._run.resume import ResumePoint, rebuild_items
+from keel.errors import ConfigError
+from keel.limits import Limits
+from keel.records import (
+    ApprovalDecided,
+    Decision,
+    Event,
+    JsonObject,
+    KeyCounter,
+    ModelRequestSent,
+    ModelResponseReceived,
+    OutputRejected,
+    ResultElided,
+    RunCancelled,
+    RunCompleted,
+    RunConfig,
+    RunFailed,
+    RunResumed,
+    RunState,
+    ToolCallRequested,
+    ToolResultRecorded,
+)
+from keel.result import ChildRun
+from keel.store import RunRecord, RunStore
+
+__all__ = ["ForkPrefix", "derive", "forked_from", "prefix_of_run", "resume_point"]
+
+_NOT_COPIED = (RunResumed, RunCompleted, RunFailed, RunCancelled)
+"""Marks of the original's processes and its end: not steps, so not part of any prefix."""
+
+_BUDGET_REFUSAL = "not run: the run's tool-call budget is spent"
+_NOT_RUN_ENDING = "The call was not run."
+
+
+@dataclass(frozen=True, slots=True)
+class ForkPrefix:
+    """What a fork starts from: its question, the copied events, and what stood after them."""
+
+    question: str
+    events: list[Event]
+    state: RunState
+    counters: dict[str, KeyCounter]
+    elisions: list[tuple[str, int]]
+    """(call_id, step) of the results elided in the prefix."""
+    origin: JsonObject
+    """Where the fork came from (`forked_from`): {"run_id", "step"} or, for a recording,
+    {"recording", "id", "step"}."""
+    continues_from: str | None = None
+    """The original's own conversation prefix (a fork of a follow-up keeps its history)."""
+
+
+def forked_from(settings: JsonObject) -> JsonObject | None:
+    """A stored run's fork origin, from its settings; None: not a fork."""
+    origin = settings.get("forked_from")
+    return origin if isinstance(origin, dict) else None
+
+
+def prefix_of_run(store: RunStore, run_id: str, at: int) -> ForkPrefix:
+    """The prefix of stored run `run_id` through step `at` (as `keel show` numbers steps).
+    Raises ConfigError for an unknown run or a step that cannot be forked at."""
+    record = store.get_run(run_id)
+    if record is None:
+        raise ConfigError(f"no run {run_id} in {store.path}")
+    events = store.events(run_id)
+    _check_step(record, events, at)
+    origin: JsonObject = {"run_id": run_id, "step": at}
+    upstream = forked_from(record.config.settings)
+    if upstream is not None:  # a fork of a fork: say the whole line
+        origin["from"] = upstream
+    return derive(
+        record.question,
+        [e for e in events if e.step <= at],
+        record.config.limits,
+        at,
+        origin,
+        children=record.state.children,
+        continues_from=record.config.continues_from,
+    )
+
+
+def resume_point(
+    store: RunStore, run_id: str, model: str, config: RunConfig, prefix: ForkPrefix
+) -> ResumePoint:
+    """Where the fork's loop takes over: the prefix's history rebuilt as `resume` rebuilds a
+    stored run's (with the original's conversation before it, for a fork of a follow-up),
+    its counters, elisions and any batch the prefix left open."""
+    now = time.time()
+    state = prefix.state.copy()
+    record = RunRecord(run_id, now, now, prefix.question, model, "running", config, state)
+    items, batch = rebuild_items(prefix.events)
+    counters = {key: replace(counter) for key, counter in prefix.counters.items()}
+    elided = {call_id for call_id, _ in prefix.elisions}
+    point = ResumePoint(record, state, counters, elided, items, batch)
+    return history.resumed(store, point)
+
+
+def derive(
+    question: str,
+    events: Sequence[Event],
+    limits: Limits,
+    at: int,
+    origin: JsonObject,
+    *,
+    children: dict[str, ChildRun] | None = None,
+    continues_from: str | None = None,
+) -> ForkPrefix:
+    """The prefix made of `events` (the original's through step `at`), counted under the
+    original's `limits`; `children`: the original's answered children, by its call id."""
+    copied: list[Event] = []
+    for event in events:
+        if isinstance(event, _NOT_COPIED):
+            continue
+        copied.append(replace(event, seq=len(copied)))
+    state = RunState(step=at)
+    state.next_seq = len(copied)
+    breaker = IdenticalCallBreaker(
+        limits.loop_threshold, limits.evidence_reset_cap, policy=limits.loop_policy
+    )
+    _count(events, state, breaker, children or {})
+    state.world = breaker.world
+    elisions = [(e.call_id, e.step) for e in copied if isinstance(e, ResultElided)]
+    return ForkPrefix(question, copied, state, breaker.counters, elisions, origin, continues_from)
+
+
+def _count(
+    events: Sequence[Event],
+    state: RunState,
+    breaker: IdenticalCallBreaker,
+    children: dict[str, ChildRun],
+) -> None:
+    """Walk the original's events as its loop made them, and count as it counted."""
+    requested_at: float | None = None
+    effects: dict[str, str | None] = {}
+    order: dict[str, int] = {}
+    decisions: dict[str, Decision] = {}
+    settle: list[ToolResultRecorded] = []
+    batch_step = -1
+    requested = {
+        (e.step, e.call_id): e.call_key for e in events if isinstance(e, ToolCallRequested)
+    }
+
+    def settle_batch() -> None:
+        """The results the batch's last process got back, in request order (what
+        `batch._apply_evidence_resets` settles): results of a process that died before the
+        batch ended were never settled, and a denied, refused or unknown call never ran."""
+        for result in sorted(settle, key=lambda r: order.get(r.call_id, 0)):
+            if result.is_error:
+                continue
+            effect = effects.get(result.call_id)
+            breaker.settle(
+                result.call_key,
+                result.digest,
+                observation=effect == "observation",
+                side_effect=effect == "side_effecting",
+            )
+        settle.clear()
+
+    for event in events:
+        if isinstance(event, ModelRequestSent):
+            state.model_calls += 1
+            requested_at = event.at
+        elif isinstance(event, ModelResponseReceived):
+            settle_batch()
+            state.usage = state.usage + event.usage
+            if event.cost is not None:
+                state.cost = (state.cost or 0.0) + event.cost
+                state.costliest_call = max(state.costliest_call, event.cost)
+            if requested_at is not None and event.at >= requested_at:
+                state.longest_model_call = max(state.longest_model_call, event.at - requested_at)
+            requested_at = None
+            order = {c.id: n for n, c in enumerate(event.tool_calls)}
+            batch_step = event.step
+            keys = [requested.get((event.step, c.id)) for c in event.tool_calls]
+            if keys and all(k is not None for k in keys):  # the loop accepted the batch
+                breaker.record([k for k in keys if k is not None])  # as `_accept_batch` does
+        elif isinstance(event, ToolCallRequested):
+            effects[event.call_id] = event.effect
+        elif isinstance(event, RunResumed) and event.step == batch_step:
+            settle.clear()  # the process before this one died before the batch settled
+        elif isinstance(event, ToolResultRecorded):
+            settle.append(event)
+            if event.uncertain:
+                state.unknown_effects.setdefault(event.call_key, event.call_id)
+            if _ran(event, decisions):
+                state.tool_calls += 1
+            child = children.get(event.call_id)
+            if child is not None and event.call_id not in state.children:
+                state.model_calls += child.model_calls
+                state.tool_calls += child.tool_calls
+                state.usage = state.usage + child.usage
+                if child.cost is not None:
+                    state.cost = (state.cost or 0.0) + child.cost
+                state.children[event.call_id] = child
+            decision = decisions.get(event.call_id)
+            if decision is not None and not decision.approved:
+                state.denied.setdefault(event.call_key, decision)
+        elif isinstance(event, ApprovalDecided):
+            decisions[event.call_id] = Decision(event.approved, event.by, event.reason, event.at)
+        elif isinstance(event, OutputRejected):
+            settle_batch()
+            state.output_retries += 1
+    settle_batch()
+    state.decisions = decisions
+
+
+def _ran(result: ToolResultRecorded, decisions: dict[str, Decision]) -> bool:
+    """Whether the call counted against the tool-call budget: it ran (even into an error), or
+    it was dispatched before a crash (its effect unknown). A denial, a refusal and a call the
+    budget left unrun spent nothing (keel._run.batch)."""
+    if result.uncertain or not result.is_error:
+        return True
+    decision = decisions.get(result.call_id)
+    text = result.content
+    if (decision is not None and not decision.approved) or text.startswith("Denied "):
+        return False
+    return not (text.startswith(_BUDGET_REFUSAL) or text.endswith(_NOT_RUN_ENDING))
+
+
+def _check_step(record: RunRecord, events: Sequence[Event], at: int) -> None:
+    """A step can be forked at when its turn is in the record and went on: 0 (the question
+    alone), a turn whose calls the loop accepted (answered or not: an unanswered call is
+    answered in the fork, a dispatched side effect "effect unknown"), or an answer the
+    output schema rejected. Not the answer that ended the run, a turn whose calls the loop
+    refused (its hard limit, a synthesis turn), or a step without a response."""
+    last = max((e.step for e in events), default=0)
+    name = record.run_id
+    if at < 0 or at > last:
+        raise ConfigError(f"run {name} has steps 0 to {last}; there is no step {at} to fork at")
+    if at == 0:
+        return
+    step_events = [e for e in events if e.step == at]
+    responses = [e for e in step_events if isinstance(e, ModelResponseReceived)]
+    if any(isinstance(e, OutputRejected) for e in step_events):
+        return
+    if not responses or not responses[-1].tool_calls:
+        what = "the answer that ended it" if responses else "no model response"
+        raise ConfigError(
+            f"step {at} of run {name} holds {what}: nothing to continue from there; fork at "
+            f"step {at - 1} to have the turn taken again"
+        )
+    calls = responses[-1].tool_calls
+    if not any(isinstance(e, ToolCallRequested) and e.call_id == calls[0].id for e in step_events):
+        raise ConfigError(
+            f"step {at} of run {name} asked for calls its loop refused (a limit ended the run "
+            f"there); fork at step {at - 1} to have the turn taken again"
+        )
