@@ -201,8 +201,14 @@ def _pause_for_children(
     """The run waits for its children's pending calls, shown under qualified ids; deciding
     one decides it in the child (keel/approvals.py), and the resumed batch runs the waiting
     delegation again, which resumes the child."""
+    return _now_pending(parts, tuple(p for calls in paused.values() for p in calls))
+
+
+def _now_pending(
+    parts: StepParts, waiting: tuple[PendingApproval, ...]
+) -> tuple[PendingApproval, ...]:
+    """The run's pending calls are `waiting`; each not asked about before is recorded."""
     state = parts.state
-    waiting = tuple(p for calls in paused.values() for p in calls)
     asked = {p.call_id for p in state.pending}
     for p in waiting:
         if p.call_id not in asked:
@@ -244,21 +250,7 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
                 waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key))
         except ToolError as error:  # the user's approval predicate failed: never run it
             batch.refused[call.id] = f"Error: {error} The call was not run."
-    asked = {p.call_id for p in state.pending}
-    for p in waiting:
-        if p.call_id not in asked:
-            parts.recorder.emit(
-                ApprovalRequested(
-                    step=state.step,
-                    call_id=p.call_id,
-                    name=p.name,
-                    arguments=p.arguments,
-                    call_key=p.call_key,
-                    note=p.note,
-                )
-            )
-    state.pending = tuple(waiting)
-    return state.pending
+    return _now_pending(parts, tuple(waiting))
 
 
 def _unknown_effect_note(parts: StepParts, tool: Tool | None, call: ToolCall) -> str | None:
