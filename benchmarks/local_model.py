@@ -47,7 +47,6 @@ except ModuleNotFoundError:  # run from a checkout without `pip install -e .`
 from rich.console import Console
 from rich.table import Table
 
-from keel.local_model import QWEN25_CODER_05B, ensure_model
 from keel.messages import (
     AssistantMessage,
     ModelRequest,
@@ -56,9 +55,10 @@ from keel.messages import (
     ToolResult,
     UserMessage,
 )
-from keel.transports.grammar import turn_grammar
 from keel.transports.local import LocalTransport
-from keel.transports.qwen_format import render_prompt
+from keel.transports.local.grammar import turn_grammar
+from keel.transports.local.qwen_format import render_prompt
+from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model
 
 SYSTEM = "You are a careful senior Python engineer. Answer precisely."
 PROMPT = (

@@ -29,8 +29,8 @@ import httpx
 import pytest
 
 from keel.errors import ConfigError
-from keel.local_model import QWEN25_CODER_05B, ensure_model, find_parts
 from keel.transports.local import LocalTransport
+from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model, find_parts
 
 SERVER_START_TIMEOUT = 120.0
 

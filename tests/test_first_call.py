@@ -8,8 +8,8 @@ from __future__ import annotations
 from pathlib import Path
 
 import keel
-from keel._run.first_call import first_call
 from keel._run.synthesis import FIRST_CALL_CONTROL
+from keel.transports.local.steering import first_call
 from support import call, run_script
 
 TOOLS = {"list_files", "read_file", "search_files"}

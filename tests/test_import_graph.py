@@ -128,6 +128,37 @@ def test_the_run_core_never_imports_the_cli_or_the_presenters() -> None:
     assert {m: d for m, d in leaks.items() if d} == {}
 
 
+def test_the_run_core_holds_no_model_of_its_own() -> None:
+    """The run core is model-neutral (issue 31): the embedded model, its format, grammar and
+    first-call steering (the question-word rules) live in `keel.transports.local`, which the
+    run core never imports; it asks a transport through `SteersFirstCall` instead."""
+    leaks = {
+        module: sorted(d for d in deps if d.startswith("keel.transports.local"))
+        for module, deps in _imports_of("keel._run").items()
+    }
+    assert {m: d for m, d in leaks.items() if d} == {}
+    modules = _modules()
+    assert "keel.transports.local.steering" in modules
+    assert not [m for m in modules if m.startswith("keel._run.") and "first_call" in m]
+
+
+def test_the_question_word_rules_live_only_with_the_local_model() -> None:
+    """No module of the run core matches a question's words: none compiles a pattern."""
+    found = {}
+    for name, path in _modules().items():
+        if name == "keel._run" or name.startswith("keel._run."):
+            tree = ast.parse(path.read_text())
+            calls = [
+                node.lineno
+                for node in ast.walk(tree)
+                if isinstance(node, ast.Call)
+                and ast.unparse(node.func) in ("re.compile", "re.search", "re.match", "re.findall")
+            ]
+            if calls:
+                found[name] = calls
+    assert found == {}
+
+
 def test_observers_never_import_the_run_loop() -> None:
     """Traces and the event stream see records and a read-only view, not the loop's parts."""
     for observer in ("keel.telemetry", "keel.events", "keel.present.progress"):
@@ -137,7 +168,7 @@ def test_observers_never_import_the_run_loop() -> None:
 
 ROOMS = (
     "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
-    "trace_hooks", "failpoints", "local_model", "config", "durability", "options", "schema_checks",
+    "trace_hooks", "failpoints", "config", "durability", "options", "schema_checks",
     "structured", "transports", "inbound", "pricing", "tools", "store", "approvals", "live_file",
     "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "run_options",
     "assemble", "evals", "present", "pool", "ui", "serve", "cli", "__main__", "keel",

@@ -1,4 +1,5 @@
-"""Grammar-constrained decoding on the embedded model (`keel.transports.grammar`, `constrained`).
+"""Grammar-constrained decoding on the embedded model (`keel.transports.local`: `grammar`,
+`constrained`).
 
 The grammar is checked with llama.cpp's own grammar engine on the real model's vocabulary, and
 the model is made to "want" things with a logits processor that runs before the grammar:
@@ -26,9 +27,9 @@ from hypothesis import strategies as st
 from keel.errors import ConfigError
 from keel.messages import ModelRequest, ToolCall, ToolDefinition, UserMessage
 from keel.tools.base import Tool
-from keel.transports.grammar import MAX_STRING, literal, turn_grammar
 from keel.transports.local import LocalTransport
-from keel.transports.qwen_format import call_text
+from keel.transports.local.grammar import MAX_STRING, literal, turn_grammar
+from keel.transports.local.qwen_format import call_text
 
 SYSTEM = "You are a careful research agent. Use the tools."
 QUESTION = "Look into it with a tool."

@@ -20,7 +20,7 @@ from keel.evals.facts import RepoFact, invented
 from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage
 from keel.records import ToolResultRecorded
 from keel.store import Store
-from keel.transports.local_grounding import Grounding, VocabularyTexts, corpus_of
+from keel.transports.local.grounding import Grounding, VocabularyTexts, corpus_of
 
 CORPUS = (
     "Which modules does src/keel/_run/loop.py import?\n"

@@ -29,9 +29,7 @@ import pytest
 
 import keel
 from contract.harness import CONTROL, HISTORY, SYSTEM, ordinary_request, synthesis_request
-from keel import local_model
 from keel.errors import ConfigError, ProviderError
-from keel.local_model import INSTALL_HINT, QWEN25_CODER_05B, ModelFile, ensure_model, find_parts
 from keel.messages import (
     AssistantMessage,
     ModelRequest,
@@ -42,8 +40,16 @@ from keel.messages import (
 )
 from keel.transports.base import PinnedSampling
 from keel.transports.local import SAMPLING, LocalTransport, map_error
+from keel.transports.local import weights as local_model
+from keel.transports.local.qwen_format import clean, render_prompt
+from keel.transports.local.weights import (
+    INSTALL_HINT,
+    QWEN25_CODER_05B,
+    ModelFile,
+    ensure_model,
+    find_parts,
+)
 from keel.transports.openai_chat import OpenAIChatTransport
-from keel.transports.qwen_format import clean, render_prompt
 from keel.transports.xml_fallback import TOOL_INSTRUCTION, XmlFallbackTransport
 
 SERVER_MODEL = "qwen2.5-coder-0.5b"
@@ -183,7 +189,7 @@ def test_concurrent_processes_join_without_corrupting_anything(tmp_path: Path) -
     cache = tmp_path / "cache"
     script = (
         "import json, sys; sys.path.insert(0, sys.argv[1]);"
-        "from keel.local_model import ModelFile, ensure_model;"
+        "from keel.transports.local.weights import ModelFile, ensure_model;"
         "m = json.loads(sys.argv[2]); m['packages'] = tuple(m['packages']);"
         "print(ensure_model(ModelFile(**m), sys.argv[3]))"
     )

@@ -8,9 +8,9 @@ from __future__ import annotations
 import numpy as np
 
 from keel.messages import ModelRequest, UserMessage
-from keel.transports.grammar import ANSWER_RULE, turn_grammar
 from keel.transports.local import LocalTransport
-from keel.transports.local_answers import MAX_LINES, NGRAM, SHORT_ANSWER_RULE, NoRepeats
+from keel.transports.local.answers import MAX_LINES, NGRAM, SHORT_ANSWER_RULE, NoRepeats
+from keel.transports.local.grammar import ANSWER_RULE, turn_grammar
 
 VOCAB = 50
 PROMPT = [7, 7, 7]

@@ -1,6 +1,6 @@
-"""Qwen2.5's chat format with tools (`keel.transports.qwen_format`), pure: the prompt the local
-transport renders and how it reads what the model wrote. That the prompt is byte for byte the
-model's own template is checked against the GGUF's template in `test_local_model.py`."""
+"""Qwen2.5's chat format with tools (`keel.transports.local.qwen_format`), pure: the prompt
+the local transport renders and how it reads what the model wrote. That the prompt is byte for
+byte the model's own template is checked against the GGUF's template in `test_local_model.py`."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from contract.harness import CALL_A, CALL_B, CONTROL, HISTORY, SYSTEM, TOOLS, synthesis_request
 from keel.messages import AssistantMessage, ModelRequest, ToolCall, UserMessage
-from keel.transports.qwen_format import (
+from keel.transports.local.qwen_format import (
     UNNAMED_CALL,
     call_text,
     clean,

@@ -29,7 +29,7 @@ from keel.records import OutputRejected, RunCompleted
 from keel.structured import OutputSpec
 from keel.tools.base import Effect, make_tool
 from keel.transports.anthropic import ANSWER_TOOL
-from keel.transports.grammar import turn_grammar
+from keel.transports.local.grammar import turn_grammar
 from keel.transports.scripted import ScriptedTransport
 from keel.transports.xml_fallback import to_text_request
 from support import call

@@ -16,8 +16,9 @@ import pytest
 import keel.transports
 
 MODULES = sorted(
-    f"keel.transports.{info.name}" for info in pkgutil.iter_modules(keel.transports.__path__)
+    info.name for info in pkgutil.walk_packages(keel.transports.__path__, "keel.transports.")
 )
+"""Every module under keel/transports, the embedded model's package (`local/`) included."""
 
 
 def defined_at_top_level(path: Path) -> set[str]:

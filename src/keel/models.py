@@ -238,7 +238,7 @@ def first_turn_tool_default(spec: str) -> bool:
 def model_file_line(spec: str = "local") -> str:
     """Where the local model's GGUF file is and how big, for `keel models`: the file a
     `local:PATH` spec names, else the shipped model's joined file in the cache folder."""
-    from keel.local_model import QWEN25_CODER_05B, joined_file
+    from keel.transports.local.weights import QWEN25_CODER_05B, joined_file
 
     _, _, given = spec.partition(":") if spec.startswith("local:") else ("", "", "")
     path = Path(given).expanduser() if given else joined_file(QWEN25_CODER_05B)

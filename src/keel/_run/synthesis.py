@@ -155,7 +155,7 @@ def decide_mode(
 
     `insist_on_tool`: the run wants evidence before an answer on this turn (its first turn,
     with tools offered); it never turns a synthesis turn back into one that calls tools.
-    `first_call`: the call its control names (`keel._run.first_call`).
+    `first_call`: the call its control names (`keel.transports.base.SteersFirstCall`).
     `out_of_time`: the time left is below the deadline reserve."""
     if out_of_time:
         controls: tuple[str, ...] = (DEADLINE_CONTROL,)

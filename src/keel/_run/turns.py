@@ -13,7 +13,6 @@ from dataclasses import replace
 
 from keel._run import gateway
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
-from keel._run.first_call import first_call
 from keel._run.parts import StepParts
 from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
@@ -29,13 +28,15 @@ from keel.records import (
     ToolChoiceIgnored,
 )
 from keel.trace_hooks import traced_attempt
+from keel.transports.base import SteersFirstCall
 
 __all__ = ["current_mode", "next_turn"]
 
 
 def current_mode(parts: StepParts) -> Mode:
     """Step 2, asked again before every attempt: a retry may only move toward synthesis. The
-    first turn insists on a tool call when the run asks for it and offers tools."""
+    first turn insists on a tool call when the run asks for it and offers tools; a transport
+    that steers its model's first call (`SteersFirstCall`) names the call to start with."""
     tokens = parts.context.total_tokens
     cost = next_call_cost(parts.state, parts.price, tokens, output_limit(parts.transport))
     budget = running_out(parts.state, parts.limits, tokens, cost)
@@ -45,8 +46,9 @@ def current_mode(parts: StepParts) -> Mode:
     repeating = parts.breaker.synthesis_key() if parts.limits.repeat_synthesis else None
     late = out_of_time(parts.state, parts.limits, parts.clock)
     start = None
-    if insist:
-        start = first_call(parts.context.question(), {t.name for t in parts.context.tools})
+    if insist and isinstance(parts.transport, SteersFirstCall):
+        tools = {t.name for t in parts.context.tools}
+        start = parts.transport.first_call(parts.context.question(), tools)
     mode = decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start)
     return mode if mode.reason is None else with_question(mode, parts.context.question())
 

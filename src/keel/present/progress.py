@@ -38,7 +38,7 @@ __all__ = ["ProgressPrinter", "TokenMeter", "watch_local_model"]
 
 def watch_local_model(agent: Agent, console: Console) -> None:
     """Show the embedded model's progress when `agent` runs on it; otherwise do nothing."""
-    if "keel.transports.local" not in sys.modules:
+    if "keel.transports.local.transport" not in sys.modules:
         return  # no LocalTransport exists before its module is imported: spare others the import
     from keel.transports.local import LocalTransport
 

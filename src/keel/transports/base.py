@@ -16,12 +16,16 @@ with ``isinstance``, never by probing attribute names:
   name (``server.address``, ``server.port``); `server_of` finds it under a wrapper too.
 - `Priced`: its calls are priced as another spec than its name (a script that names the model
   it stands in for; the XML fallback, as the transport it wraps: keel/pricing.py).
+- `SteersFirstCall`: its model needs a required first turn to name the call to start with,
+  chosen from the question (the local model's rules, keel/transports/local/steering.py); the
+  run core asks it and holds no such rules of its own.
 
 A wrapper (the XML fallback) offers exactly the capabilities of the transport it wraps.
 """
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from keel.messages import ModelRequest, ModelResponse
@@ -38,6 +42,7 @@ __all__ = [
     "RemoteServer",
     "Resumable",
     "ServerToolChoice",
+    "SteersFirstCall",
     "Transport",
     "address_of",
     "server_of",
@@ -98,6 +103,17 @@ class LocalModel(Protocol):
 
     def token_counter(self) -> TokenCounter:
         """A counter using the model's own tokenizer; may load the model."""
+        ...
+
+
+@runtime_checkable
+class SteersFirstCall(Protocol):
+    """A transport whose model follows a call it is shown far better than a rule it is told:
+    a first turn that must call a tool names the call (issue 25)."""
+
+    def first_call(self, question: str, tools: Collection[str]) -> str | None:
+        """The exact call (``name {arguments}``) to start on what `question` names, among the
+        `tools` the run offers; None: the general first-turn control only."""
         ...
 
 

@@ -24,8 +24,9 @@ a `ProviderError` from it passes through unchanged.
 
 The wrapper offers exactly the capabilities of the transport it wraps (`keel.transports.base`):
 over a `Resumable` transport it is Resumable (``xml:script:FILE`` pauses and resumes at the right
-turn), over a `LocalModel` it is a LocalModel (``local`` lends the run its tokenizer), and over
-anything else it claims neither. Over any transport it offers a token counter (`CountsTokens`):
+turn), over a `LocalModel` it is a LocalModel (``local`` lends the run its tokenizer), over a
+transport that steers its model's first call (`SteersFirstCall`) it steers it alike, and over
+anything else it claims none of them. Over any transport it offers a token counter (`CountsTokens`):
 the inner model's own, or an estimate calibrated for the text it sends.
 """
 
@@ -34,7 +35,7 @@ from __future__ import annotations
 import html
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from typing import Any, cast
 
 from keel.messages import (
@@ -49,7 +50,7 @@ from keel.messages import (
     UserMessage,
 )
 from keel.tokens import CalibratedCounter, TokenCounter
-from keel.transports.base import Keyed, LocalModel, Priced, Resumable, Transport
+from keel.transports.base import Keyed, LocalModel, Priced, Resumable, SteersFirstCall, Transport
 from keel.transports.xml_parse import UNNAMED_CALL, ParsedText, parse_calls
 
 __all__ = [
@@ -193,7 +194,7 @@ class XmlFallbackTransport:
 
     def __new__(cls, inner: Transport) -> XmlFallbackTransport:
         if cls is XmlFallbackTransport:
-            cls = _FORWARDING[isinstance(inner, Resumable), isinstance(inner, LocalModel)]
+            cls = _forwarding(inner)
         return super().__new__(cls)
 
     def __init__(self, inner: Transport) -> None:
@@ -252,18 +253,37 @@ class _LocalXml(XmlFallbackTransport, LocalModel):
         return cast(LocalModel, self.inner).token_counter()
 
 
-class _ResumableLocalXml(_ResumableXml, _LocalXml):
-    """Over a transport that is both."""
+class _SteeringXml(XmlFallbackTransport, SteersFirstCall):
+    """Over a transport that steers its model's first call: the inner transport's call."""
+
+    def first_call(self, question: str, tools: Collection[str]) -> str | None:
+        return cast(SteersFirstCall, self.inner).first_call(question, tools)
 
 
-_FORWARDING: dict[tuple[bool, bool], type[XmlFallbackTransport]] = {
-    (False, False): XmlFallbackTransport,
-    (True, False): _ResumableXml,
-    (False, True): _LocalXml,
-    (True, True): _ResumableLocalXml,
+_CAPABILITIES: tuple[tuple[type[Any], type[XmlFallbackTransport]], ...] = (
+    (Resumable, _ResumableXml),
+    (LocalModel, _LocalXml),
+    (SteersFirstCall, _SteeringXml),
+)
+"""Each capability the wrapper forwards, and the class that forwards it."""
+_FORWARDING: dict[tuple[bool, ...], type[XmlFallbackTransport]] = {
+    (False,) * len(_CAPABILITIES): XmlFallbackTransport
 }
-"""The class to build, by (inner is Resumable, inner is a LocalModel); every cast above holds
-because `XmlFallbackTransport.__new__` picks from here."""
+"""The class to build, by which capabilities the inner transport has: made (once) from the
+forwarding classes of those it has; every cast above holds because
+`XmlFallbackTransport.__new__` picks from here."""
+
+
+def _forwarding(inner: Transport) -> type[XmlFallbackTransport]:
+    has = tuple(isinstance(inner, capability) for capability, _ in _CAPABILITIES)
+    cls = _FORWARDING.get(has)
+    if cls is None:
+        pairs = zip(_CAPABILITIES, has, strict=True)
+        bases = tuple(forwards for (_, forwards), yes in pairs if yes)
+        name = "_" + "".join(b.__name__.strip("_").removesuffix("Xml") for b in bases) + "Xml"
+        made = bases[0] if len(bases) == 1 else type(name, bases, {})
+        cls = _FORWARDING[has] = cast(type[XmlFallbackTransport], made)
+    return cls
 
 
 def _replay(items: Iterable[Item]) -> Iterable[Item]:

@@ -2,9 +2,9 @@
 
 `LocalTransport` speaks the model's own tool format (ADR 0027): the prompt is Qwen2.5's chat
 template with its ``# Tools`` section, calls come back as ``<tool_call>`` blocks and results go
-in as ``<tool_response>`` blocks (`keel.transports.qwen_format`, pure). Every turn with tools is
-sampled under a grammar built from the tool schemas (`keel.transports.grammar`, pure), applied
-by `keel.transports.constrained.GrammarMask`:
+in as ``<tool_response>`` blocks (`qwen_format`, beside it in this package, pure). Every turn with
+tools is sampled under a grammar built from the tool schemas (`grammar`, pure), applied by
+`constrained.GrammarMask`:
 
 - an ordinary turn can only be one well-formed call to a declared tool, with arguments that fit
   its schema, or an answer; a turn with tool_choice "required" only a call; a synthesis turn
@@ -20,11 +20,11 @@ What else it does:
   the grammar is the answer's JSON Schema, so the model writes a call or a JSON answer that
   fits it, in every turn (even without tools).
 - **Short answers**: no run of ten output tokens is written twice (`NoRepeats`), and a
-  synthesis turn's answer has at most thirty lines (`keel.transports.local_answers`): the
+  synthesis turn's answer has at most thirty lines (`keel.transports.local.answers`): the
   0.5B model's last answers otherwise repeated a sentence until the output limit cut them.
 - **Code spans are copied**: once a tool has answered, every span between backticks in an
   answer is a piece of the run's own text (question, call arguments, results), and a list item
-  is not listed twice (`keel.transports.local_grounding`): the 0.5B model listed a module that
+  is not listed twice (`keel.transports.local.grounding`): the 0.5B model listed a module that
   does not exist, made from a class name in the lines it had read.
 - **Sampling is pinned** (`sampling`: temperature, top_p, top_k, repeat penalty, seed) and the
   seed is set again before every generation, so the same prompt gives the same output on the
@@ -45,7 +45,7 @@ What else it does:
 - **Progress**: `on_tokens`, when set, is called from the worker thread after every token with
   the count so far and the seconds since the prompt was evaluated (``keel run`` shows tokens/s).
 - **Loading** is lazy, on the first request (or `prepare()`), timed in `load_seconds`; without a
-  `model_path` the shipped model is joined and verified by `keel.local_model.ensure_model`.
+  `model_path` the shipped model is joined and verified by `weights.ensure_model`.
 - **Failures** become ProviderError through `keel.transports.policy.attempt`, none retryable: a
   prompt longer than the context window says so with both numbers; a model that cannot be found
   or loaded says what to install or fix.
@@ -60,16 +60,17 @@ import itertools
 import os
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
 from keel.errors import ConfigError, ProviderError
-from keel.local_model import QWEN25_CODER_05B, ensure_model
 from keel.messages import ModelRequest, ModelResponse, Usage
-from keel.transports.base import LocalModel, PinnedSampling
-from keel.transports.grammar import turn_grammar
-from keel.transports.llama_hooks import (
+from keel.transports.base import LocalModel, PinnedSampling, SteersFirstCall
+from keel.transports.local.answers import SHORT_ANSWER_RULE, NoRepeats
+from keel.transports.local.grammar import turn_grammar
+from keel.transports.local.grounding import Grounding, VocabularyTexts, corpus_of
+from keel.transports.local.llama_hooks import (
     Generation,
     LlamaTokenCounter,
     abort_when,
@@ -79,11 +80,11 @@ from keel.transports.llama_hooks import (
     starts_a_call,
     stop_when,
 )
-from keel.transports.local_answers import SHORT_ANSWER_RULE, NoRepeats
-from keel.transports.local_grounding import Grounding, VocabularyTexts, corpus_of
-from keel.transports.local_stream import Pieces
+from keel.transports.local.qwen_format import highest_call_number, read_output, render_prompt
+from keel.transports.local.steering import first_call
+from keel.transports.local.stream import Pieces
+from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model
 from keel.transports.policy import attempt
-from keel.transports.qwen_format import highest_call_number, read_output, render_prompt
 from keel.transports.streaming import OnText
 
 __all__ = [
@@ -111,7 +112,7 @@ penalty keeps a 0.5B model from listing the same line hundreds of times."""
 ProgressCallback = Callable[[int, float], None]
 """(tokens written so far, seconds since the first of them); see `LocalTransport.on_tokens`."""
 
-class LocalTransport(LocalModel, PinnedSampling):
+class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
     """The local model in this process; see the module docstring. A `LocalModel`: the run
     counts tokens with its tokenizer and keeps its context inside `input_token_limit`."""
 
@@ -190,6 +191,11 @@ class LocalTransport(LocalModel, PinnedSampling):
         Raises ConfigError when the model or llama-cpp-python is missing or cannot be loaded.
         """
         self._load()
+
+    def first_call(self, question: str, tools: Collection[str]) -> str | None:
+        """The call a required first turn starts with (`keel.transports.local.steering`): the
+        0.5B model follows a call it is shown, and little else (`SteersFirstCall`)."""
+        return first_call(question, tools)
 
     def token_counter(self) -> LlamaTokenCounter:
         """A counter using this model's tokenizer (loads the model if needed)."""
@@ -291,7 +297,7 @@ class LocalTransport(LocalModel, PinnedSampling):
         pieces: Pieces | None = None,
         corpus: str = "",
     ) -> Generation:
-        from keel.transports.constrained import GrammarMask  # numpy comes with llama.cpp
+        from keel.transports.local.constrained import GrammarMask  # numpy comes with llama.cpp
 
         llama_cpp = import_llama_cpp()
         vocab = llama_cpp.llama_model_get_vocab(llama.model)

@@ -1,6 +1,6 @@
 """llama.cpp's side of the local transport: what a generation produced, its errors as Keel's,
-and the hooks that let a generation be cancelled (split from `keel.transports.local`, which
-keeps the request and sampling loop).
+and the hooks that let a generation be cancelled (split from
+`keel.transports.local.transport`, which keeps the request and sampling loop).
 
 - `Generation`: the counts and timings of one generation, before it is read as text or calls;
 - `map_error`: an exception from llama.cpp as a ProviderError (a prompt over the window says
@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from keel.errors import ConfigError, ProviderError
-from keel.local_model import INSTALL_HINT
+from keel.transports.local.weights import INSTALL_HINT
 
 __all__ = [
     "Generation",

@@ -26,7 +26,7 @@ MAX_LINES = 30
 SHORT_ANSWER_RULE = (
     r'[^<{`\x00\n] [^\x00\n]* ( "\n" [^\x00\n]* )' + f"{{0,{MAX_LINES - 1}}}"
 )
-"""An answer as `keel.transports.grammar.ANSWER_RULE` has it (prose first), in at most
+"""An answer as `keel.transports.local.grammar.ANSWER_RULE` has it (prose first), in at most
 `MAX_LINES` lines."""
 
 

@@ -1,4 +1,6 @@
-"""The call a run's required first turn is steered to, named in its control (issue 25).
+"""The call a run's required first turn is steered to, named in its control (issue 25): the
+local model's rules, which `LocalTransport.first_call` offers the run (`SteersFirstCall` in
+keel/transports/base.py); the run core holds none of them.
 
 A small model follows a call it is shown, exactly (issue 26: it followed each `read_file` call
 a result named), and little else: told only to start with a tool, the local model listed
@@ -28,7 +30,7 @@ import json
 import re
 from collections.abc import Collection
 
-__all__ = ["first_call"]
+__all__ = ["EXPORT_LINE", "IMPORT_LINES", "first_call"]
 
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)+[\w.-]+\.\w+|[\w-]+\.(?:py|md|toml|json))\b")
 _CODE_NAME = re.compile(r"\b([A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+|[a-z][a-z0-9]*(?:_[a-z0-9]+)+)\b")

@@ -7,8 +7,8 @@ GGUF file (``tokenizer.chat_template``). `render_prompt` writes that template's 
 - the system turn: Keel's system text, then the template's ``# Tools`` section with one JSON line
   per tool (``{"type": "function", "function": {name, description, parameters}}``) between
   ``<tools>`` tags, and the instruction to answer calls as ``<tool_call>{"name", "arguments"}
-  </tool_call>``. The tools stay in synthesis turns too: the grammar (`keel.transports.grammar`)
-  is what forbids a call there, so the system turn, the longest part of the prompt, is the same
+  </tool_call>``. The tools stay in synthesis turns too: the grammar (`grammar`, beside it) is
+  what forbids a call there, so the system turn, the longest part of the prompt, is the same
   every turn and llama.cpp reuses it from its cache;
 - the history: user turns, assistant turns (text, then each call as a ``<tool_call>`` block),
   and each run of tool results as one user turn of ``<tool_response>`` blocks;

@@ -17,7 +17,7 @@ write a call or the answer in the caller's shape.
 
 A call is one ``<tool_call>`` block (one call per turn: after it the grammar is complete, so
 the model must end its turn instead of inventing the result it waits for). Its JSON is written
-the way `keel.transports.qwen_format` replays calls (``", "`` and ``": "`` separators, required
+the way `qwen_format` (beside it) replays calls (``", "`` and ``": "`` separators, required
 properties first, then optional ones, each in schema order), so a replayed call is the text the
 model wrote and llama.cpp's cached prefix holds.
 
@@ -40,7 +40,7 @@ from typing import Any
 
 from keel.errors import ConfigError
 from keel.messages import ToolChoice, ToolDefinition
-from keel.transports.qwen_format import CALL_CLOSE, CALL_OPEN
+from keel.transports.local.qwen_format import CALL_CLOSE, CALL_OPEN
 
 __all__ = [
     "ANSWER_RULE",
