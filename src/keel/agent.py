@@ -21,7 +21,7 @@ from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
 from keel.durability import Durability, check_durability
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.events import RunStream, TreeListener
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
@@ -509,12 +509,47 @@ class Agent:
         return approvals.pending(self.store, run_id)
 
     def approve(
-        self, run_id: str, call_id: str | None = None, *, by: str | None = None
+        self,
+        run_id: str,
+        call_id: str | None = None,
+        *,
+        by: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        for_run: bool = False,
     ) -> list[str]:
         """Approve one pending call (by Keel's call id, as `pending_approvals` gives it), or
-        all of them; `resume` then dispatches them. A decision is final: a call decided
-        already raises AlreadyDecided."""
-        return approvals.approve(self.store, run_id, call_id, by)
+        all of them; `resume` then dispatches them. `arguments`: the whole edited arguments
+        the call runs with instead (checked against the tool's schema first: ConfigError,
+        nothing recorded, when they do not fit); `for_run`: later calls of the tool in this
+        run need no approval. A decision is final: a call decided already raises
+        AlreadyDecided, one whose approval timed out DecisionExpired (ADR 0052)."""
+        return approvals.approve(
+            self.store,
+            run_id,
+            call_id,
+            by,
+            arguments=arguments,
+            for_run=for_run,
+            validate=self._validate_arguments,
+        )
+
+    def answer(self, run_id: str, call_id: str, text: str, *, by: str | None = None) -> None:
+        """Answer a pending call in place of its tool: `text` becomes its result, nothing is
+        run, and the record says who answered. Final, like an approval."""
+        approvals.answer(self.store, run_id, call_id, text, by)
+
+    def _validate_arguments(self, name: str, arguments: Any) -> None:
+        """Edited arguments checked by the tool itself (its pydantic model), when this agent
+        has it; a child's tools are checked by the schema recorded with the call."""
+        tool = self.executor.get(name)
+        if tool is None:
+            return
+        try:
+            tool.validate(arguments)
+        except ToolError as invalid:
+            raise ConfigError(
+                f"the edited arguments do not fit {name}: {invalid}; nothing was recorded"
+            ) from None
 
     def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
         """Deny a pending call; the model is told who denied it and why, and not to retry.
