@@ -34,7 +34,7 @@ from keel.result import PendingApproval
 from keel.store import RunStore
 from keel.store.protocol import already_decided
 
-__all__ = ["answer", "approve", "decide", "deny", "pending", "who"]
+__all__ = ["answer", "approve", "check", "decide", "deny", "pending", "who"]
 
 Validator = Callable[[str, Any], None]
 """Checks edited arguments for a tool by its name (raises ConfigError when they do not fit)."""
@@ -140,6 +140,40 @@ def decide(
         denial = Decision(False, event.by, event.reason, at=event.at, expired=True)
         raise _refusal(run_id, call_id, denial)
     return event
+
+
+def check(
+    store: RunStore,
+    run_id: str,
+    call_id: str,
+    decision: Decision,
+    *,
+    expect_key: str | None = None,
+    validate: Validator | None = None,
+) -> None:
+    """What `decide` would refuse, without recording anything: a call that is not pending,
+    one decided before, another call than the one seen (`expect_key`), edited arguments that
+    do not fit. For protocols that record several decisions all or none."""
+    record = store.get_run(run_id)
+    if record is None:
+        raise ConfigError(f"no run {run_id} in {store.path}")
+    earlier = record.state.decisions.get(call_id)
+    if earlier is not None:
+        raise _refusal(run_id, call_id, earlier)
+    asked = {p.call_id: p for p in record.state.pending}
+    if record.status != "awaiting_approval" or call_id not in asked:
+        raise ConfigError(f"{call_id} is not a call of run {run_id} that waits for a decision")
+    call = asked[call_id]
+    if expect_key is not None and expect_key != call.call_key:
+        raise ConfigError(
+            f"{call_id} waits as {call.call_key[:200]}, not as the call decided on "
+            f"({expect_key[:200]}); nothing was recorded"
+        )
+    if call.run_id is not None:
+        inner = call_id.removeprefix(f"{call.run_id}:")
+        check(store, call.run_id, inner, decision, expect_key=expect_key)
+    elif decision.arguments is not None:
+        check_arguments(store, run_id, call, decision.arguments, validate)
 
 
 def _refusal(run_id: str, call_id: str, earlier: Decision) -> AlreadyDecided:
