@@ -23,6 +23,7 @@ from keel._run.recorder import Listener
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, ToolError
 from keel.events import RunStream, TreeListener
+from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
 from keel.options import check_tool_names
@@ -108,8 +109,14 @@ class Agent:
         prices: PriceTable | None = None,
         output_type: type[pydantic.BaseModel] | dict[str, Any] | None = None,
         text_listeners: Sequence[TextListener] = (),
+        hooks: Sequence[object] = (),
+        hook_timeout: float = 10.0,
     ) -> None:
-        """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
+        """`hooks`: objects with some of `before_model_call`, `after_model_call`,
+        `before_tool_call`, `after_tool_call` (keel/hooks.py, ADR 0052), each call taking at
+        most `hook_timeout` seconds.
+
+        `durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
         error. `prices`: what model calls cost (keel/pricing.py) [default: the table Keel
@@ -138,6 +145,9 @@ class Agent:
         self.token_counter: TokenCounter | None = token_counter
         """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
+        if not hook_timeout > 0:
+            raise ConfigError(f"hook_timeout must be a positive number of seconds ({hook_timeout})")
+        self.hooks = Hooks.of(hooks, hook_timeout)
         self.text_listeners = tuple(text_listeners)
         self.approve_tools = frozenset(approve_tools)
         check_tool_names(self.approve_tools, {t.name for t in self.tools}, "approve_tools")
@@ -252,6 +262,7 @@ class Agent:
             price=self.price,
             output=output,
             text_listeners=(*self.text_listeners, *text_listeners),
+            hooks=self.hooks,
         )
 
     def _run_transport(self) -> Transport:

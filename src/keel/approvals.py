@@ -25,8 +25,6 @@ import getpass
 from collections.abc import Callable
 from typing import Any
 
-import jsonschema
-
 from keel.canonical import call_key
 from keel.errors import AlreadyDecided, ConfigError, DecisionExpired
 from keel.records import ApprovalDecided, ApprovalRequested, Decision, JsonValue
@@ -200,6 +198,8 @@ def check_arguments(
         )
     schema = _recorded_schema(store, run_id, call.call_id)
     if isinstance(schema, dict):
+        import jsonschema  # only for an edit: a run never loads it (ADR 0042)
+
         try:
             jsonschema.validate(arguments, schema)
         except jsonschema.ValidationError as invalid:

@@ -28,10 +28,13 @@ See docs/adr/0052-decisions-and-hooks.md.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-__all__ = ["Deny", "EndRun", "Hook", "HookDecision", "Replace"]
+__all__ = ["POINTS", "Deny", "EndRun", "Hook", "HookDecision", "Hooks", "Replace"]
+
+POINTS = ("before_model_call", "after_model_call", "before_tool_call", "after_tool_call")
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,3 +73,25 @@ class Hook(Protocol):
     def before_tool_call(self, call: Any) -> Any: ...
 
     def after_tool_call(self, call: Any, result: Any) -> Any: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Hooks:
+    """The run's hooks and how long one call of one may take."""
+
+    hooks: tuple[object, ...]
+    timeout: float = 10.0
+
+    @classmethod
+    def of(cls, hooks: Sequence[object], timeout: float) -> Hooks | None:
+        """None when no hook has any of the methods: nothing to call, nothing to pay for."""
+        if not any(callable(getattr(h, p, None)) for h in hooks for p in POINTS):
+            return None
+        return cls(tuple(hooks), timeout)
+
+    def at(self, point: str) -> list[tuple[str, Any]]:
+        return [
+            (type(h).__name__, method)
+            for h in self.hooks
+            if callable(method := getattr(h, point, None))
+        ]

@@ -19,7 +19,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 
-from keel._run import decisions
+from keel._run import decisions, hooks
 from keel._run.parts import StepParts
 from keel._run.tree import CURRENT, Delegations
 from keel.errors import ToolError
@@ -75,6 +75,7 @@ def uncertain_text(call: ToolCall) -> str:
 async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     """Answer every call of the batch, in request order; or, when some call waits for a
     person's decision, answer nothing and return the calls that wait."""
+    await hooks.before_tools(parts, batch)
     decisions.expire(parts, batch)
     decisions.apply(parts, batch)
     pending = ask_approvals(parts, batch)
@@ -128,6 +129,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
 
     async def close_journal(item: ExecutedCall) -> None:
         """A side effect's result is saved at once: it closes the call's journal entry."""
+        item = await hooks.after_tool(parts, item)
         results[item.call.id] = _record_executed(parts, item)
         await parts.checkpoint()
 
@@ -156,8 +158,9 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         CURRENT.reset(mark)
     paused = tree.take_paused()
     tree.fold()  # what the children spent, in the step that records their answers
-    for item in executed:
+    for n, item in enumerate(executed):
         if item.call.id not in results and item.call.id not in paused:
+            executed[n] = item = await hooks.after_tool(parts, item)
             results[item.call.id] = _record_executed(parts, item)
     if paused:  # a child waits for a person: so does this run, its other results kept
         return _pause_for_children(parts, paused)
@@ -169,6 +172,8 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     for call in batch.calls:  # the model reads results in request order
         parts.context.append(results[call.id])
     _apply_evidence_resets(parts, executed)
+    state.hooked.clear()  # the batch is answered: what hooks decided on it is in its record
+    state.ran_as.clear()
     failpoint("after_results")
     return ()
 
