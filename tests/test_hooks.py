@@ -295,3 +295,23 @@ def test_a_hook_that_asks_for_tools_in_a_synthesis_turn_is_refused() -> None:
     refused = [e for e in events(a, done.run_id, HookApplied) if e.action == "refused"]
     assert [e.point for e in refused] == ["before_model_call", "after_model_call"]
     assert RAN == [{"topic": "more"}, {"topic": "more"}]  # normal turns: the hook may
+
+
+def test_the_guardrail_example_refuses_fetch_outside_its_list_and_redacts_e_mails() -> None:
+    import os
+    import subprocess
+    import sys
+
+    root = Path(__file__).resolve().parents[1]
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL")}
+    env["PYTHONPATH"] = str(root / "src")
+    done = subprocess.run(
+        [sys.executable, str(root / "examples" / "guardrails.py")],
+        capture_output=True, text=True, timeout=60, env=env,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:] == [
+        "hook: FetchAllowList before_tool_call deny",
+        "hook: RedactEmails after_tool_call replace",
+    ]
+    assert "@" not in done.stdout
