@@ -94,3 +94,24 @@ def test_keel_run_approval_timeout_denies_a_late_approval(tmp_path: Path) -> Non
     code, out, err = keel("resume", run_id, "--store", store, "--json")
     assert code == 0, err
     assert json.loads(out)["answer"] == "without it" and not (repo / "a.md").exists()
+
+
+def test_keel_ui_shows_an_edited_approval_and_an_answer(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
+
+    run_id, store, _ = start(tmp_path, [write("a.md", "draft"), {"text": "done"}])
+    edited = '{"path": "b.md", "content": "final"}'
+    assert keel("approve", run_id, "k1_0", "--arguments", edited, "--store", store)[0] == 0
+    other = tmp_path / "other"
+    other.mkdir()
+    answered, store_b, _ = start(other, [write("a.md", "x"), {"text": "ok"}])
+    assert keel("answer", answered, "k1_0", "By hand.", "--store", store_b)[0] == 0
+    for target, run, said in ((store, run_id, "with edited arguments"),
+                              (store_b, answered, "By hand.")):  # fmt: skip
+        app = create_app(Path(target), served_hosts("127.0.0.1", 8350))
+        with TestClient(app, base_url="http://127.0.0.1:8350") as ui:
+            page = ui.get(f"/runs/{run}")
+        assert page.status_code == 200 and said in page.text
