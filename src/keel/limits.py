@@ -138,7 +138,22 @@ class Limits:
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
 
+    approval_timeout: float | None = field(
+        default=None,
+        metadata=_help(
+            "Seconds a paused call waits for a decision; past it, it is denied.",
+            default_help="none",
+        ),
+    )
+    """Seconds a call waiting for approval may wait: past it the call is denied with that
+    reason (also when the approver comes later), and the run goes on as after a denial."""
+
     def __post_init__(self) -> None:
+        timeout = self.approval_timeout
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ConfigError(
+                f"approval timeout must be a positive number of seconds (got {timeout})"
+            )
         if self.loop_threshold < 2:
             raise ConfigError(
                 f"loop threshold must be at least 2 (got {self.loop_threshold}): at 1 the very "

@@ -30,6 +30,8 @@ __all__ = [
     "Ending",
     "Event",
     "EvidenceReset",
+    "HookApplied",
+    "HookChange",
     "JsonObject",
     "JsonValue",
     "KeyCounter",
@@ -185,6 +187,9 @@ class ToolResultRecorded(_EventBase):
     truncated: bool = False
     uncertain: bool = False
     duration_ms: float = 0.0
+    answered_by: str | None = None
+    """Who answered the call in place of its tool (a person's "answer instead"): nothing ran,
+    `content` is their text."""
     elided: bool = False
     """Read back only: the result was elided in the last request sent (never written)."""
 
@@ -230,6 +235,11 @@ class ApprovalRequested(_EventBase):
     note: str | None = None
     """Why a person must decide although the tool may be pre-approved (an identical side
     effect earlier in the run ended "effect unknown")."""
+    parameters: JsonValue = None
+    """The tool's argument schema (JSON Schema), so any process can check edited arguments
+    against it before recording them (keel/approvals.py); None for an unknown tool."""
+    expires_at: float | None = None
+    """Unix time past which the call counts as denied (`Limits.approval_timeout`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -238,9 +248,36 @@ class ApprovalDecided(_EventBase):
     call_id: str
     name: str
     call_key: str
+    """The key of the call as it was pending: the decision is bound to it (ADR 0052)."""
     approved: bool
     by: str
     reason: str | None = None
+    arguments: JsonValue = None
+    """Edited arguments the call runs with instead of the model's (None: as asked)."""
+    answer: str | None = None
+    """The person's text, the call's result in place of the tool's (nothing is run)."""
+    for_run: bool = False
+    """Later calls of this tool in the run need no approval."""
+    expired: bool = False
+    """The call's approval timed out: recorded as a denial, whoever came later."""
+
+
+@dataclass(slots=True, kw_only=True)
+class HookApplied(_EventBase):
+    """A hook changed the run (keel/hooks.py): what it replaced, denied or ended, so a resume
+    replays the change without calling the hook again (ADR 0052)."""
+
+    type: ClassVar[str] = "hook_applied"
+    hook: str
+    """The hook's class name."""
+    point: str
+    """before_model_call, after_model_call, before_tool_call or after_tool_call."""
+    action: str
+    """replace, deny, end_run, or refused (a change the synthesis rule does not allow)."""
+    call_id: str | None = None
+    detail: JsonValue = None
+    """What changed: the new arguments, a denial's or an end's reason, the replaced result's
+    size, the response's calls."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -307,6 +344,7 @@ Event: TypeAlias = (
     | ToolChoiceIgnored
     | ApprovalRequested
     | ApprovalDecided
+    | HookApplied
     | OutputRejected
     | RunCompleted
     | RunFailed
@@ -330,6 +368,7 @@ _KINDS: dict[str, type[Any]] = {
         ToolChoiceIgnored,
         ApprovalRequested,
         ApprovalDecided,
+        HookApplied,
         OutputRejected,
         RunCompleted,
         RunFailed,
@@ -405,6 +444,33 @@ class Decision:
     at: float | None = None
     """Unix time it was recorded (its `approval_decided` event's); None in stores written
     before decisions kept it."""
+    arguments: JsonValue = None
+    """Approved with these arguments instead of the model's (validated against the tool's
+    schema before it was recorded); None: as asked."""
+    answer: str | None = None
+    """Answered instead: this text is the call's result, and nothing is run."""
+    for_run: bool = False
+    """Approved for the rest of the run: later calls of the tool need no approval."""
+    name: str | None = None
+    """The tool of the call it was given for; None in stores written before decisions were
+    bound to their call."""
+    call_key: str | None = None
+    """The key (tool and canonical arguments) of the call it was given for: a decision whose
+    call no longer matches is refused (ADR 0052)."""
+    expired: bool = False
+    """A denial because nobody decided before the pause's expiry (`approval_timeout`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookChange:
+    """A `before_tool_call` hook's decision on one call (keel/hooks.py): replaced arguments,
+    a denial, or the end of the run."""
+
+    hook: str
+    action: str
+    """replace, deny or end_run."""
+    arguments: JsonValue = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -463,6 +529,15 @@ class RunState:
     children: dict[str, ChildRun] = field(default_factory=dict)
     """Child runs answered so far (sub-agents, ADR 0046), by the parent's call id; the run's
     counters, usage and cost already include what they spent."""
+    approved_for_run: dict[str, Decision] = field(default_factory=dict)
+    """Tools a person approved for the rest of this run (`approve --for-run`), by tool name:
+    later calls of them need no approval. Never carried to another run."""
+    ran_as: dict[str, str] = field(default_factory=dict)
+    """Calls that ran with other arguments than the model's (an edit, a hook), by Keel's id:
+    the key of what ran, which the loop counters count instead (counted once)."""
+    hooked: dict[str, HookChange] = field(default_factory=dict)
+    """What a `before_tool_call` hook decided for a call of the open batch, by Keel's id, so a
+    resumed batch applies it without asking the hook again."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change, made from the fields: every container is

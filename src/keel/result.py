@@ -65,6 +65,9 @@ class PendingApproval:
     run_id: str | None = None
     """The child run that asked (sub-agents, ADR 0046); None: this run's own call. A parent
     shows its children's pending calls under ids of the form ``CHILD_RUN:CALL_ID``."""
+    expires_at: float | None = None
+    """Unix time past which the call counts as denied (`Limits.approval_timeout`); None: the
+    pause waits for as long as it takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -162,6 +165,7 @@ class RunResult:
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
                 | ({"note": p.note} if p.note else {})
                 | ({"child_run": p.run_id} if p.run_id else {})
+                | ({"expires_at": p.expires_at} if p.expires_at is not None else {})
                 for p in self.pending_approvals
             ],
         }

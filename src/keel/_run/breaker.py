@@ -96,6 +96,14 @@ class IdenticalCallBreaker:
             self._touch(key, counter)
         return restarts
 
+    def uncount(self, key: str) -> None:
+        """Take back one counted call of `key`: it ran as another call (its arguments were
+        edited by a person or a hook), whose key is counted instead (ADR 0052)."""
+        counter = self.counters.get(key)
+        if counter is not None and counter.count > 0:
+            counter.count -= 1
+            self._touch(key, counter)
+
     def settle(
         self, key: str, digest: str, *, observation: bool, side_effect: bool
     ) -> Restart | None:

@@ -36,6 +36,7 @@ from keel._run.recorder import Listener, StepRecorder
 from keel._run.resume import ResumePoint
 from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
+from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.messages import UserMessage
 from keel.pricing import Price
@@ -73,6 +74,8 @@ class RunSetup:
     """The shape the answer must have (keel/structured.py); None: free text."""
     text_listeners: tuple[TextListener, ...] = ()
     """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
+    hooks: Hooks | None = None
+    """The application's hooks (keel/hooks.py); None: none."""
 
 
 class RunLoop:
@@ -120,6 +123,7 @@ class RunLoop:
             price=setup.price,
             output=setup.output,
             live=LiveText.for_run(setup.transport, text_listeners),
+            hooks=setup.hooks,
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on

@@ -11,7 +11,7 @@ import asyncio
 import time
 from dataclasses import replace
 
-from keel._run import gateway
+from keel._run import gateway, hooks
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
 from keel._run.parts import StepParts
 from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
@@ -73,6 +73,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         request, newly_elided = parts.context.build(mode.tool_choice, controls)
         if parts.output is not None:  # each transport asks for it in its provider's form
             request = replace(request, output=parts.output.request(synthesis))
+        request = await hooks.before_model(parts, request, synthesis)
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
         number = errors + empty + 1
@@ -107,6 +108,10 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         took = time.monotonic() - started  # what the deadline reserve is estimated from
         state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
+        if parts.hooks is not None:  # what the run records and acts on, its calls Keel's
+            response = with_keel_ids(
+                await hooks.after_model(parts, response, synthesis), state.step
+            )
         state.usage = state.usage + response.usage
         cost = None if parts.price is None else call_cost(response.usage, parts.price)
         if cost is not None:
