@@ -138,7 +138,7 @@ def test_observers_never_import_the_run_loop() -> None:
 ROOMS = (
     "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
     "trace_hooks", "failpoints", "inbound", "local_model", "config", "durability", "options",
-    "structured", "transports", "pricing", "tools", "store", "approvals", "live_file",
+    "structured", "evidence", "transports", "pricing", "tools", "store", "approvals", "live_file",
     "telemetry", "_run", "events", "subagents", "models", "agent", "replay", "evals", "present",
     "assemble", "run_options", "pool", "ui", "serve", "cli", "__main__", "keel",
 )  # fmt: skip

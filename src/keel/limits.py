@@ -10,7 +10,9 @@ from typing import Any, Literal, get_args
 from keel.errors import ConfigError
 
 __all__ = [
+    "EVIDENCE_POLICIES",
     "LOOP_POLICIES",
+    "EvidencePolicy",
     "Limits",
     "LoopPolicy",
 ]
@@ -22,6 +24,13 @@ counts, and only observation tools get evidence resets, as the commissioning ADR
 changed since its last occurrence (a side effect ran and produced a result not seen before),
 or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
+
+EvidencePolicy = Literal["off", "report", "require"]
+"""What is done with an answer's citations (ADR 0053). `off`: nothing is checked. `report` (the
+default): the check is recorded with the result. `require`: an answer whose quotes or ids do not
+check gets one more turn with what failed named; one that still fails is kept, `partial`, with
+the failures as its gaps."""
+EVIDENCE_POLICIES: tuple[EvidencePolicy, ...] = get_args(EvidencePolicy)
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -136,6 +145,15 @@ class Limits:
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
 
+    evidence: EvidencePolicy = field(
+        default="report",
+        metadata=_help(
+            "Answers' citations checked against the run's results: off, report (recorded with "
+            "the result) or require (one more turn to fix what failed, then kept as partial)."
+        ),
+    )
+    """What is done with an answer's citations and quotes (see `EvidencePolicy`)."""
+
     def __post_init__(self) -> None:
         if self.loop_threshold < 2:
             raise ConfigError(
@@ -166,6 +184,10 @@ class Limits:
         if self.loop_policy not in LOOP_POLICIES:
             raise ConfigError(
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
+            )
+        if self.evidence not in EVIDENCE_POLICIES:
+            raise ConfigError(
+                f"evidence must be one of {', '.join(EVIDENCE_POLICIES)} (got {self.evidence!r})"
             )
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")

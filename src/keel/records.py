@@ -26,6 +26,7 @@ __all__ = [
     "ApprovalRequested",
     "Decision",
     "Event",
+    "EvidenceRejected",
     "EvidenceReset",
     "JsonObject",
     "JsonValue",
@@ -251,6 +252,18 @@ class OutputRejected(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class EvidenceRejected(_EventBase):
+    """Under `--evidence require`, an answer whose quotes or ids did not check against the
+    record (keel/evidence.py); the model got one more turn with `feedback` as a volatile
+    control. Replayed on resume: the answer stays in the history, the control is state."""
+
+    type: ClassVar[str] = "evidence_rejected"
+    text: str | None
+    feedback: str
+    evidence: JsonObject = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
 class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
@@ -262,6 +275,8 @@ class RunCompleted(_EventBase):
     partial: bool = False
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -302,6 +317,7 @@ Event: TypeAlias = (
     | ApprovalRequested
     | ApprovalDecided
     | OutputRejected
+    | EvidenceRejected
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -325,6 +341,7 @@ _KINDS: dict[str, type[Any]] = {
         ApprovalRequested,
         ApprovalDecided,
         OutputRejected,
+        EvidenceRejected,
         RunCompleted,
         RunFailed,
         RunCancelled,
@@ -483,6 +500,12 @@ class RunState:
     """What a synthesized structured answer said it could not establish."""
     output_retries: int = 0
     """Answers rejected by the output schema so far, each given another turn."""
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    evidence_retries: int = 0
+    """Answers sent back under `--evidence require` (at most one per run)."""
+    evidence_feedback: str | None = None
+    """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -547,6 +570,7 @@ class RunState:
             cost=self.cost,
             pending_approvals=self.pending,
             children=tuple(self.children.values()),
+            evidence=self.evidence if isinstance(self.evidence, dict) else None,
         )
 
 

@@ -106,6 +106,9 @@ class RunResult:
     children: tuple[ChildRun, ...] = ()
     """The child runs this run delegated to, in the order they were answered; its counters
     and cost include theirs."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (ADR 0053): cited ids, quotes checked and
+    failed, uncited sentences, unknown ids, the paths and URLs it names; None: not checked."""
 
     @property
     def ok(self) -> bool:
@@ -138,6 +141,8 @@ class RunResult:
                 for p in self.pending_approvals
             ],
         }
+        if self.evidence is not None:
+            shown["evidence"] = self.evidence
         if self.children:
             shown["children"] = [c.to_dict() for c in self.children]
         return shown

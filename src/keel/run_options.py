@@ -465,6 +465,12 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
         if value not in LOOP_POLICIES:
             choices = ", ".join(LOOP_POLICIES)
             raise ConfigError(f"{where}: loop policy must be one of {choices}, not {value!r}")
+    if opt.name == "evidence":
+        from keel.limits import EVIDENCE_POLICIES
+
+        if value not in EVIDENCE_POLICIES:
+            choices = ", ".join(EVIDENCE_POLICIES)
+            raise ConfigError(f"{where}: evidence must be one of {choices}, not {value!r}")
     return value
 
 

@@ -233,10 +233,11 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         state, emit = self.state, self.recorder.emit
         match outcome:
-            case Completed(answer, synthesized, cut_off, output, gaps):
+            case Completed(answer, synthesized, cut_off, output, gaps, evidence, unsupported):
                 state.status, state.answer, state.synthesized = "completed", answer, synthesized
                 state.cut_off, state.output, state.gaps = cut_off, output, gaps
-                state.partial = output is not None and synthesized is not None
+                state.partial = (output is not None and synthesized is not None) or unsupported
+                state.evidence = evidence
                 emit(
                     RunCompleted(
                         step=state.step,
@@ -246,6 +247,7 @@ class RunLoop:
                         output=output,
                         partial=state.partial,
                         gaps=gaps,
+                        evidence=evidence,
                     )
                 )
             case Paused():

@@ -15,6 +15,7 @@ from typing import assert_never
 
 from keel._run import batch as batches
 from keel._run import turns
+from keel._run.citing import bind
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
 from keel.errors import (
@@ -63,12 +64,13 @@ def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> StepOutc
     InvalidOutput with the model's text."""
     spec = parts.output
     if spec is None:
-        return Completed(response.text, mode.reason, response.cut_off)
+        return bind(parts, response, mode, Completed(response.text, mode.reason, response.cut_off))
     checked = spec.check(response.text, synthesis=mode.reason is not None)
     if isinstance(checked, Checked):
-        return Completed(
+        completed = Completed(
             response.text, mode.reason, response.cut_off, checked.value, checked.gaps
         )
+        return bind(parts, response, mode, completed)  # checked against the record (ADR 0053)
     state, limits = parts.state, parts.limits
     if mode.reason is None and state.output_retries < limits.output_retries:
         state.output_retries += 1
