@@ -425,3 +425,61 @@ def test_the_prompt_and_the_synthesis_controls_ask_for_bracketed_ids_and_quotes(
     assert "[r1]" in DEFAULT_SYSTEM_PROMPT and "double quotation marks" in (DEFAULT_SYSTEM_PROMPT)
     for control in (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL):
         assert "in brackets" in control and "double quotation marks followed by that id" in control
+
+
+# -- keel eval -----------------------------------------------------------------------------------
+
+
+def test_keel_eval_measures_the_evidence_of_its_built_in_suite() -> None:
+    """`keel eval --suite evidence`: a scripted model quotes a page wrongly (under `require`:
+    one more turn, then partial), cites an id no result has, and quotes a result after it was
+    elided; the report counts answers whose quotes all check and answers with an uncited
+    factual sentence."""
+    import typer
+    from typer.testing import CliRunner
+
+    from keel.evals import builtin_names
+    from keel.evals.command import eval_command
+
+    app = typer.Typer(add_completion=False)
+    app.callback()(lambda: None)
+    app.command("eval")(eval_command)
+    assert builtin_names("evidence") == ["elided_quote", "unknown_id", "wrong_quote"]
+    done = CliRunner().invoke(app, ["eval", "--suite", "evidence", "--json"])
+    assert done.exit_code == 0, done.stdout
+    report = json.loads(done.stdout)
+    assert report["passed"] and report["evidence"] == {
+        "answers_checked": 3,
+        "quotes_all_check": 1,
+        "uncited_sentence": 0,
+    }
+    rows = {s["name"]: s["results"][0] for s in report["scenarios"]}
+    assert rows["elided_quote"]["quotes_all_check"] is True
+    assert rows["elided_quote"]["results_elided"] >= 1
+    assert rows["wrong_quote"]["evidence"]["quotes_failed"][0]["quote"] == "is renewed every minute"
+    assert rows["unknown_id"]["evidence"]["unknown_ids"] == ["r4"]
+
+
+def test_the_evidence_shares_count_only_checked_answers() -> None:
+    from keel.evals.judging import RunRow
+    from keel.evals.report import evidence_line, evidence_shares
+
+    def row(evidence: dict[str, Any] | None) -> RunRow:
+        return RunRow("q", 1, "answer", "answer", True, [], evidence=evidence)
+
+    rows = [
+        row({"passed": True, "uncited_sentences": 0}),
+        row({"passed": False, "uncited_sentences": 2}),
+        row({"passed": True, "uncited_sentences": 1}),
+        row(None),
+    ]
+    assert evidence_shares(rows) == {
+        "answers_checked": 3,
+        "quotes_all_check": 2,
+        "uncited_sentence": 2,
+    }
+    assert evidence_line(rows) == (
+        "evidence: every quote and id checked in 2 of 3 answers (67%); an uncited factual "
+        "sentence in 2 of 3 (67%)"
+    )
+    assert evidence_line([row(None)]) is None
