@@ -125,7 +125,7 @@ def test_an_answer_instead_is_the_calls_result_and_nothing_runs(store: keel.Stor
     transport = a.transport
     assert isinstance(transport, keel.ScriptedTransport)
     last = transport.requests[-1].items[-1]
-    assert isinstance(last, keel.ToolResult) and last.content == result.content
+    assert isinstance(last, keel.ToolResult) and last.content == f"[r1] {result.content}"
     with pytest.raises(keel.AlreadyDecided):
         a.approve(paused.run_id, pending.call_id)
 

@@ -57,7 +57,10 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a careful research agent. Use the tools to gather evidence from the repository "
     "and the web before you answer. Do not request the same tool call twice: results you "
     "already received stay in this conversation. Answer as soon as the evidence supports an "
-    "answer, cite the files and URLs you relied on, and say what remains unknown."
+    "answer, cite the files and URLs you relied on, and say what remains unknown. Each tool "
+    "result begins with its id in brackets, like [r1]: cite the results a statement rests on "
+    "by their ids ([r1], [r2]), and put a direct quote in double quotation marks followed by "
+    'the id of the result it comes from ("the exact words" [r1]).'
 )
 
 

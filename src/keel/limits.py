@@ -11,7 +11,9 @@ from typing import Any, Literal, get_args
 from keel.errors import ConfigError
 
 __all__ = [
+    "EVIDENCE_POLICIES",
     "LOOP_POLICIES",
+    "EvidencePolicy",
     "Limits",
     "LoopPolicy",
     "closest_policy",
@@ -24,6 +26,13 @@ counts, and only observation tools get evidence resets, as the commissioning ADR
 changed since its last occurrence (a side effect ran and produced a result not seen before),
 or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
+
+EvidencePolicy = Literal["off", "report", "require"]
+"""What is done with an answer's citations (ADR 0053). `off`: nothing is checked. `report` (the
+default): the check is recorded with the result. `require`: an answer whose quotes or ids do not
+check gets one more turn with what failed named; one that still fails is kept, `partial`, with
+the failures as its gaps."""
+EVIDENCE_POLICIES: tuple[EvidencePolicy, ...] = get_args(EvidencePolicy)
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -148,6 +157,15 @@ class Limits:
     """Seconds a call waiting for approval may wait: past it the call is denied with that
     reason (also when the approver comes later), and the run goes on as after a denial."""
 
+    evidence: EvidencePolicy = field(
+        default="report",
+        metadata=_help(
+            "Answers' citations checked against the run's results: off, report (recorded with "
+            "the result) or require (one more turn to fix what failed, then kept as partial)."
+        ),
+    )
+    """What is done with an answer's citations and quotes (see `EvidencePolicy`)."""
+
     def __post_init__(self) -> None:
         timeout = self.approval_timeout
         if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
@@ -185,6 +203,11 @@ class Limits:
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
                 + closest_policy(self.loop_policy)
             )
+        if self.evidence not in EVIDENCE_POLICIES:
+            raise ConfigError(
+                f"evidence must be one of {', '.join(EVIDENCE_POLICIES)} (got {self.evidence!r})"
+                + closest_policy(self.evidence, EVIDENCE_POLICIES)
+            )
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
         if self.output_retries < 0:
@@ -206,7 +229,7 @@ class Limits:
         return asdict(self)
 
 
-def closest_policy(name: object) -> str:
+def closest_policy(name: object, choices: tuple[str, ...] = LOOP_POLICIES) -> str:
     """ "; did you mean 'progress'?" for `prog`, as keel.toml keys get; empty when none is close."""
-    close = difflib.get_close_matches(str(name), LOOP_POLICIES, n=1, cutoff=0.4)
+    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.4)
     return f"; did you mean {close[0]!r}?" if close else ""

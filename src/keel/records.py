@@ -29,6 +29,7 @@ __all__ = [
     "Decision",
     "Ending",
     "Event",
+    "EvidenceRejected",
     "EvidenceReset",
     "HookApplied",
     "HookChange",
@@ -293,6 +294,18 @@ class OutputRejected(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class EvidenceRejected(_EventBase):
+    """Under `--evidence require`, an answer whose quotes or ids did not check against the
+    record (keel/evidence.py); the model got one more turn with `feedback` as a volatile
+    control. Replayed on resume: the answer stays in the history, the control is state."""
+
+    type: ClassVar[str] = "evidence_rejected"
+    text: str | None
+    feedback: str
+    evidence: JsonObject = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
 class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
@@ -304,6 +317,8 @@ class RunCompleted(_EventBase):
     partial: bool = False
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -346,6 +361,7 @@ Event: TypeAlias = (
     | ApprovalDecided
     | HookApplied
     | OutputRejected
+    | EvidenceRejected
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -370,6 +386,7 @@ _KINDS: dict[str, type[Any]] = {
         ApprovalDecided,
         HookApplied,
         OutputRejected,
+        EvidenceRejected,
         RunCompleted,
         RunFailed,
         RunCancelled,
@@ -504,6 +521,12 @@ class RunState:
     """What a synthesized structured answer said it could not establish."""
     output_retries: int = 0
     """Answers rejected by the output schema so far, each given another turn."""
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    evidence_retries: int = 0
+    """Answers sent back under `--evidence require` (at most one per run)."""
+    evidence_feedback: str | None = None
+    """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -582,6 +605,7 @@ class RunState:
             cost=self.cost,
             pending_approvals=self.pending,
             children=tuple(self.children.values()),
+            evidence=self.evidence if isinstance(self.evidence, dict) else None,
         )
 
 
@@ -611,6 +635,8 @@ class Ending:
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
     failure: Failure | None = None
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
 
     @classmethod
     def completed(
@@ -622,9 +648,16 @@ class Ending:
         cut_off: bool = False,
         output: JsonValue = None,
         gaps: tuple[str, ...] = (),
+        evidence: JsonValue = None,
+        unsupported: bool = False,
     ) -> Ending:
-        partial = output is not None and synthesized is not None
-        return cls("completed", step, answer, synthesized, cut_off, output, partial, gaps)
+        """`unsupported`: under `--evidence require` the answer still failed its check, so it
+        is kept as partial, like a synthesized structured answer."""
+        partial = (output is not None and synthesized is not None) or unsupported
+        return cls(
+            "completed", step, answer, synthesized, cut_off, output, partial, gaps,
+            evidence=evidence,
+        )  # fmt: skip
 
     @classmethod
     def failed(cls, error: RunFailure) -> Ending:

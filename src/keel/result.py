@@ -136,6 +136,9 @@ class RunResult:
     forked_from: dict[str, Any] | None = None
     """Where a fork branched (ADR 0051): {"run_id", "step"} of the run it copied its first
     steps from, or {"recording", "id", "step"}; None: not a fork."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (ADR 0053): cited ids, quotes checked and
+    failed, uncited sentences, unknown ids, the paths and URLs it names; None: not checked."""
 
     @property
     def ok(self) -> bool:
@@ -169,6 +172,8 @@ class RunResult:
                 for p in self.pending_approvals
             ],
         }
+        if self.evidence is not None:
+            shown["evidence"] = self.evidence
         if self.children:
             shown["children"] = [c.to_dict() for c in self.children]
         if self.forked_from is not None:

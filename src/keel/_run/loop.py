@@ -227,9 +227,16 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         step = self.state.step
         match outcome:
-            case Completed(answer, synthesized, cut_off, output, gaps):
+            case Completed(answer, synthesized, cut_off, output, gaps, evidence, unsupported):
                 ending = Ending.completed(
-                    step, answer, synthesized, cut_off=cut_off, output=output, gaps=gaps
+                    step,
+                    answer,
+                    synthesized,
+                    cut_off=cut_off,
+                    output=output,
+                    gaps=gaps,
+                    evidence=evidence,
+                    unsupported=unsupported,
                 )
             case Paused():
                 ending = Ending.paused(step)

@@ -54,6 +54,10 @@ class Completed:
     """The validated structured answer as JSON, when the run asked for one."""
     gaps: tuple[str, ...] = ()
     """What a synthesized structured answer said it could not establish."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    unsupported: bool = False
+    """Under `--evidence require`, the answer still failed its check: kept, partial."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,7 @@ from typing import assert_never
 from keel._run import batch as batches
 from keel._run import turns
 from keel._run.budgets import past_limits
+from keel._run.citing import bind
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
 from keel.errors import (
@@ -68,13 +69,14 @@ async def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> St
     that the run fails InvalidOutput with the model's text."""
     spec = parts.output
     if spec is None:
-        return Completed(response.text, mode.reason, response.cut_off)
+        return bind(parts, response, mode, Completed(response.text, mode.reason, response.cut_off))
     synthesis = mode.reason is not None
     checked = await _validated(parts, spec, response.text, synthesis)
     if isinstance(checked, Checked):
-        return Completed(
+        completed = Completed(
             response.text, mode.reason, response.cut_off, checked.value, checked.gaps
         )
+        return bind(parts, response, mode, completed)  # checked against the record (ADR 0053)
     state, limits = parts.state, parts.limits
     blocked = past_limits(state, limits, parts.clock) if synthesis else None
     if state.output_retries < limits.output_retries and blocked is None:

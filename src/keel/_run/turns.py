@@ -70,6 +70,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         controls = mode.controls
         if parts.output is not None and synthesis:
             controls += (PARTIAL_OUTPUT_CONTROL,)
+        if state.evidence_feedback is not None:  # `--evidence require`'s one more turn
+            controls += (state.evidence_feedback,)
         request, newly_elided = parts.context.build(mode.tool_choice, controls)
         if parts.output is not None:  # each transport asks for it in its provider's form
             request = replace(request, output=parts.output.request(synthesis))
@@ -120,6 +122,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         parts.recorder.emit(_response_event(state.step, response, cost))
         failpoint("after_model_response")
         if not response.is_empty:
+            state.evidence_feedback = None  # the turn it was for is answered
             if request.tool_choice == "required" and not response.tool_calls:
                 # the server ignored it: never pass the answer off as researched (ADR 0036)
                 parts.recorder.emit(ToolChoiceIgnored(step=state.step, requested="required"))

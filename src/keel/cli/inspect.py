@@ -190,6 +190,14 @@ def show(
     )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+    evidence = summary.get("evidence")
+    if isinstance(evidence, dict):
+        from keel.evidence import summary_line
+
+        line = f"evidence: {summary_line(evidence)}"
+        out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
+        for gap in summary["gaps"] if summary["partial"] else ():
+            out.print(f"  gap: {safe_text(gap)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def parent_json(record: RunRecord) -> dict[str, str | None] | None:

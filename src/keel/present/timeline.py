@@ -15,6 +15,7 @@ from keel.records import (
     ApprovalDecided,
     ApprovalRequested,
     Event,
+    EvidenceRejected,
     EvidenceReset,
     HookApplied,
     ModelErrorSeen,
@@ -247,9 +248,17 @@ def _detail(event: Event) -> str:
             shaped = ""
             if event.output is not None:
                 shaped = " · structured output" + (", partial" if event.partial else "")
-            return f"answer{how}{cut}{shaped}"
+            checked = ""
+            if isinstance(event.evidence, dict):
+                from keel.evidence import summary_line
+
+                checked = f" · evidence: {summary_line(event.evidence)}"
+            partial = " · partial" if event.partial and event.output is None else ""
+            return f"answer{how}{cut}{shaped}{partial}{checked}"
         case RunFailed():
             return f"{event.kind}: {event.message}"
         case OutputRejected():
             return f"answer rejected by the output schema: {event.feedback}"[:200]
+        case EvidenceRejected():
+            return f"answer sent back once, its citations did not check: {event.feedback}"[:300]
     return ""
