@@ -11,8 +11,11 @@ from keel.errors import ConfigError
 
 __all__ = [
     "LOOP_POLICIES",
+    "POLICY_TIERS",
+    "REPEAT_TIERS",
     "Limits",
     "LoopPolicy",
+    "RepeatTier",
 ]
 
 LoopPolicy = Literal["progress", "adr"]
@@ -22,6 +25,21 @@ counts, and only observation tools get evidence resets, as the commissioning ADR
 changed since its last occurrence (a side effect ran and produced a result not seen before),
 or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
+
+RepeatTier = Literal["same_result", "alternation", "same_error"]
+"""Rules of the loop policy beyond the identical call (docs/adr/0050, keel._run.breaker): other
+ways for calls to count as one repeat. `same_result`: calls of one tool with the same non-empty
+result and no side effect in between, whatever their arguments. `alternation`: two or three
+calls taking turns with unchanged results. `same_error`: a tool failing with the same error,
+whatever its arguments."""
+REPEAT_TIERS: tuple[RepeatTier, ...] = get_args(RepeatTier)
+
+POLICY_TIERS: dict[LoopPolicy, tuple[RepeatTier, ...]] = {
+    "progress": ("same_result", "alternation"),
+    "adr": (),
+}
+"""The tiers a policy turns on when the run does not name them (`Limits.repeat_*` None):
+chosen from `keel replay` on the shared corpora (docs/adr/0050)."""
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -112,6 +130,41 @@ class Limits:
         ),
     )
     """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
+    repeat_same_result: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_result: calls of one tool with the same non-empty result and no "
+            "side effect in between count as one repeat, whatever their arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`)."""
+    repeat_alternation: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier alternation: two or three calls taking turns with unchanged results "
+            "count as one repeat.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `alternation` on or off; None: as `loop_policy` has it."""
+    repeat_same_error: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_error: a tool failing with the same error counts as one repeat, "
+            "whatever its arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_error` on or off; None: as `loop_policy` has it."""
+    nudge: bool = field(
+        default=False,
+        metadata=_help(
+            "A short note one call before the synthesis turn naming the tool that repeated."
+        ),
+    )
+    """At T-2 (the first repeat a counter or tier sees), the next turn carries a volatile note
+    naming the tool whose result came back the same; tools stay offered (docs/adr/0050)."""
     repeat_synthesis: bool = field(default=True, metadata={"cli": False})
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
@@ -184,5 +237,22 @@ class Limits:
         if self.max_error_chars < 100:
             raise ConfigError(f"max error chars must be at least 100 (got {self.max_error_chars})")
 
+    @property
+    def repeat_tiers(self) -> tuple[RepeatTier, ...]:
+        """The tiers in force: each as the run names it, else as its policy has it."""
+        chosen = POLICY_TIERS[self.loop_policy]
+        on = []
+        for tier in REPEAT_TIERS:
+            given = getattr(self, f"repeat_{tier}")
+            if given is True or (given is None and tier in chosen):
+                on.append(tier)
+        return tuple(on)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        """The limits as saved with a run: the tiers as they were in force, not "as the policy
+        has it", so a resume keeps them even if a later Keel changes a policy's tiers."""
+        data = asdict(self)
+        tiers = self.repeat_tiers
+        for tier in REPEAT_TIERS:
+            data[f"repeat_{tier}"] = tier in tiers
+        return data

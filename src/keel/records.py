@@ -17,7 +17,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import from_json, to_json
 from keel.errors import FailureKind
-from keel.limits import Limits
+from keel.limits import REPEAT_TIERS, Limits
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
@@ -35,6 +35,7 @@ __all__ = [
     "ModelResponseReceived",
     "OutputRejected",
     "RecordedCall",
+    "RepeatState",
     "ResultElided",
     "RunCancelled",
     "RunCompleted",
@@ -439,6 +440,24 @@ class KeyCounter:
     """Restarts because the world changed since this key's last call (policy `progress`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RepeatState:
+    """What the repeat tiers keep besides their counters (keel._run.breaker, docs/adr/0050):
+    small and fixed in size. Replaced, never changed in place, so a checkpoint's snapshot is
+    never shared with the live run."""
+
+    writes: int = 0
+    """Side-effecting calls answered without an error, and calls whose result differed from
+    their key's last one, so far: a tier's chain restarts when this moved since its last call
+    (something in between may have changed what it sees)."""
+    recent_keys: tuple[str, ...] = ()
+    """The call keys of the run's last three answered calls, oldest first (alternation)."""
+    recent_digests: tuple[str, ...] = ()
+    """Their results' digests."""
+    alternating: tuple[str, ...] = ("", "")
+    """The tier key of the alternation running now with period 2 and with period 3 ("": none)."""
+
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -508,6 +527,8 @@ class RunState:
     children: dict[str, ChildRun] = field(default_factory=dict)
     """Child runs answered so far (sub-agents, ADR 0046), by the parent's call id; the run's
     counters, usage and cost already include what they spent."""
+    repeats: RepeatState = field(default_factory=RepeatState)
+    """The repeat tiers' state besides their counters (docs/adr/0050)."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change, made from the fields: every container is
@@ -620,6 +641,8 @@ class RunConfig:
         limits = {k: v for k, v in (raw.get("limits") or {}).items() if k in known}
         if raw.get("limits") is not None:  # saved before loop policies: it counted as `adr`
             limits.setdefault("loop_policy", "adr")
+            for tier in REPEAT_TIERS:  # saved before the tiers: it ran without them
+                limits.setdefault(f"repeat_{tier}", False)
         return cls(
             model=str(raw.get("model", "")),
             system_prompt=str(raw.get("system_prompt", "")),
