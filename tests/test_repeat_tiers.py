@@ -10,6 +10,7 @@ from typer.testing import CliRunner
 
 import keel
 from keel._run.breaker import IdenticalCallBreaker, tier_of
+from keel._run.synthesis import NUDGE_PREFIX, nudge_control
 from keel.cli.app import app
 from keel.errors import ToolError
 from keel.records import RunConfig, ToolCallRequested
@@ -245,3 +246,34 @@ def test_keel_replay_json_names_the_tier_that_triggered(tmp_path: Path) -> None:
     assert json.loads(none.stdout)["tier"] is None
     bad = CliRunner().invoke(app, ["replay", str(path), "--tiers", "same_results"])
     assert bad.exit_code == 2
+
+
+# -- the nudge --------------------------------------------------------------------------------
+
+
+async def test_the_nudge_names_the_tool_at_t_minus_2_and_is_never_stored() -> None:
+    turns = [call("find_file", pattern=f"JsonParser{n}") for n in range(3)]
+    script = {"turns": [*turns, {"text": "Not there."}], "on_synthesis": {"text": "Stopped."}}
+    out = await run_script(script, [find_file], nudge=True)
+    notes = [v for r in out.requests for v in r.volatile if v.startswith(NUDGE_PREFIX)]
+    assert notes == [nudge_control("find_file")]  # once, after the third call (T-2 = 3)
+    assert "JsonParser" not in notes[0] and "No matches" not in notes[0]
+    assert out.result.synthesized is None  # it changed course: no synthesis turn
+    stored = json.dumps([str(e) for e in out.events])
+    assert NUDGE_PREFIX not in stored
+    off = await run_script(script, [find_file], nudge=False)
+    assert not [v for r in off.requests for v in r.volatile if v.startswith(NUDGE_PREFIX)]
+
+
+async def test_the_replay_counts_where_the_nudge_would_come() -> None:
+    turns = [("find_file", f"find_file P{n}", "nomatch", READ) for n in range(8)]
+    out = await replay(calls(*turns), nudge=True)
+    assert out.nudge_after == 2 and out.synthesis_after == 3
+    assert (await replay(calls(*turns))).nudge_after is None
+
+
+def test_nudge_is_an_option_of_its_own() -> None:
+    from keel.run_options import OPTIONS
+
+    (nudge,) = [o for o in OPTIONS if o.name == "nudge"]
+    assert nudge.flag_name == "--nudge" and nudge.default is False

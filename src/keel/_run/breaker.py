@@ -50,7 +50,14 @@ from dataclasses import dataclass, replace
 from keel.limits import REPEAT_TIERS, LoopPolicy, RepeatTier
 from keel.records import KeyCounter, RepeatState
 
-__all__ = ["TIER_PREFIX", "WORLD_RESET_CAP", "IdenticalCallBreaker", "Restart", "tier_of"]
+__all__ = [
+    "TIER_PREFIX",
+    "WORLD_RESET_CAP",
+    "IdenticalCallBreaker",
+    "Restart",
+    "repeated_tools",
+    "tier_of",
+]
 
 TIER_PREFIX = "~"
 """A tier's counter key starts with this and a space follows the tier's name: a call key is a
@@ -112,6 +119,8 @@ class IdenticalCallBreaker:
         self._dirty: set[str] = set()
         self._changed = False
         """The last `settle`d call's result differed from its key's last one."""
+        self._nudge: set[str] = set()
+        """Keys that reached T-2 in the last batch (the nudge): never checkpointed."""
 
     def first_tripping_key(
         self, keys: Sequence[str], names: Sequence[str] = ()
@@ -135,6 +144,7 @@ class IdenticalCallBreaker:
     def record(self, keys: Sequence[str]) -> list[Restart]:
         """Count a batch's calls (before they run); under `progress`, a key whose world moved
         since its last call restarts at 1 instead."""
+        self._nudge = set()  # a batch's repeats nudge the turn after it, and only that one
         restarts = []
         for key in keys:
             counter = self.counters.get(key)
@@ -208,6 +218,14 @@ class IdenticalCallBreaker:
         again (`record`), so a counter that stands at T-1 after a batch still brings the
         synthesis turn."""
         return min(self._near) if self._near else None
+
+    def nudge_key(self) -> str | None:
+        """A key (a call's or a tier's) that the last batch brought to T-2, the first repeat
+        it sees: the next turn may carry the nudge. None when one already stands at T-1."""
+        if self._near or self.threshold < 4:  # at T = 3, T-2 is every first call
+            return None
+        found = [k for k in self._nudge if self.count(k) == self.threshold - 2]
+        return min(found) if found else None
 
     def count(self, key: str) -> int:
         counter = self.counters.get(key)
@@ -309,6 +327,8 @@ class IdenticalCallBreaker:
 
     def _touch(self, key: str, counter: KeyCounter) -> None:
         self._dirty.add(key)
+        if counter.count == self.threshold - 2:
+            self._nudge.add(key)
         if counter.count >= self.threshold - 1:
             self._near.add(key)
         else:
@@ -320,3 +340,12 @@ def _alternation_key(cycle: list[str]) -> str:
     tools = sorted({k.split(" ", 1)[0] for k in cycle})
     digest = hashlib.sha256("\n".join(cycle).encode("utf-8", "replace")).hexdigest()[:16]
     return f"{TIER_PREFIX}alternation {'|'.join(tools)} {digest}"
+
+
+def repeated_tools(key: str) -> str:
+    """The tool (or tools) a counter key is about, named without arguments: what a nudge may
+    say of the repeat."""
+    if key.startswith(TIER_PREFIX):
+        parts = key.split(" ")
+        return " and ".join(parts[1].split("|")) if len(parts) > 1 else key
+    return key.split(" ", 1)[0]

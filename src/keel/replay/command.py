@@ -74,6 +74,13 @@ def replay_command(
             "calls read, others may change things), read_only, or side_effecting."
         ),
     ] = "kind",
+    nudge: Annotated[
+        bool,
+        typer.Option(
+            "--nudge/--no-nudge",
+            help="Give the nudge at T-2 (counted: the recording cannot answer it).",
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per replayed run, one per line.")
     ] = False,
@@ -103,7 +110,9 @@ def replay_command(
             opened = _open(store)
         recordings = list(_recordings(files or [], opened, run, skipped))
         replayed = asyncio.run(
-            _replay_all(recordings, threshold, policy, effect, reset_cap, chosen, not as_json)
+            _replay_all(
+                recordings, threshold, policy, effect, reset_cap, chosen, nudge, not as_json
+            )
         )
     except (ConfigError, KeelError) as exc:
         _usage(str(exc))
@@ -150,6 +159,7 @@ async def _replay_all(
     effects: EffectChoice,
     reset_cap: int,
     tiers: tuple[RepeatTier, ...] | None,
+    nudge: bool,
     show_progress: bool,
 ) -> list[Replayed]:
     from rich.progress import Progress
@@ -169,6 +179,7 @@ async def _replay_all(
                     effects=effects,
                     reset_cap=reset_cap,
                     tiers=tiers,
+                    nudge=nudge,
                 )
             )
             bar.advance(task)

@@ -25,6 +25,7 @@ import pydantic
 from keel._run.breaker import tier_of
 from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
+from keel._run.synthesis import NUDGE_PREFIX
 from keel.errors import ToolError
 from keel.limits import REPEAT_TIERS as REPEAT_TIER_NAMES
 from keel.limits import Limits, LoopPolicy, RepeatTier
@@ -66,6 +67,8 @@ class Replayed:
     failure kind."""
     tiers: tuple[RepeatTier, ...] = ()
     """The repeat tiers in force (docs/adr/0050)."""
+    nudge_after: int | None = None
+    """0-based index of the turn after which the nudge would have come (with `nudge`)."""
     loops: tuple[tuple[str, int], ...] = ()
     """Each loop the recording holds, by its own definition (`identical` and each tier's),
     with the 0-based turn where its first instance ends: computed from the recording alone,
@@ -135,6 +138,7 @@ class Replayed:
             "outcome": self.outcome,
             "tiers": list(self.tiers),
             "tier": self.tier,
+            "nudge_after": self.nudge_after,
             "loops": {name: end for name, end in self.loops},
         }
 
@@ -161,6 +165,7 @@ async def replay(
     effects: EffectChoice = "kind",
     reset_cap: int = 3,
     tiers: tuple[RepeatTier, ...] | None = None,
+    nudge: bool = False,
 ) -> Replayed:
     """Play one recording through the run loop, as Keel runs it and with the hard limit alone.
     `tiers`: the repeat tiers in force; None: as the policy has them."""
@@ -174,6 +179,7 @@ async def replay(
         max_model_calls=None,
         max_tool_calls=None,
         model_retries=0,
+        nudge=nudge,
         **chosen,
     )
     kept = await _play(recording, limits, effects)
@@ -186,6 +192,7 @@ async def replay(
         hard_key=hard.refused_key,
         outcome=kept.outcome,
         tiers=limits.repeat_tiers,
+        nudge_after=kept.nudge_after,
         loops=recorded_loops(recording),
     )
 
@@ -197,6 +204,7 @@ class _Played:
     refused_at: int | None = None
     refused_key: str | None = None
     outcome: str = ""
+    nudge_after: int | None = None
 
 
 async def _play(recording: Recording, limits: Limits, effects: EffectChoice) -> _Played:
@@ -216,7 +224,7 @@ async def _play(recording: Recording, limits: Limits, effects: EffectChoice) -> 
     loop = RunLoop(f"replay-{recording.id}", _QUESTION, setup)
     model.view = loop.view
     result = await loop.run()
-    played = _Played(model.synthesis_after, model.synthesis_key)
+    played = _Played(model.synthesis_after, model.synthesis_key, nudge_after=model.nudge_after)
     failure = result.failure
     if failure is not None:
         played.outcome = failure.kind
@@ -249,6 +257,7 @@ class PlaybackModel:
         """Recorded turns handed to the loop so far."""
         self.synthesis_after: int | None = None
         self.synthesis_key: str | None = None
+        self.nudge_after: int | None = None
         self.view: Any = None
         """The run's read-only view (`RunLoop.view`): which key brought a synthesis turn."""
 
@@ -258,6 +267,9 @@ class PlaybackModel:
                 self.synthesis_after = self.served - 1
                 self.synthesis_key = self.view.repeating_key() if self.view else None
             return ModelResponse("(replay) the synthesis-only turn would come here.")
+        nudged = any(note.startswith(NUDGE_PREFIX) for note in request.volatile)
+        if nudged and self.nudge_after is None:  # the recording goes on: it never read it
+            self.nudge_after = self.served - 1
         if self.served >= len(self.recording.turns):
             return ModelResponse("(replay) the recording ends here.")
         turn = self.recording.turns[self.served]

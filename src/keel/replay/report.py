@@ -33,6 +33,10 @@ class Row:
     loops: int = 0
     loops_caught: int = 0
     keys: dict[str, int] = field(default_factory=dict)
+    nudged: int = 0
+    """Runs that would have had the nudge (with `--nudge`)."""
+    resolved_nudged: int = 0
+    """Resolved runs that would have had it before their last source write."""
     triggered: dict[str, int] = field(default_factory=dict)
     """Runs whose synthesis turn each rule brought: `identical` or a tier's name."""
     tier_loops: dict[str, list[int]] = field(default_factory=dict)
@@ -51,6 +55,11 @@ class Row:
         if replayed.back_to_back_loop:
             self.loops += 1
             self.loops_caught += replayed.synthesis_after is not None
+        if replayed.nudge_after is not None:
+            self.nudged += 1
+            last = replayed.last_source_write
+            if replayed.recording.resolved and last is not None and replayed.nudge_after < last:
+                self.resolved_nudged += 1
         if replayed.tier is not None:
             self.triggered[replayed.tier] = self.triggered.get(replayed.tier, 0) + 1
         for name, _ in replayed.loops:
@@ -71,6 +80,8 @@ class Row:
             "back_to_back_loops": self.loops,
             "back_to_back_loops_caught": self.loops_caught,
             "triggered_by": dict(sorted(self.triggered.items())),
+            "nudged": self.nudged,
+            "resolved_nudged_before_last_write": self.resolved_nudged,
             "loops": {
                 name: {
                     "unresolved": c[0],
