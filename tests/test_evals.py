@@ -127,7 +127,9 @@ def never_reset(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def no_hard_breaker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(IdenticalCallBreaker, "first_tripping_key", lambda self, keys: None)
+    monkeypatch.setattr(
+        IdenticalCallBreaker, "first_tripping_key", lambda self, keys, names=(): None
+    )
 
 
 def ignore_reset_cap(monkeypatch: pytest.MonkeyPatch) -> None:

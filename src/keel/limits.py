@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
@@ -13,9 +13,12 @@ from keel.errors import ConfigError
 __all__ = [
     "EVIDENCE_POLICIES",
     "LOOP_POLICIES",
+    "POLICY_TIERS",
+    "REPEAT_TIERS",
     "EvidencePolicy",
     "Limits",
     "LoopPolicy",
+    "RepeatTier",
     "closest_policy",
 ]
 
@@ -33,6 +36,21 @@ default): the check is recorded with the result. `require`: an answer whose quot
 check gets one more turn with what failed named; one that still fails is kept, `partial`, with
 the failures as its gaps."""
 EVIDENCE_POLICIES: tuple[EvidencePolicy, ...] = get_args(EvidencePolicy)
+
+RepeatTier = Literal["same_result", "alternation", "same_error"]
+"""Rules of the loop policy beyond the identical call (docs/adr/0050, keel._run.breaker): other
+ways for calls to count as one repeat. `same_result`: calls of one tool with the same non-empty
+result and no side effect in between, whatever their arguments. `alternation`: two or three
+calls taking turns with unchanged results. `same_error`: a tool failing with the same error,
+whatever its arguments."""
+REPEAT_TIERS: tuple[RepeatTier, ...] = get_args(RepeatTier)
+
+POLICY_TIERS: dict[LoopPolicy, tuple[RepeatTier, ...]] = {
+    "progress": ("same_result", "alternation"),
+    "adr": (),
+}
+"""The tiers a policy turns on when the run does not name them (`Limits.repeat_*` None):
+chosen from `keel replay` on the shared corpora (docs/adr/0050)."""
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -123,6 +141,41 @@ class Limits:
         ),
     )
     """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
+    repeat_same_result: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_result: calls of one tool with the same non-empty result and no "
+            "side effect in between count as one repeat, whatever their arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`)."""
+    repeat_alternation: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier alternation: two or three calls taking turns with unchanged results "
+            "count as one repeat.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `alternation` on or off; None: as `loop_policy` has it."""
+    repeat_same_error: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_error: a tool failing with the same error counts as one repeat, "
+            "whatever its arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_error` on or off; None: as `loop_policy` has it."""
+    nudge: bool = field(
+        default=False,
+        metadata=_help(
+            "A short note one call before the synthesis turn naming the tool that repeated."
+        ),
+    )
+    """At T-2 (the first repeat a counter or tier sees), the next turn carries a volatile note
+    naming the tool whose result came back the same; tools stay offered (docs/adr/0050)."""
     repeat_synthesis: bool = field(default=True, metadata={"cli": False})
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
@@ -225,8 +278,26 @@ class Limits:
         if self.max_error_chars < 100:
             raise ConfigError(f"max error chars must be at least 100 (got {self.max_error_chars})")
 
+    @property
+    def repeat_tiers(self) -> tuple[RepeatTier, ...]:
+        """The tiers in force: each as the run names it, else as its policy has it."""
+        chosen = POLICY_TIERS[self.loop_policy]
+        on = []
+        for tier in REPEAT_TIERS:
+            given = getattr(self, f"repeat_{tier}")
+            if given is True or (given is None and tier in chosen):
+                on.append(tier)
+        return tuple(on)
+
+    def in_force(self) -> Limits:
+        """The limits as saved with a run: each tier on or off as it is in force, not "as the
+        policy has it", so a resume keeps them even if a later Keel changes a policy's tiers."""
+        tiers = self.repeat_tiers
+        named: dict[str, Any] = {f"repeat_{tier}": tier in tiers for tier in REPEAT_TIERS}
+        return replace(self, **named)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self.in_force())
 
 
 def closest_policy(name: object, choices: tuple[str, ...] = LOOP_POLICIES) -> str:

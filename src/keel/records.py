@@ -14,12 +14,12 @@ becomes an `UnknownEvent` that is shown, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
 from keel.errors import FailureKind, RunFailure
-from keel.limits import Limits
+from keel.limits import REPEAT_TIERS, Limits
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
@@ -41,6 +41,7 @@ __all__ = [
     "ModelResponseReceived",
     "OutputRejected",
     "RecordedCall",
+    "RepeatState",
     "ResultElided",
     "RunCancelled",
     "RunCompleted",
@@ -450,6 +451,23 @@ class KeyCounter:
     """Restarts because the world changed since this key's last call (policy `progress`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RepeatState:
+    """What the repeat tiers keep besides their counters (keel._run.breaker, docs/adr/0050):
+    small and fixed in size. Replaced, never changed in place, so a checkpoint's snapshot is
+    never shared with the live run."""
+
+    writes: int = 0
+    """Side-effecting calls answered without an error, and calls whose result differed from
+    their key's last one, so far: a tier's chain restarts when this moved since its last call
+    (something in between may have changed what it sees)."""
+    recent_keys: tuple[str, ...] = ()
+    """The call keys of the run's last three answered calls, oldest first (alternation)."""
+    recent_digests: tuple[str, ...] = ()
+    """Their results' digests."""
+    alternating: tuple[str, ...] = ("", "")
+    """The tier key of the alternation running now with period 2 and with period 3 ("": none)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -561,6 +579,8 @@ class RunState:
     hooked: dict[str, HookChange] = field(default_factory=dict)
     """What a `before_tool_call` hook decided for a call of the open batch, by Keel's id, so a
     resumed batch applies it without asking the hook again."""
+    repeats: RepeatState = field(default_factory=RepeatState)
+    """The repeat tiers' state besides their counters (docs/adr/0050)."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change, made from the fields: every container is
@@ -723,13 +743,15 @@ class RunConfig:
 
     def encode(self) -> JsonObject:
         """Derived from the fields (keel.codec): the settings flat at the top level, the
-        conversation's ids only when set."""
-        return cast(JsonObject, to_json(self))
+        conversation's ids only when set; the repeat tiers as they are in force (a resume
+        keeps them even if a later Keel changes what a policy turns on)."""
+        return cast(JsonObject, to_json(replace(self, limits=self.limits.in_force())))
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
         raw: dict[str, Any] = {"model": "", "system_prompt": "", **data}
         limits = raw.get("limits")
-        if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`
-            raw["limits"] = {"loop_policy": "adr", **limits}
+        if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`, and
+            before = {f"repeat_{tier}": False for tier in REPEAT_TIERS}  # before the tiers: none
+            raw["limits"] = {"loop_policy": "adr", **before, **limits}
         return from_json(cls, raw)

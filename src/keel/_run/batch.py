@@ -350,13 +350,23 @@ def _apply_evidence_resets(parts: StepParts, executed: list[ExecutedCall]) -> No
     breaker = parts.breaker
     for item in executed:
         tool = parts.executor.get(item.call.name)
-        if tool is None or item.result.is_error:
+        if tool is None:
             continue
-        restart = breaker.settle(
+        result, side_effect = item.result, tool.effect is Effect.SIDE_EFFECTING
+        if not result.is_error:
+            restart = breaker.settle(
+                item.call.key,
+                result.digest,
+                observation=tool.effect is Effect.OBSERVATION,
+                side_effect=side_effect,
+            )
+            if restart is not None:
+                parts.recorder.restarted(restart)
+        breaker.answered(  # the repeat tiers (docs/adr/0050)
             item.call.key,
-            item.result.digest,
-            observation=tool.effect is Effect.OBSERVATION,
-            side_effect=tool.effect is Effect.SIDE_EFFECTING,
+            item.call.name,
+            result.digest,
+            error=result.is_error,
+            empty=not result.content.strip(),
+            side_effect=side_effect,
         )
-        if restart is not None:
-            parts.recorder.restarted(restart)

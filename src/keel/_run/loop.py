@@ -108,6 +108,8 @@ class RunLoop:
             resume.counters if resume else None,
             policy=setup.limits.loop_policy,
             world=state.world,
+            tiers=setup.limits.repeat_tiers,
+            repeats=state.repeats,
         )
         self.parts = StepParts(
             state=state,
@@ -177,6 +179,7 @@ class RunLoop:
 
     async def checkpoint(self, release: bool = False) -> None:
         self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
+        self.state.repeats = self.parts.breaker.repeats
         await self.recorder.checkpoint(
             self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
         )

@@ -32,12 +32,14 @@ __all__ = [
     "DEADLINE_CONTROL",
     "FIRST_CALL_CONTROL",
     "NORMAL",
+    "NUDGE_PREFIX",
     "PARTIAL_OUTPUT_CONTROL",
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
     "decide_mode",
     "first_call_control",
+    "nudge_control",
     "question_control",
     "with_question",
 ]
@@ -102,6 +104,19 @@ def with_question(mode: Mode, question: str) -> Mode:
     if restated is None:
         return mode
     return dataclasses.replace(mode, controls=(restated, *mode.controls))
+
+
+NUDGE_PREFIX = "Note: "
+
+
+def nudge_control(tools: str) -> str:
+    """The nudge (docs/adr/0050): one normal turn's volatile note at the first repeat (T-2),
+    tools still offered. It names the tool and says the result was the same; no arguments and
+    no retrieved text, as for every control."""
+    return (
+        f"{NUDGE_PREFIX}{tools} just gave the same result again. Do not repeat it: try a "
+        "different approach, or answer from the evidence you have."
+    )
 
 
 CONTROLS = (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL, PARTIAL_OUTPUT_CONTROL)

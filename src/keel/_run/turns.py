@@ -12,9 +12,16 @@ import time
 from dataclasses import replace
 
 from keel._run import gateway, hooks
+from keel._run.breaker import repeated_tools
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
 from keel._run.parts import StepParts
-from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
+from keel._run.synthesis import (
+    PARTIAL_OUTPUT_CONTROL,
+    Mode,
+    decide_mode,
+    nudge_control,
+    with_question,
+)
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
@@ -50,6 +57,10 @@ def current_mode(parts: StepParts) -> Mode:
         tools = {t.name for t in parts.context.tools}
         start = parts.transport.first_call(parts.context.question(), tools)
     mode = decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start)
+    if mode.reason is None and parts.limits.nudge:  # docs/adr/0050: volatile, never stored
+        nudged = parts.breaker.nudge_key()
+        if nudged is not None:
+            mode = replace(mode, controls=(*mode.controls, nudge_control(repeated_tools(nudged))))
     return mode if mode.reason is None else with_question(mode, parts.context.question())
 
 

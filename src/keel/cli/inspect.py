@@ -152,7 +152,8 @@ def show(
     rules = _loop_rules(record.config.limits)
     out.print(
         f"loop rules: policy {rules['policy']}, threshold {rules['threshold']}, "
-        f"evidence resets {rules['evidence_reset_cap']} per key",
+        f"evidence resets {rules['evidence_reset_cap']} per key, "
+        f"tiers {', '.join(rules['tiers']) or 'none'}{', nudge' if rules['nudge'] else ''}",
         highlight=False,
         markup=False,
     )
@@ -269,6 +270,8 @@ def _loop_rules(limits: Limits) -> dict[str, Any]:
         "policy": limits.loop_policy,
         "threshold": limits.loop_threshold,
         "evidence_reset_cap": limits.evidence_reset_cap,
+        "tiers": list(limits.repeat_tiers),
+        "nudge": limits.nudge,
     }
 
 
