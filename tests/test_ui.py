@@ -544,3 +544,21 @@ def html_text(escaped: str) -> str:
     import html
 
     return html.unescape(escaped)
+
+
+def test_a_decision_past_the_calls_expiry_is_refused_and_the_run_goes_on_denied(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    from ui_runs import keel_run
+
+    write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "S.md", "content": "s"}}]}
+    script = {"turns": [write, {"text": "Not written."}]}
+    out = keel_run(store, repo, script, "--allow-writes", "--approval-timeout", "0.5")
+    assert out["status"] == "awaiting_approval"
+    run_id = str(out["run_id"])
+    page = ui.get(f"/runs/{run_id}").text
+    time.sleep(0.8)
+    late = ui.post(f"/runs/{run_id}/calls/{CALL}/approve", data={"csrf": csrf(page), "by": "ana"})
+    assert late.status_code == 409 and "approval timeout" in late.text
+    wait_for_status(store, run_id, "completed")  # it went on as after a denial
+    assert not (repo / "S.md").exists()
