@@ -20,6 +20,7 @@ from a2a.types import (
 )
 from a2a.utils.errors import (
     TaskNotCancelableError,
+    UnsupportedOperationError,
 )
 
 from a2a_serving import (
@@ -131,7 +132,13 @@ async def test_a_killed_server_restarted_answers_get_task_for_every_task(tmp_pat
                 name: (await client.get_task(GetTaskRequest(id=task_id))).status
                 for name, task_id in ids.items()
             }
-            resumed = await collect(client.subscribe(SubscribeToTaskRequest(id=ids["working"])))
+            try:  # the resumed run may end between get_task and subscribe (a busy machine)
+                resumed = await collect(
+                    client.subscribe(SubscribeToTaskRequest(id=ids["working"]))
+                )
+                ended = final_state(resumed)
+            except UnsupportedOperationError:  # A2A: no subscribing to a task that has ended
+                ended = (await client.get_task(GetTaskRequest(id=ids["working"]))).status.state
     assert {name: TaskState.Name(s.state) for name, s in states.items()} == {
         "completed": "TASK_STATE_COMPLETED",
         "failed": "TASK_STATE_FAILED",
@@ -141,7 +148,7 @@ async def test_a_killed_server_restarted_answers_get_task_for_every_task(tmp_pat
     }
     failure = get_data_parts(states["failed"].message.parts)[0]
     assert failure["kind"] == "ModelError" and "malformed" in failure["message"]
-    assert final_state(resumed) == TaskState.TASK_STATE_COMPLETED
+    assert ended == TaskState.TASK_STATE_COMPLETED
 
 
 async def test_a_task_decided_while_the_server_was_down_goes_on_when_it_starts(
