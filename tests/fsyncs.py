@@ -36,8 +36,8 @@ text = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[: kb 
 
 @keel.tool(effect="read_only")
 async def read_chunk(n: int) -> str:
-    '''Return chunk n.'''
-    return text
+    '''Return chunk n (each its own, as a real file's are: a repeat tier sees no loop).'''
+    return f"{n:08d}{text[8:]}"
 
 def agent(store):
     script = {"turns": [{"tool_calls": [{"name": "read_chunk", "arguments": {"n": i}}]}

@@ -82,6 +82,15 @@ async def test_same_result_restarts_when_a_side_effect_runs_in_between() -> None
     assert out.synthesis_after is None
 
 
+async def test_same_result_never_chains_writes_that_took() -> None:
+    """Writes of one tool with different arguments and the same result ("wrote 8 bytes",
+    "sent"): each one that took changed something, so it is work, not a loop; the tier counts
+    no successful side effect (the fault suite's log of appends was cut by it)."""
+    turns = [("append", f"append entry {n}", "wrote 8 bytes", "write") for n in range(8)]
+    out = await replay(calls(*turns), tiers=("same_result",))
+    assert out.synthesis_after is None
+
+
 async def test_same_result_restarts_when_another_call_s_result_changed() -> None:
     """A write whose own result never changes, and a read after it that does: the world
     changed, so the write's same result is not a loop (a real edit-and-reread)."""

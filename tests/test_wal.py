@@ -30,8 +30,8 @@ TEXT = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 400)[:20_4
 
 @keel.tool(effect="read_only")
 async def read_chunk(n: int) -> str:
-    """Return chunk n."""
-    return TEXT
+    """Return chunk n (each its own, as a real file's are: a repeat tier sees no loop)."""
+    return f"{n:08d}{TEXT[8:]}"
 
 
 def script(turns: int) -> dict[str, Any]:

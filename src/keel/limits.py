@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
@@ -149,7 +149,9 @@ class Limits:
             default_help="as the loop policy has it",
         ),
     )
-    """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`)."""
+    """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`), decided
+    when the limits are made, so the limits saved with a run name each tier on or off and a
+    resume keeps them even if a later Keel changes what a policy turns on."""
     repeat_alternation: bool | None = field(
         default=None,
         metadata=_help(
@@ -256,6 +258,9 @@ class Limits:
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
                 + closest_policy(self.loop_policy)
             )
+        for tier in REPEAT_TIERS:  # decided once, so a run saves the tiers it ran with
+            if getattr(self, f"repeat_{tier}") is None:
+                object.__setattr__(self, f"repeat_{tier}", tier in POLICY_TIERS[self.loop_policy])
         if self.evidence not in EVIDENCE_POLICIES:
             raise ConfigError(
                 f"evidence must be one of {', '.join(EVIDENCE_POLICIES)} (got {self.evidence!r})"
@@ -280,24 +285,11 @@ class Limits:
 
     @property
     def repeat_tiers(self) -> tuple[RepeatTier, ...]:
-        """The tiers in force: each as the run names it, else as its policy has it."""
-        chosen = POLICY_TIERS[self.loop_policy]
-        on = []
-        for tier in REPEAT_TIERS:
-            given = getattr(self, f"repeat_{tier}")
-            if given is True or (given is None and tier in chosen):
-                on.append(tier)
-        return tuple(on)
-
-    def in_force(self) -> Limits:
-        """The limits as saved with a run: each tier on or off as it is in force, not "as the
-        policy has it", so a resume keeps them even if a later Keel changes a policy's tiers."""
-        tiers = self.repeat_tiers
-        named: dict[str, Any] = {f"repeat_{tier}": tier in tiers for tier in REPEAT_TIERS}
-        return replace(self, **named)
+        """The tiers in force (each decided when the limits were made)."""
+        return tuple(tier for tier in REPEAT_TIERS if getattr(self, f"repeat_{tier}"))
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self.in_force())
+        return asdict(self)
 
 
 def closest_policy(name: object, choices: tuple[str, ...] = LOOP_POLICIES) -> str:

@@ -14,7 +14,7 @@ becomes an `UnknownEvent` that is shown, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
@@ -743,9 +743,8 @@ class RunConfig:
 
     def encode(self) -> JsonObject:
         """Derived from the fields (keel.codec): the settings flat at the top level, the
-        conversation's ids only when set; the repeat tiers as they are in force (a resume
-        keeps them even if a later Keel changes what a policy turns on)."""
-        return cast(JsonObject, to_json(replace(self, limits=self.limits.in_force())))
+        conversation's ids only when set."""
+        return cast(JsonObject, to_json(self))
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:

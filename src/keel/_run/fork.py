@@ -8,9 +8,10 @@ events is re-computed from the copied events, by the loop's own code where there
 
     counters     each accepted batch counted with `IdenticalCallBreaker.record`, each result
                  that came back settled with `IdenticalCallBreaker.settle`, in request order,
-                 under the original's loop policy, threshold and reset cap, exactly as
-                 `step._accept_batch` and `batch._apply_evidence_resets` call them (a result
-                 saved before a crash was never settled, and is not here either)
+                 under the original's loop policy, threshold, reset cap and repeat tiers
+                 (each result `answered` too), exactly as `step._accept_batch` and
+                 `batch._apply_evidence_resets` call them (a result saved before a crash was
+                 never settled, and is not here either)
     state        step, model calls (every attempt sent), tool calls (every call that ran, or
                  whose effect is unknown), usage, cost, the longest call, output retries,
                  decisions and denials, the world version, the effects left unknown, and
@@ -146,10 +147,14 @@ def derive(
     state = RunState(step=at)
     state.next_seq = len(copied)
     breaker = IdenticalCallBreaker(
-        limits.loop_threshold, limits.evidence_reset_cap, policy=limits.loop_policy
+        limits.loop_threshold,
+        limits.evidence_reset_cap,
+        policy=limits.loop_policy,
+        tiers=limits.repeat_tiers,
     )
     _count(events, state, breaker, children or {})
     state.world = breaker.world
+    state.repeats = breaker.repeats
     elisions = [(e.call_id, e.step) for e in copied if isinstance(e, ResultElided)]
     return ForkPrefix(question, copied, state, breaker.counters, elisions, origin, continues_from)
 
@@ -176,15 +181,23 @@ def _count(
         `batch._apply_evidence_resets` settles): results of a process that died before the
         batch ended were never settled, and a denied, refused or unknown call never ran."""
         for result in sorted(settle, key=lambda r: order.get(r.call_id, 0)):
-            if result.is_error:
-                continue
             effect = effects.get(result.call_id)
-            breaker.settle(
-                result.call_key,
-                result.digest,
-                observation=effect == "observation",
-                side_effect=effect == "side_effecting",
-            )
+            if not result.is_error:
+                breaker.settle(
+                    result.call_key,
+                    result.digest,
+                    observation=effect == "observation",
+                    side_effect=effect == "side_effecting",
+                )
+            if effect is not None:  # a known tool's result: the repeat tiers count it
+                breaker.answered(
+                    result.call_key,
+                    result.name,
+                    result.digest,
+                    error=result.is_error,
+                    empty=not result.content.strip(),
+                    side_effect=effect == "side_effecting",
+                )
         settle.clear()
 
     for event in events:
