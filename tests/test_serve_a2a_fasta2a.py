@@ -31,26 +31,32 @@ def pip_error(stderr: str) -> str:
     return " | ".join(lines[-4:]) or "no output"
 
 
-@pytest.fixture(scope="session")
-def fasta2a_python() -> Path:
-    stamp = VENV / f".installed-{PACKAGES[0].replace('==', '-')}"
+def private_venv(venv: Path, packages: tuple[str, ...]) -> Path:
+    """The python of a venv of its own with `packages` (made once: a stamp names the first);
+    skips the test with pip's error when they cannot be installed."""
+    stamp = venv / f".installed-{packages[0].replace('==', '-')}"
     if not stamp.exists():
         try:
-            made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)],
+            made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)],
                                   capture_output=True, text=True, timeout=120)  # fmt: skip
             if made.returncode != 0:
-                pytest.skip(f"no venv for fasta2a: {pip_error(made.stderr)}")
+                pytest.skip(f"no venv for {packages[0]}: {pip_error(made.stderr)}")
             pip = subprocess.run(
-                [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", *PACKAGES],
+                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
+                 "--disable-pip-version-check", *packages],
                 capture_output=True, text=True, timeout=300,
             )  # fmt: skip
         except subprocess.TimeoutExpired as timeout:
-            pytest.skip(f"fasta2a did not install within {timeout.timeout:.0f} s")
+            pytest.skip(f"{packages[0]} did not install within {timeout.timeout:.0f} s")
         if pip.returncode != 0:
-            pytest.skip(f"pip could not install {' '.join(PACKAGES)}: {pip_error(pip.stderr)}")
+            pytest.skip(f"pip could not install {' '.join(packages)}: {pip_error(pip.stderr)}")
         stamp.touch()
-    return VENV / "bin" / "python"
+    return venv / "bin" / "python"
+
+
+@pytest.fixture(scope="session")
+def fasta2a_python() -> Path:
+    return private_venv(VENV, PACKAGES)
 
 
 def test_fasta2a_reads_the_card_asks_and_approves_a_paused_task_by_text(
