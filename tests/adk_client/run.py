@@ -3,9 +3,10 @@ ADK's own venv).
 
 ADK reads Keel's card, sends the question through its own A2A client, and turns the task's
 `input-required` into a function call of its own (`mock_function_call_for_required_user_input`,
-the pending calls as its argument). The reply is what an ADK app sends to resume: a function
-response to that call, its `response` the JSON given on the command line. Each ADK event and
-each request ADK posts is printed, one JSON object per line."""
+the status text as its argument). The reply is what an ADK app sends to resume: a function
+response to that call, its `response` one of the JSON objects given on the command line, each
+in a session (and so a task) of its own. Each ADK event and each request ADK posts is printed,
+one JSON object per line, with the number of its case."""
 
 from __future__ import annotations
 
@@ -23,8 +24,11 @@ from google.genai import types
 APP, USER = "keel-adk-test", "user"
 
 
+CASE = [0]
+
+
 def show(kind: str, **fields: Any) -> None:
-    print(json.dumps({"kind": kind, **fields}, default=str), flush=True)
+    print(json.dumps({"kind": kind, "case": CASE[0], **fields}, default=str), flush=True)
 
 
 async def posted(request: httpx.Request) -> None:
@@ -48,12 +52,7 @@ async def turn(runner: Runner, session_id: str, message: types.Content) -> list[
     return events
 
 
-async def main(url: str, question: str, response: dict[str, Any] | None) -> None:
-    http = httpx.AsyncClient(timeout=60, event_hooks={"request": [posted]})
-    agent = RemoteA2aAgent(
-        name="keel", agent_card=f"{url}/.well-known/agent-card.json", httpx_client=http
-    )
-    runner = Runner(app_name=APP, agent=agent, session_service=InMemorySessionService())
+async def case(runner: Runner, question: str, response: dict[str, Any]) -> None:
     session = await runner.session_service.create_session(app_name=APP, user_id=USER)
     asked = types.Content(role="user", parts=[types.Part(text=question)])
     events = await turn(runner, session.id, asked)
@@ -64,16 +63,26 @@ async def main(url: str, question: str, response: dict[str, Any] | None) -> None
         if call.id in (event.long_running_tool_ids or ())
     ]
     show("calls", calls=[c.model_dump(mode="json", exclude_none=True) for c in calls])
-    if response is None or not calls:
+    if not calls:
         return
     call = calls[-1]  # ADK makes one per pause event it relays (the stream's, the task's)
     reply = types.Part(
         function_response=types.FunctionResponse(id=call.id, name=call.name, response=response)
     )
     await turn(runner, session.id, types.Content(role="user", parts=[reply]))
+
+
+async def main(url: str, question: str, responses: list[dict[str, Any]]) -> None:
+    http = httpx.AsyncClient(timeout=60, event_hooks={"request": [posted]})
+    agent = RemoteA2aAgent(
+        name="keel", agent_card=f"{url}/.well-known/agent-card.json", httpx_client=http
+    )
+    runner = Runner(app_name=APP, agent=agent, session_service=InMemorySessionService())
+    for number, response in enumerate(responses):
+        CASE[0] = number
+        await case(runner, question, response)
     await http.aclose()
 
 
 if __name__ == "__main__":
-    given = json.loads(sys.argv[3]) if len(sys.argv) > 3 else None
-    asyncio.run(main(sys.argv[1], sys.argv[2], given))
+    asyncio.run(main(sys.argv[1], sys.argv[2], [json.loads(a) for a in sys.argv[3:]]))
