@@ -171,6 +171,25 @@ async def test_adks_function_response_decides_a_task_with_one_pending_call(
         assert decision.reason == reason
 
 
+async def test_adk_1s_function_response_in_a_0_3_message_send_decides_the_task(
+    write_server: Served,
+) -> None:
+    """ADK 1.x speaks A2A 0.3 (a2a-sdk 0.3): its reply is a 0.3 `message/send`, no version
+    header, the function response a `kind: data` part with its metadata."""
+    async with a2a(write_server.url) as client:
+        task_id, call = await paused(client)
+    data = {"id": uuid.uuid4().hex, "name": ADK_CALL, "response": {"result": "approve"}}
+    part = {"kind": "data", "data": data, "metadata": {"adk_type": "function_response"}}
+    message = {"kind": "message", "messageId": uuid.uuid4().hex, "role": "user",
+               "taskId": task_id, "contextId": task_id, "parts": [part]}  # fmt: skip
+    body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        said = (await http.post(write_server.url + "/a2a/jsonrpc", json=body)).json()
+    assert "error" not in said, said
+    [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
+    assert run.state.decisions[call["call_id"]].approved is True
+
+
 async def test_an_adk_function_response_that_decides_nothing_is_refused_naming_what_to_send(
     write_server: Served,
 ) -> None:
