@@ -93,4 +93,4 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/subagents.py
 
 clean:
-	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-litellm .venv-fasta2a .venv-adk .pytest_cache .mypy_cache .ruff_cache
