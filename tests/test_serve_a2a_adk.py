@@ -20,8 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from a2a_serving import WRITE, keel_serve, runs_in
-from test_serve_a2a_fasta2a import pip_error, private_venv
+from a2a_serving import WRITE, keel_serve, pip_error, private_venv, runs_in
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-adk"

@@ -12,46 +12,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from a2a_serving import WRITE, keel_serve
+from a2a_serving import WRITE, keel_serve, private_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-fasta2a"
 PACKAGES = ("fasta2a==2.1.1", "httpx>=0.27")
 CLIENT = Path(__file__).resolve().parent / "fasta2a_client" / "run.py"
-
-
-def pip_error(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line and not line.startswith("WARNING")]
-    return " | ".join(lines[-4:]) or "no output"
-
-
-def private_venv(venv: Path, packages: tuple[str, ...]) -> Path:
-    """The python of a venv of its own with `packages` (made once: a stamp names the first);
-    skips the test with pip's error when they cannot be installed."""
-    stamp = venv / f".installed-{packages[0].replace('==', '-')}"
-    if not stamp.exists():
-        try:
-            made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)],
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
-            if made.returncode != 0:
-                pytest.skip(f"no venv for {packages[0]}: {pip_error(made.stderr)}")
-            pip = subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", *packages],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as timeout:
-            pytest.skip(f"{packages[0]} did not install within {timeout.timeout:.0f} s")
-        if pip.returncode != 0:
-            pytest.skip(f"pip could not install {' '.join(packages)}: {pip_error(pip.stderr)}")
-        stamp.touch()
-    return venv / "bin" / "python"
 
 
 @pytest.fixture(scope="session")
