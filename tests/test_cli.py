@@ -21,6 +21,7 @@ RESULT_KEYS = {
     "conversation_id",
     "status",
     "answer",
+    "evidence",
     "synthesized",
     "cut_off",
     "failure",

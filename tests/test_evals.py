@@ -127,7 +127,9 @@ def never_reset(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def no_hard_breaker(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(IdenticalCallBreaker, "first_tripping_key", lambda self, keys: None)
+    monkeypatch.setattr(
+        IdenticalCallBreaker, "first_tripping_key", lambda self, keys, names=(): None
+    )
 
 
 def ignore_reset_cap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -383,7 +385,7 @@ def test_json_prints_exactly_one_object_with_per_run_rows() -> None:
     assert code == 0
     report = json.loads(out)
     assert out.strip().count("\n") == 0
-    assert set(report) == {"passed", "model", "repeat", "scenarios"}
+    assert set(report) == {"passed", "model", "repeat", "evidence", "scenarios"}
     (scenario,) = report["scenarios"]
     assert scenario["outcomes"] == {"ToolLoopDetected": 1}
     row = scenario["results"][0]

@@ -32,6 +32,10 @@ EXPORTED = {
     "tool",
     "web_tools",
     "write_tools",
+    # hooks: what they may return (keel/hooks.py, ADR 0052)
+    "Deny",
+    "EndRun",
+    "Replace",
     # what a run ends with, and where it is kept
     "Failure",
     "FailureKind",
@@ -60,8 +64,11 @@ EXPORTED = {
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",
+    "DecisionExpired",
     "EffectUnknown",
     "EmptyModelTurn",
+    "EndedByHook",
+    "HookFailed",
     "InvalidOutput",
     "KeelError",
     "LeaseHeld",

@@ -94,11 +94,11 @@ async def test_a_fork_makes_no_model_call_and_no_tool_call_for_its_prefix(tmp_pa
     # the one request B got holds the prefix: the question, four calls and their results
     sent = model_b.requests[0]
     results = [i for i in sent.items if isinstance(i, keel.ToolResult)]
-    assert [r.content for r in results] == [
-        "what is known about leases",
-        "1 notes",
-        "what is known about leases",
-        "what is known about checkpoints",
+    assert [r.content for r in results] == [  # each with its citable id (ADR 0053)
+        "[r1] what is known about leases",
+        "[r2] 1 notes",
+        "[r3] what is known about leases",
+        "[r4] what is known about checkpoints",
     ]
     # the fork's record: the original's steps copied, then the live step
     events = store.events(fork.run_id)
@@ -236,10 +236,10 @@ async def test_a_fork_of_a_fork(tmp_path: Path) -> None:
     assert second.answer == "C's answer" and len(model_c.requests) == 1
     assert len(tools.runs) == 5
     results = [i.content for i in model_c.requests[0].items if isinstance(i, keel.ToolResult)]
-    assert results == [  # the original's two steps, then B's live one
-        "what is known about leases",
-        "1 notes",
-        "what is known about fencing",
+    assert results == [  # the original's two steps, then B's live one, numbered on
+        "[r1] what is known about leases",
+        "[r2] 1 notes",
+        "[r3] what is known about fencing",
     ]
     assert second.forked_from == {
         "run_id": fork.run_id,
@@ -314,7 +314,7 @@ async def test_a_fork_from_a_chat_message_list(tmp_path: Path) -> None:
     users = [i for i in sent.items if isinstance(i, keel.UserMessage)]
     assert [u.text for u in users] == ["Where is the lease renewed?"]
     results = [i.content for i in sent.items if isinstance(i, keel.ToolResult)]
-    assert results == ["lease.py:62: renew_lease", "def _beat(self): ..."]
+    assert results == ["[r1] lease.py:62: renew_lease", "[r2] def _beat(self): ..."]
     calls = [c for i in sent.items if isinstance(i, keel.AssistantMessage) for c in i.tool_calls]
     assert [(c.name, c.arguments) for c in calls] == [
         ("grep", {"pattern": "renew"}),
@@ -455,4 +455,4 @@ async def test_a_fork_of_a_parent_runs_none_of_its_finished_children_again(tmp_p
     assert [c.run_id for c in fork.children] == [child.run_id]  # the original's child, named
     assert (fork.model_calls, fork.tool_calls) == (original.model_calls, original.tool_calls)
     results = [i.content for i in model_b.requests[0].items if isinstance(i, keel.ToolResult)]
-    assert results == ["A says alpha."]
+    assert results == ["[r1] A says alpha."]

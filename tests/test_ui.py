@@ -119,7 +119,9 @@ def test_run_page_marks_the_synthesis_turn_and_charts_the_counter_to_t_minus_1(
 
 
 def test_counters_are_computed_from_events_like_the_breaker(store: Path, repo: Path) -> None:
-    """The chart's counters (tool_call +1, evidence_reset back to 1) end where the store's do."""
+    """The chart's counters (tool_call +1, evidence_reset back to 1) end where the store's
+    identical-call counters do (a repeat tier's counters, ADR 0050, are not charted)."""
+    from keel._run.breaker import tier_of
     from keel.ui.chart import counter_series
 
     run_id = synthesized_run(store, repo)
@@ -130,7 +132,7 @@ def test_counters_are_computed_from_events_like_the_breaker(store: Path, repo: P
     finally:
         db.close()
     assert {k: s.points[-1][1] for k, s in series.items()} == {
-        k: c.count for k, c in stored.items()
+        k: c.count for k, c in stored.items() if tier_of(k) is None
     }
 
 
@@ -287,7 +289,8 @@ def test_approvals_page_lists_paused_runs_with_forms(
     page = ui.get("/approvals").text
     assert f"/runs/{run_id}/calls/{CALL}/approve" in page
     assert f"/runs/{run_id}/calls/{CALL}/deny" in page
-    assert page.count('name="csrf"') == 2
+    assert f"/runs/{run_id}/calls/{CALL}/answer" in page
+    assert page.count('name="csrf"') == 3  # approve (edit, for the run), deny, answer instead
 
 
 # -- live --------------------------------------------------------------------------------------
@@ -421,3 +424,141 @@ def test_the_live_stream_leaves_a_page_that_is_up_to_date_alone(store: Path, rep
         assert "event: update" in first and '"summary"' in first
     finally:
         reader.close()
+
+
+# -- the four decisions (ADR 0052) --------------------------------------------------------------
+
+
+def test_approve_with_edited_arguments_runs_what_the_person_wrote(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    page = ui.get(f"/runs/{run_id}").text
+    assert 'name="arguments"' in page and "edit the arguments" in page
+    edited = json.dumps({"path": "SUMMARY.md", "content": "edited by ana"})
+    response = ui.post(
+        f"/runs/{run_id}/calls/{CALL}/approve",
+        data={"csrf": csrf(page), "by": "ana", "arguments": edited, "call_key": shown_key(page)},
+        follow_redirects=False,
+    )
+    assert response.status_code == 303
+    wait_for_status(store, run_id, "completed")
+    assert (repo / "SUMMARY.md").read_text() == "edited by ana"
+    done = ui.get(f"/runs/{run_id}").text
+    assert "approved by <strong>ana</strong> with edited arguments" in done
+
+
+def test_arguments_left_as_shown_are_an_approval_as_asked(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    page = ui.get(f"/runs/{run_id}").text
+    shown = re.search(r'<textarea name="arguments"[^>]*>([^<]*)</textarea>', page)
+    assert shown is not None
+    ui.post(
+        f"/runs/{run_id}/calls/{CALL}/approve",
+        data={"csrf": csrf(page), "by": "ana", "arguments": html_text(shown.group(1))},
+    )
+    wait_for_status(store, run_id, "completed")
+    record = Store(store).get_run(run_id)
+    assert record is not None and record.state.decisions[CALL].arguments is None
+
+
+def test_edited_arguments_that_do_not_fit_are_refused_and_record_nothing(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    token = csrf(ui.get(f"/runs/{run_id}").text)
+    before = decisions(store, run_id)
+    for arguments, status in (("{not json", 400), (json.dumps({"path": 3}), 409)):
+        response = ui.post(
+            f"/runs/{run_id}/calls/{CALL}/approve",
+            data={"csrf": token, "by": "ana", "arguments": arguments},
+        )
+        assert response.status_code == status
+    assert decisions(store, run_id) == before
+
+
+def test_a_form_for_another_call_than_the_pending_one_is_refused(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    token = csrf(ui.get(f"/runs/{run_id}").text)
+    before = decisions(store, run_id)
+    response = ui.post(
+        f"/runs/{run_id}/calls/{CALL}/approve",
+        data={"csrf": token, "by": "ana", "call_key": 'write_file {"path":"other.md"}'},
+    )
+    assert response.status_code == 409
+    assert decisions(store, run_id) == before
+
+
+def test_answer_instead_is_the_calls_result_and_nothing_runs(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    page = ui.get(f"/runs/{run_id}").text
+    assert f"/runs/{run_id}/calls/{CALL}/answer" in page
+    empty = ui.post(f"/runs/{run_id}/calls/{CALL}/answer", data={"csrf": csrf(page), "text": " "})
+    assert empty.status_code == 400
+    ui.post(
+        f"/runs/{run_id}/calls/{CALL}/answer",
+        data={
+            "csrf": csrf(page),
+            "by": "bo",
+            "text": "SUMMARY.md is kept by hand.",
+            "call_key": shown_key(page),
+        },
+    )
+    wait_for_status(store, run_id, "completed")
+    assert not (repo / "SUMMARY.md").exists()
+    record = Store(store).get_run(run_id)
+    assert record is not None
+    decision = record.state.decisions[CALL]
+    assert (decision.answer, decision.by) == ("SUMMARY.md is kept by hand.", "bo")
+    assert "answered instead by <strong>bo</strong>" in ui.get(f"/runs/{run_id}").text
+
+
+def test_approve_for_the_run_is_recorded_with_the_decision(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    page = ui.get(f"/runs/{run_id}").text
+    ui.post(
+        f"/runs/{run_id}/calls/{CALL}/approve",
+        data={"csrf": csrf(page), "by": "ana", "for_run": "on"},
+    )
+    wait_for_status(store, run_id, "completed")
+    record = Store(store).get_run(run_id)
+    assert record is not None and record.state.decisions[CALL].for_run
+    assert "write_file" in record.state.approved_for_run
+
+
+def shown_key(page: str) -> str:
+    found = re.search(r'name="call_key" value="([^"]+)"', page)
+    assert found, "the form carries no call key"
+    return html_text(found.group(1))
+
+
+def html_text(escaped: str) -> str:
+    import html
+
+    return html.unescape(escaped)
+
+
+def test_a_decision_past_the_calls_expiry_is_refused_and_the_run_goes_on_denied(
+    ui: TestClient, store: Path, repo: Path
+) -> None:
+    from ui_runs import keel_run
+
+    write = {"tool_calls": [{"name": "write_file", "arguments": {"path": "S.md", "content": "s"}}]}
+    script = {"turns": [write, {"text": "Not written."}]}
+    out = keel_run(store, repo, script, "--allow-writes", "--approval-timeout", "0.5")
+    assert out["status"] == "awaiting_approval"
+    run_id = str(out["run_id"])
+    page = ui.get(f"/runs/{run_id}").text
+    time.sleep(0.8)
+    late = ui.post(f"/runs/{run_id}/calls/{CALL}/approve", data={"csrf": csrf(page), "by": "ana"})
+    assert late.status_code == 409 and "approval timeout" in late.text
+    wait_for_status(store, run_id, "completed")  # it went on as after a denial
+    assert not (repo / "S.md").exists()

@@ -1,6 +1,7 @@
 """`keel ui` in a real Chromium (Playwright over Debian's `chromium`, as the browser tools
 use it): the runs page, a synthesized run with its synthesis turn and counter chart, approving
-and denying a paused run through the forms, a running run's page following it live, and the
+(as asked or with edited arguments), denying and answering instead of a paused call through
+the forms, a running run's page following it live, and the
 answer growing on it while the model writes.
 
 Each test serves a real store with `keel ui --port 0` in a process of its own, and writes
@@ -144,6 +145,42 @@ def test_deny_with_a_reason_and_see_the_denial_reach_the_answer(
             expect(page.locator("tr.decision.denied")).to_contain_text(f"denied by ana: {reason}")
             expect(page.locator("#answer")).to_contain_text(f"Denied by ana: {reason}.")
             shot("denied-run")
+    assert not (repo / "SUMMARY.md").exists()
+
+
+def test_edit_the_arguments_in_the_form_and_see_the_edited_call_run(
+    store: Path, repo: Path, tmp_path: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    with keel_ui(store) as url, chromium(tmp_path / "screenshots") as (page, shot):
+        page.goto(f"{url}runs/{run_id}")
+        approve = page.locator("article.pending form.approve")
+        approve.locator("summary").click()
+        approve.locator("textarea[name=arguments]").fill(
+            json.dumps({"path": "SUMMARY.md", "content": "edited in the browser"})
+        )
+        approve.locator("input[name=by]").fill("ana")
+        shot("edit-form")
+        approve.locator("button").click()
+        expect(page.locator("#status")).to_have_text("completed", timeout=WAIT_MS)
+        expect(page.locator("tr.decision.approved")).to_contain_text("with edited arguments")
+        shot("edited-run")
+    assert (repo / "SUMMARY.md").read_text() == "edited in the browser"
+
+
+def test_answer_instead_in_the_form_and_see_nothing_run(
+    store: Path, repo: Path, tmp_path: Path
+) -> None:
+    run_id = paused_run(store, repo)
+    with keel_ui(store) as url, chromium(tmp_path / "screenshots") as (page, shot):
+        page.goto(f"{url}runs/{run_id}")
+        answer = page.locator("article.pending form.answer")
+        answer.locator("input[name=by]").fill("bo")
+        answer.locator("textarea[name=text]").fill("The summary is kept by hand.")
+        answer.locator("button").click()
+        expect(page.locator("#status")).to_have_text("completed", timeout=WAIT_MS)
+        expect(page.locator("tr.decision")).to_contain_text("answered instead by bo")
+        shot("answered-run")
     assert not (repo / "SUMMARY.md").exists()
 
 

@@ -21,8 +21,9 @@ from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
 from keel.durability import Durability, check_durability
-from keel.errors import ConfigError
+from keel.errors import ConfigError, ToolError
 from keel.events import RunStream, TreeListener
+from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
 from keel.options import check_tool_names
@@ -56,7 +57,10 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a careful research agent. Use the tools to gather evidence from the repository "
     "and the web before you answer. Do not request the same tool call twice: results you "
     "already received stay in this conversation. Answer as soon as the evidence supports an "
-    "answer, cite the files and URLs you relied on, and say what remains unknown."
+    "answer, cite the files and URLs you relied on, and say what remains unknown. Each tool "
+    "result begins with its id in brackets, like [r1]: cite the results a statement rests on "
+    "by their ids ([r1], [r2]), and put a direct quote in double quotation marks followed by "
+    'the id of the result it comes from ("the exact words" [r1]).'
 )
 
 
@@ -109,8 +113,14 @@ class Agent:
         prices: PriceTable | None = None,
         output_type: type[pydantic.BaseModel] | dict[str, Any] | None = None,
         text_listeners: Sequence[TextListener] = (),
+        hooks: Sequence[object] = (),
+        hook_timeout: float = 10.0,
     ) -> None:
-        """`durability`: "process" (the default) or "power" (each step's commit fsynced, so
+        """`hooks`: objects with some of `before_model_call`, `after_model_call`,
+        `before_tool_call`, `after_tool_call` (keel/hooks.py, ADR 0052), each call taking at
+        most `hook_timeout` seconds.
+
+        `durability`: "process" (the default) or "power" (each step's commit fsynced, so
         a power cut loses nothing committed; see `keel/durability.py`). It applies to the
         store the agent opens; a `Store` passed in keeps its own, and naming another is an
         error. `prices`: what model calls cost (keel/pricing.py) [default: the table Keel
@@ -139,6 +149,9 @@ class Agent:
         self.token_counter: TokenCounter | None = token_counter
         """None: the model's own tokenizer when its transport offers one, else an estimate."""
         self.listeners = tuple(listeners)
+        if not hook_timeout > 0:
+            raise ConfigError(f"hook_timeout must be a positive number of seconds ({hook_timeout})")
+        self.hooks = Hooks.of(hooks, hook_timeout)
         self.text_listeners = tuple(text_listeners)
         self.approve_tools = frozenset(approve_tools)
         check_tool_names(self.approve_tools, {t.name for t in self.tools}, "approve_tools")
@@ -253,6 +266,7 @@ class Agent:
             price=self.price,
             output=output,
             text_listeners=(*self.text_listeners, *text_listeners),
+            hooks=self.hooks,
         )
 
     def _run_transport(self) -> Transport:
@@ -591,12 +605,47 @@ class Agent:
         return approvals.pending(self.store, run_id)
 
     def approve(
-        self, run_id: str, call_id: str | None = None, *, by: str | None = None
+        self,
+        run_id: str,
+        call_id: str | None = None,
+        *,
+        by: str | None = None,
+        arguments: dict[str, Any] | None = None,
+        for_run: bool = False,
     ) -> list[str]:
         """Approve one pending call (by Keel's call id, as `pending_approvals` gives it), or
-        all of them; `resume` then dispatches them. A decision is final: a call decided
-        already raises AlreadyDecided."""
-        return approvals.approve(self.store, run_id, call_id, by)
+        all of them; `resume` then dispatches them. `arguments`: the whole edited arguments
+        the call runs with instead (checked against the tool's schema first: ConfigError,
+        nothing recorded, when they do not fit); `for_run`: later calls of the tool in this
+        run need no approval. A decision is final: a call decided already raises
+        AlreadyDecided, one whose approval timed out DecisionExpired (ADR 0052)."""
+        return approvals.approve(
+            self.store,
+            run_id,
+            call_id,
+            by,
+            arguments=arguments,
+            for_run=for_run,
+            validate=self._validate_arguments,
+        )
+
+    def answer(self, run_id: str, call_id: str, text: str, *, by: str | None = None) -> None:
+        """Answer a pending call in place of its tool: `text` becomes its result, nothing is
+        run, and the record says who answered. Final, like an approval."""
+        approvals.answer(self.store, run_id, call_id, text, by)
+
+    def _validate_arguments(self, name: str, arguments: Any) -> None:
+        """Edited arguments checked by the tool itself (its pydantic model), when this agent
+        has it; a child's tools are checked by the schema recorded with the call."""
+        tool = self.executor.get(name)
+        if tool is None:
+            return
+        try:
+            tool.validate(arguments)
+        except ToolError as invalid:
+            raise ConfigError(
+                f"the edited arguments do not fit {name}: {invalid}; nothing was recorded"
+            ) from None
 
     def deny(self, run_id: str, call_id: str, *, reason: str, by: str | None = None) -> None:
         """Deny a pending call; the model is told who denied it and why, and not to retry.

@@ -4,7 +4,8 @@
     ├── ConfigError            misuse: a bad option, limit, model spec or script (exit code 2)
     ├── LeaseHeld              refusal: another live process is advancing that run (exit code 2)
     ├── AlreadyDecided         refusal: that call was decided already; decisions are final
-    │                          (exit code 2)
+    │   │                      (exit code 2)
+    │   └── DecisionExpired    the call's approval timed out first: it was denied
     ├── LeaseLost              this process's lease on a run was taken over: it must stop writing
     ├── ProviderError          one failed model attempt, mapped at the transport boundary;
     │                          the gateway retries it or turns it into a ModelError failure
@@ -18,6 +19,8 @@
     │   ├── InvalidOutput      the answer never matched the run's output schema, not even in a
     │   │                      synthesis turn (the model's text is kept in the details)
     │   ├── RescuesExhausted   workers rescued a stranded run again and again without progress
+    │   ├── HookFailed         a hook (keel/hooks.py) raised, timed out or returned nonsense
+    │   ├── EndedByHook        a hook ended the run (`keel.EndRun`)
     │   └── StoreUnavailable   the store could not save a step: this process stopped, and the
     │                          run stays at its last saved step, resumable (not saved as failed)
     ├── StoreError             the store could not save or read a run (disk full, file deleted or
@@ -42,9 +45,12 @@ __all__ = [
     "BudgetExhausted",
     "ConfigError",
     "DeadlineExceeded",
+    "DecisionExpired",
     "EffectUnknown",
     "EmptyModelTurn",
+    "EndedByHook",
     "FailureKind",
+    "HookFailed",
     "InvalidOutput",
     "KeelError",
     "LeaseHeld",
@@ -68,6 +74,8 @@ FailureKind = Literal[
     "InvalidOutput",
     "StoreUnavailable",
     "RescuesExhausted",
+    "HookFailed",
+    "EndedByHook",
 ]
 
 
@@ -86,6 +94,11 @@ class LeaseHeld(KeelError):
 class AlreadyDecided(KeelError):
     """Someone decided that call first: a decision, once recorded, is final (exit code 2). The
     message names who decided, what, and when, so the one who lost a race knows it."""
+
+
+class DecisionExpired(AlreadyDecided):
+    """The call's approval timed out before this decision came: it was recorded as a denial
+    (the run goes on as after one), and this decision was not (exit code 2)."""
 
 
 class LeaseLost(KeelError):
@@ -158,6 +171,19 @@ class RescuesExhausted(RunFailure):
     marked failed instead of being taken up again forever (keel/pool/dispatch.py)."""
 
     kind = "RescuesExhausted"
+
+
+class HookFailed(RunFailure):
+    """A hook (keel/hooks.py) raised, took longer than its timeout, or returned something that
+    is not a decision: the step ends here, classified, never a traceback."""
+
+    kind = "HookFailed"
+
+
+class EndedByHook(RunFailure):
+    """A hook returned `keel.EndRun(reason)`: the run ends here with that reason."""
+
+    kind = "EndedByHook"
 
 
 class StoreUnavailable(RunFailure):

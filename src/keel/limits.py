@@ -5,15 +5,20 @@ from __future__ import annotations
 
 import difflib
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
 
 __all__ = [
+    "EVIDENCE_POLICIES",
     "LOOP_POLICIES",
+    "POLICY_TIERS",
+    "REPEAT_TIERS",
+    "EvidencePolicy",
     "Limits",
     "LoopPolicy",
+    "RepeatTier",
     "closest_policy",
 ]
 
@@ -24,6 +29,28 @@ counts, and only observation tools get evidence resets, as the commissioning ADR
 changed since its last occurrence (a side effect ran and produced a result not seen before),
 or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
+
+EvidencePolicy = Literal["off", "report", "require"]
+"""What is done with an answer's citations (ADR 0053). `off`: nothing is checked. `report` (the
+default): the check is recorded with the result. `require`: an answer whose quotes or ids do not
+check gets one more turn with what failed named; one that still fails is kept, `partial`, with
+the failures as its gaps."""
+EVIDENCE_POLICIES: tuple[EvidencePolicy, ...] = get_args(EvidencePolicy)
+
+RepeatTier = Literal["same_result", "alternation", "same_error"]
+"""Rules of the loop policy beyond the identical call (docs/adr/0050, keel._run.breaker): other
+ways for calls to count as one repeat. `same_result`: calls of one tool with the same non-empty
+result and no side effect in between, whatever their arguments. `alternation`: two or three
+calls taking turns with unchanged results. `same_error`: a tool failing with the same error,
+whatever its arguments."""
+REPEAT_TIERS: tuple[RepeatTier, ...] = get_args(RepeatTier)
+
+POLICY_TIERS: dict[LoopPolicy, tuple[RepeatTier, ...]] = {
+    "progress": ("same_result", "alternation"),
+    "adr": (),
+}
+"""The tiers a policy turns on when the run does not name them (`Limits.repeat_*` None):
+chosen from `keel replay` on the shared corpora (docs/adr/0050)."""
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -114,6 +141,41 @@ class Limits:
         ),
     )
     """How identical calls count toward T: "progress" or "adr" (see `LoopPolicy`)."""
+    repeat_same_result: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_result: calls of one tool with the same non-empty result and no "
+            "side effect in between count as one repeat, whatever their arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`)."""
+    repeat_alternation: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier alternation: two or three calls taking turns with unchanged results "
+            "count as one repeat.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `alternation` on or off; None: as `loop_policy` has it."""
+    repeat_same_error: bool | None = field(
+        default=None,
+        metadata=_help(
+            "Loop tier same_error: a tool failing with the same error counts as one repeat, "
+            "whatever its arguments.",
+            default_help="as the loop policy has it",
+        ),
+    )
+    """Tier `same_error` on or off; None: as `loop_policy` has it."""
+    nudge: bool = field(
+        default=False,
+        metadata=_help(
+            "A short note one call before the synthesis turn naming the tool that repeated."
+        ),
+    )
+    """At T-2 (the first repeat a counter or tier sees), the next turn carries a volatile note
+    naming the tool whose result came back the same; tools stay offered (docs/adr/0050)."""
     repeat_synthesis: bool = field(default=True, metadata={"cli": False})
     """Give the synthesis-only turn at T-1 (the signature rule). False leaves the hard limit
     alone, as before ADR 0002: only for measurements (`keel replay`'s hard-limit column)."""
@@ -138,7 +200,31 @@ class Limits:
     """Insist on evidence first: the run's first turn asks for a tool call (tool_choice
     "required") instead of letting the model answer at once. Synthesis turns win over it."""
 
+    approval_timeout: float | None = field(
+        default=None,
+        metadata=_help(
+            "Seconds a paused call waits for a decision; past it, it is denied.",
+            default_help="none",
+        ),
+    )
+    """Seconds a call waiting for approval may wait: past it the call is denied with that
+    reason (also when the approver comes later), and the run goes on as after a denial."""
+
+    evidence: EvidencePolicy = field(
+        default="report",
+        metadata=_help(
+            "Answers' citations checked against the run's results: off, report (recorded with "
+            "the result) or require (one more turn to fix what failed, then kept as partial)."
+        ),
+    )
+    """What is done with an answer's citations and quotes (see `EvidencePolicy`)."""
+
     def __post_init__(self) -> None:
+        timeout = self.approval_timeout
+        if timeout is not None and not (math.isfinite(timeout) and timeout > 0):
+            raise ConfigError(
+                f"approval timeout must be a positive number of seconds (got {timeout})"
+            )
         if self.loop_threshold < 2:
             raise ConfigError(
                 f"loop threshold must be at least 2 (got {self.loop_threshold}): at 1 the very "
@@ -170,6 +256,11 @@ class Limits:
                 f"loop policy must be one of {', '.join(LOOP_POLICIES)} (got {self.loop_policy!r})"
                 + closest_policy(self.loop_policy)
             )
+        if self.evidence not in EVIDENCE_POLICIES:
+            raise ConfigError(
+                f"evidence must be one of {', '.join(EVIDENCE_POLICIES)} (got {self.evidence!r})"
+                + closest_policy(self.evidence, EVIDENCE_POLICIES)
+            )
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
         if self.output_retries < 0:
@@ -187,11 +278,29 @@ class Limits:
         if self.max_error_chars < 100:
             raise ConfigError(f"max error chars must be at least 100 (got {self.max_error_chars})")
 
+    @property
+    def repeat_tiers(self) -> tuple[RepeatTier, ...]:
+        """The tiers in force: each as the run names it, else as its policy has it."""
+        chosen = POLICY_TIERS[self.loop_policy]
+        on = []
+        for tier in REPEAT_TIERS:
+            given = getattr(self, f"repeat_{tier}")
+            if given is True or (given is None and tier in chosen):
+                on.append(tier)
+        return tuple(on)
+
+    def in_force(self) -> Limits:
+        """The limits as saved with a run: each tier on or off as it is in force, not "as the
+        policy has it", so a resume keeps them even if a later Keel changes a policy's tiers."""
+        tiers = self.repeat_tiers
+        named: dict[str, Any] = {f"repeat_{tier}": tier in tiers for tier in REPEAT_TIERS}
+        return replace(self, **named)
+
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        return asdict(self.in_force())
 
 
-def closest_policy(name: object) -> str:
+def closest_policy(name: object, choices: tuple[str, ...] = LOOP_POLICIES) -> str:
     """ "; did you mean 'progress'?" for `prog`, as keel.toml keys get; empty when none is close."""
-    close = difflib.get_close_matches(str(name), LOOP_POLICIES, n=1, cutoff=0.4)
+    close = difflib.get_close_matches(str(name), choices, n=1, cutoff=0.4)
     return f"; did you mean {close[0]!r}?" if close else ""

@@ -14,12 +14,12 @@ becomes an `UnknownEvent` that is shown, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
 from keel.errors import FailureKind, RunFailure
-from keel.limits import Limits
+from keel.limits import REPEAT_TIERS, Limits
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
@@ -29,7 +29,10 @@ __all__ = [
     "Decision",
     "Ending",
     "Event",
+    "EvidenceRejected",
     "EvidenceReset",
+    "HookApplied",
+    "HookChange",
     "JsonObject",
     "JsonValue",
     "KeyCounter",
@@ -38,6 +41,7 @@ __all__ = [
     "ModelResponseReceived",
     "OutputRejected",
     "RecordedCall",
+    "RepeatState",
     "ResultElided",
     "RunCancelled",
     "RunCompleted",
@@ -185,6 +189,9 @@ class ToolResultRecorded(_EventBase):
     truncated: bool = False
     uncertain: bool = False
     duration_ms: float = 0.0
+    answered_by: str | None = None
+    """Who answered the call in place of its tool (a person's "answer instead"): nothing ran,
+    `content` is their text."""
     elided: bool = False
     """Read back only: the result was elided in the last request sent (never written)."""
 
@@ -230,6 +237,11 @@ class ApprovalRequested(_EventBase):
     note: str | None = None
     """Why a person must decide although the tool may be pre-approved (an identical side
     effect earlier in the run ended "effect unknown")."""
+    parameters: JsonValue = None
+    """The tool's argument schema (JSON Schema), so any process can check edited arguments
+    against it before recording them (keel/approvals.py); None for an unknown tool."""
+    expires_at: float | None = None
+    """Unix time past which the call counts as denied (`Limits.approval_timeout`)."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -238,9 +250,36 @@ class ApprovalDecided(_EventBase):
     call_id: str
     name: str
     call_key: str
+    """The key of the call as it was pending: the decision is bound to it (ADR 0052)."""
     approved: bool
     by: str
     reason: str | None = None
+    arguments: JsonValue = None
+    """Edited arguments the call runs with instead of the model's (None: as asked)."""
+    answer: str | None = None
+    """The person's text, the call's result in place of the tool's (nothing is run)."""
+    for_run: bool = False
+    """Later calls of this tool in the run need no approval."""
+    expired: bool = False
+    """The call's approval timed out: recorded as a denial, whoever came later."""
+
+
+@dataclass(slots=True, kw_only=True)
+class HookApplied(_EventBase):
+    """A hook changed the run (keel/hooks.py): what it replaced, denied or ended, so a resume
+    replays the change without calling the hook again (ADR 0052)."""
+
+    type: ClassVar[str] = "hook_applied"
+    hook: str
+    """The hook's class name."""
+    point: str
+    """before_model_call, after_model_call, before_tool_call or after_tool_call."""
+    action: str
+    """replace, deny, end_run, or refused (a change the synthesis rule does not allow)."""
+    call_id: str | None = None
+    detail: JsonValue = None
+    """What changed: the new arguments, a denial's or an end's reason, the replaced result's
+    size, the response's calls."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -256,6 +295,18 @@ class OutputRejected(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class EvidenceRejected(_EventBase):
+    """Under `--evidence require`, an answer whose quotes or ids did not check against the
+    record (keel/evidence.py); the model got one more turn with `feedback` as a volatile
+    control. Replayed on resume: the answer stays in the history, the control is state."""
+
+    type: ClassVar[str] = "evidence_rejected"
+    text: str | None
+    feedback: str
+    evidence: JsonObject = field(default_factory=dict)
+
+
+@dataclass(slots=True, kw_only=True)
 class RunCompleted(_EventBase):
     type: ClassVar[str] = "run_completed"
     answer: str | None
@@ -267,6 +318,8 @@ class RunCompleted(_EventBase):
     partial: bool = False
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -307,7 +360,9 @@ Event: TypeAlias = (
     | ToolChoiceIgnored
     | ApprovalRequested
     | ApprovalDecided
+    | HookApplied
     | OutputRejected
+    | EvidenceRejected
     | RunCompleted
     | RunFailed
     | RunCancelled
@@ -330,7 +385,9 @@ _KINDS: dict[str, type[Any]] = {
         ToolChoiceIgnored,
         ApprovalRequested,
         ApprovalDecided,
+        HookApplied,
         OutputRejected,
+        EvidenceRejected,
         RunCompleted,
         RunFailed,
         RunCancelled,
@@ -394,6 +451,23 @@ class KeyCounter:
     """Restarts because the world changed since this key's last call (policy `progress`)."""
 
 
+@dataclass(frozen=True, slots=True)
+class RepeatState:
+    """What the repeat tiers keep besides their counters (keel._run.breaker, docs/adr/0050):
+    small and fixed in size. Replaced, never changed in place, so a checkpoint's snapshot is
+    never shared with the live run."""
+
+    writes: int = 0
+    """Side-effecting calls answered without an error, and calls whose result differed from
+    their key's last one, so far: a tier's chain restarts when this moved since its last call
+    (something in between may have changed what it sees)."""
+    recent_keys: tuple[str, ...] = ()
+    """The call keys of the run's last three answered calls, oldest first (alternation)."""
+    recent_digests: tuple[str, ...] = ()
+    """Their results' digests."""
+    alternating: tuple[str, ...] = ("", "")
+    """The tier key of the alternation running now with period 2 and with period 3 ("": none)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Decision:
@@ -405,6 +479,33 @@ class Decision:
     at: float | None = None
     """Unix time it was recorded (its `approval_decided` event's); None in stores written
     before decisions kept it."""
+    arguments: JsonValue = None
+    """Approved with these arguments instead of the model's (validated against the tool's
+    schema before it was recorded); None: as asked."""
+    answer: str | None = None
+    """Answered instead: this text is the call's result, and nothing is run."""
+    for_run: bool = False
+    """Approved for the rest of the run: later calls of the tool need no approval."""
+    name: str | None = None
+    """The tool of the call it was given for; None in stores written before decisions were
+    bound to their call."""
+    call_key: str | None = None
+    """The key (tool and canonical arguments) of the call it was given for: a decision whose
+    call no longer matches is refused (ADR 0052)."""
+    expired: bool = False
+    """A denial because nobody decided before the pause's expiry (`approval_timeout`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class HookChange:
+    """A `before_tool_call` hook's decision on one call (keel/hooks.py): replaced arguments,
+    a denial, or the end of the run."""
+
+    hook: str
+    action: str
+    """replace, deny or end_run."""
+    arguments: JsonValue = None
+    reason: str | None = None
 
 
 @dataclass(slots=True)
@@ -439,6 +540,12 @@ class RunState:
     """What a synthesized structured answer said it could not establish."""
     output_retries: int = 0
     """Answers rejected by the output schema so far, each given another turn."""
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    evidence_retries: int = 0
+    """Answers sent back under `--evidence require` (at most one per run)."""
+    evidence_feedback: str | None = None
+    """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
     next_seq: int = 0
@@ -464,6 +571,17 @@ class RunState:
     children: dict[str, ChildRun] = field(default_factory=dict)
     """Child runs answered so far (sub-agents, ADR 0046), by the parent's call id; the run's
     counters, usage and cost already include what they spent."""
+    approved_for_run: dict[str, Decision] = field(default_factory=dict)
+    """Tools a person approved for the rest of this run (`approve --for-run`), by tool name:
+    later calls of them need no approval. Never carried to another run."""
+    ran_as: dict[str, str] = field(default_factory=dict)
+    """Calls that ran with other arguments than the model's (an edit, a hook), by Keel's id:
+    the key of what ran, which the loop counters count instead (counted once)."""
+    hooked: dict[str, HookChange] = field(default_factory=dict)
+    """What a `before_tool_call` hook decided for a call of the open batch, by Keel's id, so a
+    resumed batch applies it without asking the hook again."""
+    repeats: RepeatState = field(default_factory=RepeatState)
+    """The repeat tiers' state besides their counters (docs/adr/0050)."""
 
     def copy(self) -> RunState:
         """A snapshot later steps cannot change, made from the fields: every container is
@@ -508,6 +626,7 @@ class RunState:
             cost=self.cost,
             pending_approvals=self.pending,
             children=tuple(self.children.values()),
+            evidence=self.evidence if isinstance(self.evidence, dict) else None,
         )
 
 
@@ -537,6 +656,8 @@ class Ending:
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
     failure: Failure | None = None
+    evidence: JsonValue = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
 
     @classmethod
     def completed(
@@ -548,9 +669,16 @@ class Ending:
         cut_off: bool = False,
         output: JsonValue = None,
         gaps: tuple[str, ...] = (),
+        evidence: JsonValue = None,
+        unsupported: bool = False,
     ) -> Ending:
-        partial = output is not None and synthesized is not None
-        return cls("completed", step, answer, synthesized, cut_off, output, partial, gaps)
+        """`unsupported`: under `--evidence require` the answer still failed its check, so it
+        is kept as partial, like a synthesized structured answer."""
+        partial = (output is not None and synthesized is not None) or unsupported
+        return cls(
+            "completed", step, answer, synthesized, cut_off, output, partial, gaps,
+            evidence=evidence,
+        )  # fmt: skip
 
     @classmethod
     def failed(cls, error: RunFailure) -> Ending:
@@ -616,13 +744,15 @@ class RunConfig:
 
     def encode(self) -> JsonObject:
         """Derived from the fields (keel.codec): the settings flat at the top level, the
-        conversation's ids only when set."""
-        return cast(JsonObject, to_json(self))
+        conversation's ids only when set; the repeat tiers as they are in force (a resume
+        keeps them even if a later Keel changes what a policy turns on)."""
+        return cast(JsonObject, to_json(replace(self, limits=self.limits.in_force())))
 
     @classmethod
     def decode(cls, data: JsonObject) -> RunConfig:
         raw: dict[str, Any] = {"model": "", "system_prompt": "", **data}
         limits = raw.get("limits")
-        if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`
-            raw["limits"] = {"loop_policy": "adr", **limits}
+        if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`, and
+            before = {f"repeat_{tier}": False for tier in REPEAT_TIERS}  # before the tiers: none
+            raw["limits"] = {"loop_policy": "adr", **before, **limits}
         return from_json(cls, raw)

@@ -65,6 +65,9 @@ class PendingApproval:
     run_id: str | None = None
     """The child run that asked (sub-agents, ADR 0046); None: this run's own call. A parent
     shows its children's pending calls under ids of the form ``CHILD_RUN:CALL_ID``."""
+    expires_at: float | None = None
+    """Unix time past which the call counts as denied (`Limits.approval_timeout`); None: the
+    pause waits for as long as it takes."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,6 +136,9 @@ class RunResult:
     forked_from: dict[str, Any] | None = None
     """Where a fork branched (ADR 0051): {"run_id", "step"} of the run it copied its first
     steps from, or {"recording", "id", "step"}; None: not a fork."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (ADR 0053): cited ids, quotes checked and
+    failed, uncited sentences, unknown ids, the paths and URLs it names; None: not checked."""
 
     @property
     def ok(self) -> bool:
@@ -162,9 +168,12 @@ class RunResult:
                 {"call_id": p.call_id, "name": p.name, "arguments": p.arguments}
                 | ({"note": p.note} if p.note else {})
                 | ({"child_run": p.run_id} if p.run_id else {})
+                | ({"expires_at": p.expires_at} if p.expires_at is not None else {})
                 for p in self.pending_approvals
             ],
         }
+        if self.evidence is not None:
+            shown["evidence"] = self.evidence
         if self.children:
             shown["children"] = [c.to_dict() for c in self.children]
         if self.forked_from is not None:

@@ -467,14 +467,14 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
         from keel.durability import check_durability
 
         return check_durability(value, where)
-    if opt.name == "loop_policy":
-        from keel.limits import LOOP_POLICIES, closest_policy
+    if opt.name in ("loop_policy", "evidence"):
+        from keel.limits import EVIDENCE_POLICIES, LOOP_POLICIES, closest_policy
 
-        if value not in LOOP_POLICIES:
-            choices = ", ".join(LOOP_POLICIES)
+        allowed = LOOP_POLICIES if opt.name == "loop_policy" else EVIDENCE_POLICIES
+        if value not in allowed:
             raise ConfigError(
-                f"{where}: loop policy must be one of {choices}, not {value!r}"
-                + closest_policy(value)
+                f"{where}: {opt.name.replace('_', ' ')} must be one of {', '.join(allowed)}, "
+                f"not {value!r}" + closest_policy(value, allowed)
             )
     return value
 

@@ -340,6 +340,8 @@ class RunTrace:
             )
             if result.synthesized:
                 root.set_attribute("keel.synthesis", result.synthesized)
+            if result.evidence is not None:  # the answer checked against the record (ADR 0053)
+                root.set_attributes(_evidence_attributes(result.evidence))
             if result.failure is not None:
                 error = result.failure.kind
             if self.content and result.answer is not None:
@@ -350,6 +352,17 @@ class RunTrace:
             _failed(root, error)
         else:
             root.end()
+
+
+def _evidence_attributes(evidence: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "keel.evidence.cited": len(evidence.get("cited") or ()),
+        "keel.evidence.quotes_checked": int(evidence.get("quotes_checked") or 0),
+        "keel.evidence.quotes_failed": len(evidence.get("quotes_failed") or ()),
+        "keel.evidence.unknown_ids": tuple(str(i) for i in evidence.get("unknown_ids") or ()),
+        "keel.evidence.uncited_sentences": int(evidence.get("uncited_sentences") or 0),
+        "keel.evidence.passed": bool(evidence.get("passed")),
+    }
 
 
 def _server_attributes(server: tuple[str, int] | None) -> dict[str, Any]:

@@ -17,15 +17,17 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 
+from keel._run import decisions, hooks
 from keel._run.parts import StepParts
 from keel._run.tree import CURRENT, Delegations
 from keel.errors import ToolError
 from keel.failpoints import failpoint
 from keel.messages import ToolCall, ToolResult, digest_text
-from keel.records import ApprovalRequested, ToolDispatched
+from keel.records import ApprovalRequested, Decision, ToolDispatched
 from keel.result import PendingApproval
 from keel.tools.base import Effect, Tool
 from keel.tools.executor import ExecutedCall
@@ -75,17 +77,24 @@ def uncertain_text(call: ToolCall) -> str:
 async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     """Answer every call of the batch, in request order; or, when some call waits for a
     person's decision, answer nothing and return the calls that wait."""
+    await hooks.before_tools(parts, batch)
+    decisions.expire(parts, batch)
+    decisions.apply(parts, batch)
     pending = ask_approvals(parts, batch)
     if pending:
         return pending
     state = parts.state
     for call in batch.open_calls():  # a denial covers identical calls of the batch too
         decision = state.decisions.get(call.id)
-        if decision is not None and not decision.approved:
-            state.denied.setdefault(call.key, decision)
+        if _denial(decision) and call.id not in batch.refused:
+            state.denied.setdefault(call.key, decision)  # type: ignore[arg-type]
     results: dict[str, ToolResult] = dict(batch.answered)
     to_run: list[ToolCall] = []
     for call in batch.open_calls():
+        decision = state.decisions.get(call.id)
+        if decision is not None and decision.answer is not None and call.id not in batch.refused:
+            results[call.id] = decisions.answered(parts, call, decision)  # nothing runs
+            continue
         text = _refusal(parts, call, batch)
         if text is None:
             to_run.append(call)
@@ -122,6 +131,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
 
     async def close_journal(item: ExecutedCall) -> None:
         """A side effect's result is saved at once: it closes the call's journal entry."""
+        item = await hooks.after_tool(parts, item)
         results[item.call.id] = _record_executed(parts, item)
         await parts.checkpoint()
 
@@ -137,8 +147,9 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         executed, paused = await _with_children(parts, to_run[:allowed], run_batch)
     else:
         executed = await run_batch()
-    for item in executed:
+    for n, item in enumerate(executed):
         if item.call.id not in results and item.call.id not in paused:
+            executed[n] = item = await hooks.after_tool(parts, item)
             results[item.call.id] = _record_executed(parts, item)
     if paused:  # a child waits for a person: so does this run, its other results kept
         return _pause_for_children(parts, paused)
@@ -150,6 +161,8 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     for call in batch.calls:  # the model reads results in request order
         parts.context.append(results[call.id])
     _apply_evidence_resets(parts, executed)
+    state.hooked.clear()  # the batch is answered: what hooks decided on it is in its record
+    state.ran_as.clear()
     failpoint("after_results")
     return ()
 
@@ -205,13 +218,15 @@ def _pause_for_children(
 
 
 def _now_pending(
-    parts: StepParts, waiting: tuple[PendingApproval, ...]
+    parts: StepParts, waiting: tuple[PendingApproval, ...], *, own: bool = False
 ) -> tuple[PendingApproval, ...]:
-    """The run's pending calls are `waiting`; each not asked about before is recorded."""
+    """The run's pending calls are `waiting`; each not asked about before is recorded, with
+    its tool's parameters when the call is the run's `own` (a child's are in its record)."""
     state = parts.state
     asked = {p.call_id for p in state.pending}
     for p in waiting:
         if p.call_id not in asked:
+            tool = parts.executor.get(p.name) if own else None
             parts.recorder.emit(
                 ApprovalRequested(
                     step=state.step,
@@ -220,20 +235,27 @@ def _now_pending(
                     arguments=p.arguments,
                     call_key=p.call_key,
                     note=p.note,
+                    parameters=None if tool is None else tool.parameters,
+                    expires_at=p.expires_at,
                 )
             )
     state.pending = waiting
     return waiting
 
 
+def _denial(decision: Decision | None) -> bool:
+    """A decision that says no: a denial (an answer in place of the tool is not one)."""
+    return decision is not None and not decision.approved and decision.answer is None
+
+
 def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
-    """The calls that need a decision nobody has made yet. The breaker already ran."""
+    """The calls that need a decision nobody has made yet. The breaker already ran. A call
+    asked before (a resumed pause) keeps the expiry it was first given."""
     state = parts.state
-    denied_here = {
-        c.key
-        for c in batch.calls
-        if (d := state.decisions.get(c.id)) is not None and not d.approved
-    }
+    denied_here = {c.key for c in batch.calls if _denial(state.decisions.get(c.id))}
+    earlier = {p.call_id: p for p in state.pending}
+    timeout = parts.limits.approval_timeout
+    expires = None if timeout is None else time.time() + timeout
     waiting = []
     for call in batch.open_calls():
         if call.id in state.decisions or call.key in state.denied or call.key in denied_here:
@@ -241,16 +263,25 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
         if call.id in batch.journaled:
             continue
         tool = parts.executor.get(call.name)
+        until = earlier[call.id].expires_at if call.id in earlier else expires
         note = _unknown_effect_note(parts, tool, call)
         if note is not None:  # asked twice after an unknown effect: a person decides
-            waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key, note))
+            waiting.append(
+                PendingApproval(
+                    call.id, call.name, call.arguments, call.key, note, expires_at=until
+                )
+            )
             continue
         try:
             if tool is not None and _needs_approval(parts, tool, call):
-                waiting.append(PendingApproval(call.id, call.name, call.arguments, call.key))
+                waiting.append(
+                    PendingApproval(
+                        call.id, call.name, call.arguments, call.key, expires_at=until
+                    )
+                )
         except ToolError as error:  # the user's approval predicate failed: never run it
             batch.refused[call.id] = f"Error: {error} The call was not run."
-    return _now_pending(parts, tuple(waiting))
+    return _now_pending(parts, tuple(waiting), own=True)
 
 
 def _unknown_effect_note(parts: StepParts, tool: Tool | None, call: ToolCall) -> str | None:
@@ -272,12 +303,16 @@ def _unknown_effect_note(parts: StepParts, tool: Tool | None, call: ToolCall) ->
 def _needs_approval(parts: StepParts, tool: Tool, call: ToolCall) -> bool:
     if tool.name in parts.approve_tools or not isinstance(call.arguments, dict):
         return False
+    if tool.name in parts.state.approved_for_run:  # a person approved it for this run
+        return False
     return tool.needs_approval(call.arguments)
 
 
 def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
     """The text answering a call that must not run, or None when it may run."""
     state = parts.state
+    if call.id in batch.refused:  # a decision for another call, or a failed predicate
+        return batch.refused[call.id]
     decision = state.decisions.get(call.id)
     if decision is not None and not decision.approved:
         return denial_text(call, decision.by, decision.reason, again=False)
@@ -286,7 +321,7 @@ def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
         return denial_text(call, denial.by, denial.reason, again=True)
     if call.id in batch.journaled:
         return uncertain_text(call)
-    return batch.refused.get(call.id)
+    return None
 
 
 # -- recording ---------------------------------------------------------------------------------
@@ -315,13 +350,23 @@ def _apply_evidence_resets(parts: StepParts, executed: list[ExecutedCall]) -> No
     breaker = parts.breaker
     for item in executed:
         tool = parts.executor.get(item.call.name)
-        if tool is None or item.result.is_error:
+        if tool is None:
             continue
-        restart = breaker.settle(
+        result, side_effect = item.result, tool.effect is Effect.SIDE_EFFECTING
+        if not result.is_error:
+            restart = breaker.settle(
+                item.call.key,
+                result.digest,
+                observation=tool.effect is Effect.OBSERVATION,
+                side_effect=side_effect,
+            )
+            if restart is not None:
+                parts.recorder.restarted(restart)
+        breaker.answered(  # the repeat tiers (docs/adr/0050)
             item.call.key,
-            item.result.digest,
-            observation=tool.effect is Effect.OBSERVATION,
-            side_effect=tool.effect is Effect.SIDE_EFFECTING,
+            item.call.name,
+            result.digest,
+            error=result.is_error,
+            empty=not result.content.strip(),
+            side_effect=side_effect,
         )
-        if restart is not None:
-            parts.recorder.restarted(restart)

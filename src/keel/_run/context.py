@@ -13,6 +13,11 @@ Three properties make it cheap and cache-friendly:
   oldest result on, and a provider's prompt cache would serve only the first few items.)
 Call/result pairs are never split: an elided result keeps its call id and becomes a pointer.
 
+Every tool result is shown with its citable id (`[r1] ...`, ADR 0053): the n-th result of the
+history, counted as results are appended, so the id follows from what is recorded alone (a
+resumed run, or a follow-up rebuilt from the store, numbers its results the same) and an elided
+result's pointer keeps it.
+
 Each request says how much of it repeats the previous request (`repeated_prefix_tokens`, an
 estimate for `keel show`) and how many of its leading items are settled for the rest of the run
 (`settled_items`: up to the last elided result, nothing will change again), where a transport
@@ -39,7 +44,9 @@ from keel.tokens import TokenCounter, item_tokens
 __all__ = [
     "ELIDE_TO",
     "ContextBuilder",
+    "labelled",
     "pointer_text",
+    "result_ref",
 ]
 
 ELIDE_TO = 0.5
@@ -61,6 +68,16 @@ def pointer_text(result: ToolResult) -> str:
         f"[elided to save context: the result of {key} ({result.size} characters, "
         f"sha256:{result.digest[:16]}) was shown earlier and removed from this context]"
     )
+
+
+def result_ref(number: int) -> str:
+    """The citable id of a history's `number`-th tool result (from 1): `r1`, `r2`, ..."""
+    return f"r{number}"
+
+
+def labelled(result: ToolResult, ref: str) -> ToolResult:
+    """The result as the model is shown it: its id first, then its content (or pointer)."""
+    return dataclasses.replace(result, content=f"[{ref}] {result.content}")
 
 
 @dataclass(slots=True)
@@ -118,6 +135,9 @@ class ContextBuilder:
         nothing it sent has changed."""
         self.elided: set[str] = set(elided)
         """Call ids whose results are shown as pointers; restored as-is on resume."""
+        self.refs: dict[str, str] = {}
+        """Each result's citable id (`r1`, ...) by its call id, in the order they came."""
+        self._cited: list[tuple[str, ToolResult]] = []
 
     @property
     def total_tokens(self) -> int:
@@ -128,11 +148,20 @@ class ContextBuilder:
         users = [e.item for e in self._entries if isinstance(e.item, UserMessage)]
         return users[-1].text if users else ""
 
+    def results(self) -> list[tuple[str, ToolResult]]:
+        """Every result of the history with its citable id, as recorded (never a pointer):
+        what an answer's citations are checked against (keel/evidence.py)."""
+        return list(self._cited)
+
     def append(self, item: Item) -> None:
-        tokens = shown_tokens = item_tokens(self.counter, item)
+        shown: Item = item
+        if isinstance(item, ToolResult):
+            ref = self.refs.setdefault(item.call_id, result_ref(len(self._cited) + 1))
+            self._cited.append((ref, item))
+            shown = labelled(item, ref)
+        tokens = shown_tokens = item_tokens(self.counter, shown)
         if isinstance(item, AssistantMessage):
             self._tail_start = len(self._entries) + 1
-        shown: Item = item
         if isinstance(item, ToolResult) and item.call_id in self.elided:
             self._settled = len(self._entries) + 1
             shown, shown_tokens = self._pointer(item)
@@ -198,4 +227,5 @@ class ContextBuilder:
 
     def _pointer(self, result: ToolResult) -> tuple[ToolResult, int]:
         pointer = dataclasses.replace(result, content=pointer_text(result), elided=True)
+        pointer = labelled(pointer, self.refs[result.call_id])
         return pointer, item_tokens(self.counter, pointer)

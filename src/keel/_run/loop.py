@@ -36,6 +36,7 @@ from keel._run.recorder import Listener, StepRecorder
 from keel._run.resume import ResumePoint
 from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
+from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.messages import UserMessage
 from keel.pricing import Price
@@ -73,6 +74,8 @@ class RunSetup:
     """The shape the answer must have (keel/structured.py); None: free text."""
     text_listeners: tuple[TextListener, ...] = ()
     """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
+    hooks: Hooks | None = None
+    """The application's hooks (keel/hooks.py); None: none."""
 
 
 class RunLoop:
@@ -105,6 +108,8 @@ class RunLoop:
             resume.counters if resume else None,
             policy=setup.limits.loop_policy,
             world=state.world,
+            tiers=setup.limits.repeat_tiers,
+            repeats=state.repeats,
         )
         self.parts = StepParts(
             state=state,
@@ -120,6 +125,7 @@ class RunLoop:
             price=setup.price,
             output=setup.output,
             live=LiveText.for_run(setup.transport, text_listeners),
+            hooks=setup.hooks,
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on
@@ -173,6 +179,7 @@ class RunLoop:
 
     async def checkpoint(self, release: bool = False) -> None:
         self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
+        self.state.repeats = self.parts.breaker.repeats
         await self.recorder.checkpoint(
             self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
         )
@@ -223,9 +230,16 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         step = self.state.step
         match outcome:
-            case Completed(answer, synthesized, cut_off, output, gaps):
+            case Completed(answer, synthesized, cut_off, output, gaps, evidence, unsupported):
                 ending = Ending.completed(
-                    step, answer, synthesized, cut_off=cut_off, output=output, gaps=gaps
+                    step,
+                    answer,
+                    synthesized,
+                    cut_off=cut_off,
+                    output=output,
+                    gaps=gaps,
+                    evidence=evidence,
+                    unsupported=unsupported,
                 )
             case Paused():
                 ending = Ending.paused(step)

@@ -18,6 +18,7 @@ from keel._run.context import ContextBuilder
 from keel._run.live_text import LiveText
 from keel._run.recorder import StepRecorder
 from keel.errors import RunFailure
+from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.messages import SynthesisReason
 from keel.pricing import Price
@@ -53,6 +54,10 @@ class Completed:
     """The validated structured answer as JSON, when the run asked for one."""
     gaps: tuple[str, ...] = ()
     """What a synthesized structured answer said it could not establish."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    unsupported: bool = False
+    """Under `--evidence require`, the answer still failed its check: kept, partial."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,8 @@ class StepParts:
     """Streams each attempt's text to the run's text listeners; None: nobody listens."""
     keyed: Keyed | None = None
     """The transport, when it sends an API key (scrubbed from its answers, ADR 0048)."""
+    hooks: Hooks | None = None
+    """The application's hooks (keel/hooks.py, ADR 0052); None: none."""
 
     def __post_init__(self) -> None:
         if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free

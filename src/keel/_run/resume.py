@@ -17,6 +17,7 @@ from keel.errors import ConfigError
 from keel.messages import AssistantMessage, Item, ToolCall, ToolResult, UserMessage
 from keel.records import (
     Event,
+    EvidenceRejected,
     KeyCounter,
     ModelResponseReceived,
     OutputRejected,
@@ -81,6 +82,10 @@ def _history(events: list[Event]) -> tuple[list[Item], Batch | None]:
             batch = None
             items.append(AssistantMessage(event.text))
             items.append(UserMessage(event.feedback))
+        elif isinstance(event, EvidenceRejected):  # an answer sent back once (ADR 0053)
+            close_batch()
+            batch = None
+            items.append(AssistantMessage(event.text))
         elif isinstance(event, ToolDispatched):
             dispatched.add(event.call_id)
         elif isinstance(event, ToolResultRecorded) and batch is not None:

@@ -11,11 +11,13 @@ between steps except what `StepParts` holds.
 
 from __future__ import annotations
 
-from typing import assert_never
+from typing import Any, assert_never
 
 from keel._run import batch as batches
 from keel._run import turns
+from keel._run.breaker import tier_of
 from keel._run.budgets import past_limits
+from keel._run.citing import bind
 from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, StepParts
 from keel._run.synthesis import Mode
 from keel.errors import (
@@ -68,13 +70,14 @@ async def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> St
     that the run fails InvalidOutput with the model's text."""
     spec = parts.output
     if spec is None:
-        return Completed(response.text, mode.reason, response.cut_off)
+        return bind(parts, response, mode, Completed(response.text, mode.reason, response.cut_off))
     synthesis = mode.reason is not None
     checked = await _validated(parts, spec, response.text, synthesis)
     if isinstance(checked, Checked):
-        return Completed(
+        completed = Completed(
             response.text, mode.reason, response.cut_off, checked.value, checked.gaps
         )
+        return bind(parts, response, mode, completed)  # checked against the record (ADR 0053)
     state, limits = parts.state, parts.limits
     blocked = past_limits(state, limits, parts.clock) if synthesis else None
     if state.output_retries < limits.output_retries and blocked is None:
@@ -187,18 +190,22 @@ def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) ->
         case SynthesisReason.REPEATED_TOOL:
             key = mode.repeated_key or ""
             count = parts.breaker.count(key)
+            tier = tier_of(key)
+            details: dict[str, Any] = {
+                "reason": reason.value,
+                "requested": names,
+                "call_key": key,
+                "count": count,
+                "threshold": parts.limits.loop_threshold,
+            }
+            if tier is not None:
+                details["tier"] = tier
             return ToolLoopDetected(
                 f"research was repeating ({key[:120]} was requested {count} times) and the "
                 f"model asked for {', '.join(names)} in its final synthesis turn instead of "
                 "answering; nothing was run",
                 step=step,
-                details={
-                    "reason": reason.value,
-                    "requested": names,
-                    "call_key": key,
-                    "count": count,
-                    "threshold": parts.limits.loop_threshold,
-                },
+                details=details,
             )
         case None:
             raise AssertionError("a normal turn's tool calls are not a synthesis refusal")
@@ -207,17 +214,30 @@ def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) ->
 
 
 def _check_breaker(parts: StepParts, calls: list[ToolCall]) -> None:
-    tripped = parts.breaker.first_tripping_key([c.key for c in calls])
+    tripped = parts.breaker.first_tripping_key([c.key for c in calls], [c.name for c in calls])
     if tripped is None:
         return
     key, count = tripped
     threshold = parts.limits.loop_threshold
+    tier = tier_of(key)
+    details: dict[str, Any] = {"call_key": key, "count": count, "threshold": threshold}
+    what = f"the identical call {key[:120]}"
+    if tier is not None:  # docs/adr/0050
+        details["tier"] = tier
+        what = f"a call that repeats ({_TIER_WORDS[tier]}, {key[:120]})"
     raise ToolLoopDetected(
-        f"the model requested the identical call {key[:120]} a {_ordinal(count)} time, "
+        f"the model requested {what} a {_ordinal(count)} time, "
         f"reaching the limit of {threshold}; the batch of {len(calls)} call(s) was not run",
         step=parts.state.step,
-        details={"call_key": key, "count": count, "threshold": threshold},
+        details=details,
     )
+
+
+_TIER_WORDS = {
+    "same_result": "the same result under other arguments",
+    "alternation": "calls taking turns with unchanged results",
+    "same_error": "the same error under other arguments",
+}
 
 
 def _ordinal(n: int) -> str:

@@ -32,19 +32,28 @@ __all__ = [
     "DEADLINE_CONTROL",
     "FIRST_CALL_CONTROL",
     "NORMAL",
+    "NUDGE_PREFIX",
     "PARTIAL_OUTPUT_CONTROL",
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
     "decide_mode",
     "first_call_control",
+    "nudge_control",
     "question_control",
     "with_question",
 ]
 
+CITING = (
+    "citing each result you use by the id it begins with, in brackets, and putting any quote in "
+    "double quotation marks followed by that id"
+)
+"""How a synthesis answer cites (ADR 0053), inside the controls' first sentence: a sentence of
+its own would be one more a small model could echo."""
+
 REPEATED_TOOL_CONTROL = (
-    "Answer the question now, from the tool results above and nothing else: first the "
-    "answer, then one sentence on what they do not show. Do not call a tool again."
+    f"Answer the question now, from the tool results above and nothing else, {CITING}: first "
+    "the answer, then one sentence on what they do not show. Do not call a tool again."
 )
 """Imperatives only, about the answer (ADR 0036): no sentence about Keel's own state ("research
 stopped because it was repeating...") and none asking the model to say one, which a small
@@ -55,12 +64,13 @@ answer; with the new wording it listed 21 modules for the README question, 18 of
 
 BUDGET_CONTROL = (
     "Answer the question now, in this last reply, from the tool results above and nothing "
-    "else: first the answer, then one sentence on what they do not show."
+    f"else, {CITING}: first the answer, then one sentence on what they do not show."
 )
 
 DEADLINE_CONTROL = (
     "This run's time is nearly up: its deadline leaves room for this reply only, so no tools "
-    "are available for it. Write the best answer the evidence already gathered supports. Name "
+    "are available for it. Write the best answer the evidence already gathered supports, "
+    f"{CITING}. Name "
     "the gaps that remain open, say that research stopped because time ran out, and do not "
     "claim that unfinished work is complete."
 )
@@ -94,6 +104,19 @@ def with_question(mode: Mode, question: str) -> Mode:
     if restated is None:
         return mode
     return dataclasses.replace(mode, controls=(restated, *mode.controls))
+
+
+NUDGE_PREFIX = "Note: "
+
+
+def nudge_control(tools: str) -> str:
+    """The nudge (docs/adr/0050): one normal turn's volatile note at the first repeat (T-2),
+    tools still offered. It names the tool and says the result was the same; no arguments and
+    no retrieved text, as for every control."""
+    return (
+        f"{NUDGE_PREFIX}{tools} just gave the same result again. Do not repeat it: try a "
+        "different approach, or answer from the evidence you have."
+    )
 
 
 CONTROLS = (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL, PARTIAL_OUTPUT_CONTROL)

@@ -11,10 +11,17 @@ import asyncio
 import time
 from dataclasses import replace
 
-from keel._run import gateway
+from keel._run import gateway, hooks
+from keel._run.breaker import repeated_tools
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
 from keel._run.parts import StepParts
-from keel._run.synthesis import PARTIAL_OUTPUT_CONTROL, Mode, decide_mode, with_question
+from keel._run.synthesis import (
+    PARTIAL_OUTPUT_CONTROL,
+    Mode,
+    decide_mode,
+    nudge_control,
+    with_question,
+)
 from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
@@ -50,6 +57,10 @@ def current_mode(parts: StepParts) -> Mode:
         tools = {t.name for t in parts.context.tools}
         start = parts.transport.first_call(parts.context.question(), tools)
     mode = decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start)
+    if mode.reason is None and parts.limits.nudge:  # docs/adr/0050: volatile, never stored
+        nudged = parts.breaker.nudge_key()
+        if nudged is not None:
+            mode = replace(mode, controls=(*mode.controls, nudge_control(repeated_tools(nudged))))
     return mode if mode.reason is None else with_question(mode, parts.context.question())
 
 
@@ -70,9 +81,12 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         controls = mode.controls
         if parts.output is not None and synthesis:
             controls += (PARTIAL_OUTPUT_CONTROL,)
+        if state.evidence_feedback is not None:  # `--evidence require`'s one more turn
+            controls += (state.evidence_feedback,)
         request, newly_elided = parts.context.build(mode.tool_choice, controls)
         if parts.output is not None:  # each transport asks for it in its provider's form
             request = replace(request, output=parts.output.request(synthesis))
+        request = await hooks.before_model(parts, request, synthesis)
         parts.recorder.elided(newly_elided)
         state.model_calls += 1
         number = errors + empty + 1
@@ -107,6 +121,10 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         took = time.monotonic() - started  # what the deadline reserve is estimated from
         state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
+        if parts.hooks is not None:  # what the run records and acts on, its calls Keel's
+            response = with_keel_ids(
+                await hooks.after_model(parts, response, synthesis), state.step
+            )
         state.usage = state.usage + response.usage
         cost = None if parts.price is None else call_cost(response.usage, parts.price)
         if cost is not None:
@@ -115,6 +133,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         parts.recorder.emit(_response_event(state.step, response, cost))
         failpoint("after_model_response")
         if not response.is_empty:
+            state.evidence_feedback = None  # the turn it was for is answered
             if request.tool_choice == "required" and not response.tool_calls:
                 # the server ignored it: never pass the answer off as researched (ADR 0036)
                 parts.recorder.emit(ToolChoiceIgnored(step=state.step, requested="required"))

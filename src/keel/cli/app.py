@@ -33,6 +33,7 @@ from keel.cli.common import (
     usage_error,
 )
 from keel.cli.conversation import ask
+from keel.cli.decisions import answer
 from keel.cli.finish import announce, finish
 from keel.cli.fork import fork
 from keel.cli.inspect import approve, deny, runs, show
@@ -178,6 +179,7 @@ def resume(
 
 app.command()(approve)
 app.command()(deny)
+app.command()(answer)
 app.command()(show)
 app.command()(runs)
 app.command("eval")(eval_command)

@@ -40,25 +40,46 @@ def approve(
         str | None, typer.Argument(help="The call to approve, by Keel's id (e.g. k2_0).")
     ] = None,
     all_calls: Annotated[bool, typer.Option("--all", help="Approve every pending call.")] = False,
+    arguments: Annotated[
+        str | None,
+        typer.Option(
+            "--arguments",
+            help="Run the call with these arguments instead (the whole JSON object), checked "
+            "against the tool's schema.",
+        ),
+    ] = None,
+    for_run: Annotated[
+        bool,
+        typer.Option("--for-run", help="Also approve every later call of this tool in the run."),
+    ] = False,
     by: ByOption = None,
     store: StoreOption = None,
 ) -> None:
     """Approve a pending call (or all with --all); `keel resume` then runs it. Final: a call
     someone decided already is refused (exit 2), naming who decided, what and when."""
     from keel import approvals
+    from keel.cli.decisions import edited_arguments
     from keel.pool.commands import after_decision
 
     if (call_id is None) == (not all_calls):
         usage_error("name one CALL_ID, or pass --all (and not both)")
+    if arguments is not None and call_id is None:
+        usage_error("--arguments edits one call: name its CALL_ID")
+    edited = None if arguments is None else edited_arguments(arguments)
     db = open_run_store(store)
     try:
-        ids = guard(lambda: approvals.approve(db, run_id, call_id, by))
+        ids = guard(
+            lambda: approvals.approve(db, run_id, call_id, by, arguments=edited, for_run=for_run)
+        )
     finally:
         db.close()
     if not ids:
         usage_error(f"run {run_id} has no call awaiting a decision")
+    how = (" with edited arguments" if edited is not None else "") + (
+        " (and the tool for the rest of the run)" if for_run else ""
+    )
     for one in ids:
-        typer.echo(f"approved {one}")
+        typer.echo(f"approved {one}{how}")
     err.print(guard(lambda: after_decision(store, run_id)), highlight=False)
 
 
@@ -131,7 +152,8 @@ def show(
     rules = _loop_rules(record.config.limits)
     out.print(
         f"loop rules: policy {rules['policy']}, threshold {rules['threshold']}, "
-        f"evidence resets {rules['evidence_reset_cap']} per key",
+        f"evidence resets {rules['evidence_reset_cap']} per key, "
+        f"tiers {', '.join(rules['tiers']) or 'none'}{', nudge' if rules['nudge'] else ''}",
         highlight=False,
         markup=False,
     )
@@ -169,6 +191,14 @@ def show(
     )
     if summary["answer"]:
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
+    evidence = summary.get("evidence")
+    if isinstance(evidence, dict):
+        from keel.evidence import summary_line
+
+        line = f"evidence: {summary_line(evidence)}"
+        out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
+        for gap in summary["gaps"] if summary["partial"] else ():
+            out.print(f"  gap: {safe_text(gap)}", highlight=False, markup=False, soft_wrap=True)
 
 
 def parent_json(record: RunRecord) -> dict[str, str | None] | None:
@@ -240,6 +270,8 @@ def _loop_rules(limits: Limits) -> dict[str, Any]:
         "policy": limits.loop_policy,
         "threshold": limits.loop_threshold,
         "evidence_reset_cap": limits.evidence_reset_cap,
+        "tiers": list(limits.repeat_tiers),
+        "nudge": limits.nudge,
     }
 
 

@@ -53,6 +53,20 @@ class RunRow:
     (a limit ended it, not the model: the output limit, a budget, the deadline, a failure)."""
     calls: list[str] = field(default_factory=list)
     """The run's tool calls, as `name {arguments}`, in order."""
+    evidence: dict[str, Any] | None = None
+    """The answer checked against the run's results (ADR 0053); None: not checked."""
+
+    @property
+    def quotes_all_check(self) -> bool | None:
+        """Every quote and id of the answer checks; None: the answer was not checked."""
+        return None if self.evidence is None else bool(self.evidence.get("passed"))
+
+    @property
+    def uncited_sentence(self) -> bool | None:
+        """The answer has a factual sentence without an id; None: it was not checked."""
+        if self.evidence is None:
+            return None
+        return int(self.evidence.get("uncited_sentences") or 0) > 0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -133,12 +147,36 @@ def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
         f"answer lacks {t!r}" for t in expect.answer_contains if t.casefold() not in answer
     ]
     problems += [f"answer contains {t!r}" for t in expect.answer_excludes if t.casefold() in answer]
+    problems += _evidence_problems(expect, result)
     for name, want_child in expect.children.items():
         problems += _child_problems(name, want_child, result)
     if row.unused_turns is not None and row.unused_turns != expect.unused_turns:
         problems.append(
             f"scripted turns left unused: {row.unused_turns}, expected {expect.unused_turns}"
         )
+    return problems
+
+
+def _evidence_problems(expect: Expect, result: RunResult) -> list[str]:
+    """How the answer's check against the record (ADR 0053) missed what the scenario wants."""
+    evidence = result.evidence or {}
+    problems: list[str] = []
+    if expect.cited is not None:
+        cited = bool(evidence.get("cited")) and bool(evidence.get("passed"))
+        if cited != expect.cited:
+            got = "cites checked evidence" if cited else "does not cite checked evidence"
+            problems.append(f"answer {got}, expected cited = {str(expect.cited).lower()}")
+    counts = (
+        ("quotes checked", int(evidence.get("quotes_checked") or 0), expect.quotes_checked),
+        ("quotes failed", len(evidence.get("quotes_failed") or ()), expect.quotes_failed),
+        ("unknown ids", len(evidence.get("unknown_ids") or ()), expect.unknown_ids),
+    )
+    for what, value, bound in counts:
+        if (problem := _count_problem(what, value, bound)) is not None:
+            problems.append(problem)
+    if expect.partial is not None and result.partial != expect.partial:
+        problems.append(f"partial: {str(result.partial).lower()}, expected "
+                        f"{str(expect.partial).lower()}")  # fmt: skip
     return problems
 
 

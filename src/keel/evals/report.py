@@ -18,6 +18,8 @@ from keel.evals.judging import RunRow, ScenarioReport
 
 __all__ = [
     "WIDE",
+    "evidence_line",
+    "evidence_shares",
     "print_grades",
     "print_table",
     "to_json",
@@ -32,6 +34,7 @@ def to_json(reports: Sequence[ScenarioReport], *, model: str | None, repeat: int
         "passed": all(r.passed for r in reports),
         "model": model,
         "repeat": repeat,
+        "evidence": evidence_shares([row for r in reports for row in r.rows]),
         "scenarios": [
             {
                 "name": r.scenario.name,
@@ -43,7 +46,14 @@ def to_json(reports: Sequence[ScenarioReport], *, model: str | None, repeat: int
                 "passes": sum(row.passed for row in r.rows),
                 "grades": {g: sum(row.grade == g for row in r.rows) for g in GRADES},
                 "outcomes": dict(r.outcomes.most_common()),
-                "results": [row.to_dict() for row in r.rows],
+                "results": [
+                    row.to_dict()
+                    | {
+                        "quotes_all_check": row.quotes_all_check,
+                        "uncited_sentence": row.uncited_sentence,
+                    }
+                    for row in r.rows
+                ],
             }
             for r in reports
         ],
@@ -75,6 +85,9 @@ def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
         )
         for problem in row.problems:
             console.print(f"  {where}: {problem}", highlight=False, markup=False)
+    line = evidence_line([row for r in reports for row in r.rows])
+    if line is not None:
+        console.print(line, highlight=False, markup=False)
     passed = sum(r.passed for r in reports)
     verdict = "[green]all passed[/green]" if passed == len(reports) else "[red]FAILED[/red]"
     console.print(f"{passed} of {len(reports)} scenarios passed: {verdict}")
@@ -84,19 +97,68 @@ def print_grades(reports: Sequence[ScenarioReport], console: Console) -> None:
     """How many runs of each question were right, wrong and cut off, and how many of them were
     answered in a synthesis turn."""
     table = Table(
-        "question", *GRADES, "runs", "synthesized", title="answers", title_justify="left"
+        "question",
+        *GRADES,
+        "runs",
+        "synthesized",
+        "quotes all check",
+        "uncited sentence",
+        title="answers",
+        title_justify="left",
     )
     for report in reports:
         counts = [sum(row.grade == g for row in report.rows) for g in GRADES]
         synthesized = sum(1 for row in report.rows if row.synthesized)
         table.add_row(
-            report.scenario.name, *map(str, counts), str(len(report.rows)), str(synthesized)
+            report.scenario.name,
+            *map(str, counts),
+            str(len(report.rows)),
+            str(synthesized),
+            *_evidence_cells(report.rows),
         )
     rows = [row for r in reports for row in r.rows]
     total = [sum(row.grade == g for row in rows) for g in GRADES]
     synthesized = sum(1 for row in rows if row.synthesized)
-    table.add_row("all", *map(str, total), str(len(rows)), str(synthesized), style="bold")
+    table.add_row(
+        "all",
+        *map(str, total),
+        str(len(rows)),
+        str(synthesized),
+        *_evidence_cells(rows),
+        style="bold",
+    )
     console.print(table)
+
+
+def evidence_shares(rows: Sequence[RunRow]) -> dict[str, Any]:
+    """Of the answers checked against the record (ADR 0053): how many had every quote and id
+    check, and how many had a factual sentence without an id."""
+    checked = [row for row in rows if row.evidence is not None]
+    return {
+        "answers_checked": len(checked),
+        "quotes_all_check": sum(1 for row in checked if row.quotes_all_check),
+        "uncited_sentence": sum(1 for row in checked if row.uncited_sentence),
+    }
+
+
+def evidence_line(rows: Sequence[RunRow]) -> str | None:
+    shares = evidence_shares(rows)
+    n = shares["answers_checked"]
+    if not n:
+        return None
+    return (
+        f"evidence: every quote and id checked in {shares['quotes_all_check']} of {n} answers "
+        f"({shares['quotes_all_check'] / n:.0%}); an uncited factual sentence in "
+        f"{shares['uncited_sentence']} of {n} ({shares['uncited_sentence'] / n:.0%})"
+    )
+
+
+def _evidence_cells(rows: Sequence[RunRow]) -> tuple[str, str]:
+    shares = evidence_shares(rows)
+    n = shares["answers_checked"]
+    if not n:
+        return "-", "-"
+    return f"{shares['quotes_all_check']}/{n}", f"{shares['uncited_sentence']}/{n}"
 
 
 def _rows_of(reports: Sequence[ScenarioReport], name: str) -> list[RunRow]:

@@ -312,6 +312,7 @@ async def run_once(
         run_id=result.run_id,
         answer=result.answer,
         failure=None if result.failure is None else result.failure.to_dict(),
+        evidence=result.evidence,
     )
     if stuck:
         row.problems.append(f"the run did not end within {spec.timeout:g}s and was cancelled")

@@ -287,6 +287,16 @@ class Expect(_Strict):
     rule under test not stopped it (the twin that breaks the rule uses them)."""
     children: dict[str, ChildExpect] = {}
     """By agent name: how that agent's child runs must end."""
+    cited: bool | None = None
+    """True: the answer must cite evidence, every quote and id checking against the run's
+    results (ADR 0053); false: it must not pass that check."""
+    quotes_checked: Count | None = None
+    """Quotes of the answer found in the results they cite."""
+    quotes_failed: Count | None = None
+    unknown_ids: Count | None = None
+    partial: bool | None = None
+    """Whether the result says `partial` (a structured synthesis, or `--evidence require`'s
+    answer that still failed)."""
 
     @model_validator(mode="after")
     def _consistent(self) -> Expect:

@@ -15,7 +15,9 @@ from keel.records import (
     ApprovalDecided,
     ApprovalRequested,
     Event,
+    EvidenceRejected,
     EvidenceReset,
+    HookApplied,
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
@@ -162,6 +164,8 @@ def _label(event: Event) -> str:
             return "[bold]approval asked[/]"
         case ApprovalDecided():
             return "[bold]decision[/]"
+        case HookApplied():
+            return "[bold]hook[/]"
         case UnknownEvent():
             return escape(safe_text(event.type_name.replace("_", " ")))
     return event.type.replace("_", " ")
@@ -169,6 +173,28 @@ def _label(event: Event) -> str:
 
 def _size(chars: int) -> str:
     return f"{chars / 1000:.1f} KB" if chars >= 1000 else f"{chars} chars"
+
+
+def decision_text(event: ApprovalDecided) -> str:
+    """A decision as `keel show` prints it: what was decided, by whom, and how."""
+    reason = f": {event.reason}" if event.reason else ""
+    if event.answer is not None:
+        return f"{event.call_id} answered instead by {event.by}: {event.answer}"[:300]
+    if not event.approved:
+        how = " (the approval expired)" if event.expired else ""
+        return f"{event.call_id} denied by {event.by}{how}{reason}"
+    edited = (
+        f" with edited arguments {_short_json(event.arguments)}"
+        if event.arguments is not None
+        else ""
+    )
+    rule = f"; {event.name} approved for the rest of the run" if event.for_run else ""
+    return f"{event.call_id} approved by {event.by}{edited}{rule}{reason}"
+
+
+def _short_json(value: object) -> str:
+    text = json.dumps(value, ensure_ascii=False, sort_keys=True)
+    return text if len(text) <= 200 else text[:199] + "…"
 
 
 def _detail(event: Event) -> str:
@@ -195,9 +221,15 @@ def _detail(event: Event) -> str:
             return event.call_key[:110]
         case ToolResultRecorded():
             flags = [f for f in ("is_error", "truncated", "elided") if getattr(event, f)]
+            if event.answered_by:
+                flags.append(f"answered by {event.answered_by}, not run")
             said = f"{event.name} · {_size(event.size)} {' '.join(flags)}".rstrip()
             first = next((line.strip() for line in event.content.splitlines() if line.strip()), "")
             return f"{said} · {first[:100]}" if first else said
+        case HookApplied():
+            on = f" on {event.call_id}" if event.call_id else ""
+            detail = f": {_short_json(event.detail)}" if event.detail is not None else ""
+            return f"{event.hook}.{event.point}{on} {event.action}{detail}"[:300]
         case ResultElided():
             return f"{_size(event.size)} of {event.call_key[:80]} → pointer"
         case EvidenceReset():
@@ -209,18 +241,24 @@ def _detail(event: Event) -> str:
             call = "\n".join(describe_call(event.name, event.arguments))
             return f"{event.call_id} · {call}{note}"
         case ApprovalDecided():
-            verdict = "approved" if event.approved else "denied"
-            reason = f": {event.reason}" if event.reason else ""
-            return f"{event.call_id} {verdict} by {event.by}{reason}"
+            return decision_text(event)
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
             cut = " · cut off at the output limit" if event.cut_off else ""
             shaped = ""
             if event.output is not None:
                 shaped = " · structured output" + (", partial" if event.partial else "")
-            return f"answer{how}{cut}{shaped}"
+            checked = ""
+            if isinstance(event.evidence, dict):
+                from keel.evidence import summary_line
+
+                checked = f" · evidence: {summary_line(event.evidence)}"
+            partial = " · partial" if event.partial and event.output is None else ""
+            return f"answer{how}{cut}{shaped}{partial}{checked}"
         case RunFailed():
             return f"{event.kind}: {event.message}"
         case OutputRejected():
             return f"answer rejected by the output schema: {event.feedback}"[:200]
+        case EvidenceRejected():
+            return f"answer sent back once, its citations did not check: {event.feedback}"[:300]
     return ""

@@ -19,10 +19,10 @@ import typer
 from rich.console import Console
 
 from keel.errors import ConfigError, KeelError
-from keel.limits import LOOP_POLICIES, Limits
+from keel.limits import LOOP_POLICIES, REPEAT_TIERS, Limits
 
 if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
-    from keel.limits import LoopPolicy
+    from keel.limits import LoopPolicy, RepeatTier
     from keel.replay.playback import EffectChoice, Replayed
     from keel.replay.recordings import Recording, Skipped
     from keel.store import RunStore
@@ -59,6 +59,14 @@ def replay_command(
         typer.Option(help=f"How identical calls count: {' or '.join(LOOP_POLICIES)}."),
     ] = "progress",
     reset_cap: Annotated[int, typer.Option(help="Evidence resets per call key (R).")] = 3,
+    tiers: Annotated[
+        str,
+        typer.Option(
+            "--tiers",
+            help="Repeat tiers in force: policy (as --loop-policy has them), none, or names "
+            "joined by commas (same_result, alternation, same_error).",
+        ),
+    ] = "policy",
     effects: Annotated[
         str,
         typer.Option(
@@ -66,6 +74,13 @@ def replay_command(
             "calls read, others may change things), read_only, or side_effecting."
         ),
     ] = "kind",
+    nudge: Annotated[
+        bool,
+        typer.Option(
+            "--nudge/--no-nudge",
+            help="Give the nudge at T-2 (counted: the recording cannot answer it).",
+        ),
+    ] = False,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per replayed run, one per line.")
     ] = False,
@@ -83,6 +98,7 @@ def replay_command(
         _usage("--run picks runs of a store: give --store too")
     policy = _choice(loop_policy, LOOP_POLICIES, "--loop-policy")
     effect = _choice(effects, EFFECT_CHOICES, "--effects")
+    chosen = _tiers(tiers)
     try:
         Limits(loop_threshold=threshold, evidence_reset_cap=reset_cap, loop_policy=policy)
     except ConfigError as exc:
@@ -94,7 +110,9 @@ def replay_command(
             opened = _open(store)
         recordings = list(_recordings(files or [], opened, run, skipped))
         replayed = asyncio.run(
-            _replay_all(recordings, threshold, policy, effect, reset_cap, not as_json)
+            _replay_all(
+                recordings, threshold, policy, effect, reset_cap, chosen, nudge, not as_json
+            )
         )
     except (ConfigError, KeelError) as exc:
         _usage(str(exc))
@@ -112,7 +130,11 @@ def replay_command(
         for item in replayed:
             typer.echo(json.dumps(item.to_json(), ensure_ascii=False))
         return
-    title = f"policy {policy}, T = {threshold}, R = {reset_cap}, effects {effects}"
+    in_force = replayed[0].tiers if replayed else ()
+    title = (
+        f"policy {policy}, T = {threshold}, R = {reset_cap}, effects {effects}, "
+        f"tiers {', '.join(in_force) or 'none'}"
+    )
     out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
     out.print(table(rows(replayed), title))
 
@@ -136,6 +158,8 @@ async def _replay_all(
     policy: LoopPolicy,
     effects: EffectChoice,
     reset_cap: int,
+    tiers: tuple[RepeatTier, ...] | None,
+    nudge: bool,
     show_progress: bool,
 ) -> list[Replayed]:
     from rich.progress import Progress
@@ -154,10 +178,24 @@ async def _replay_all(
                     policy=policy,
                     effects=effects,
                     reset_cap=reset_cap,
+                    tiers=tiers,
+                    nudge=nudge,
                 )
             )
             bar.advance(task)
     return out
+
+
+def _tiers(given: str) -> tuple[RepeatTier, ...] | None:
+    """`--tiers`: None for the policy's own, else the named tiers."""
+    if given == "policy":
+        return None
+    if given == "none":
+        return ()
+    chosen = []
+    for name in (part.strip() for part in given.split(",")):
+        chosen.append(_choice(name, REPEAT_TIERS, "--tiers"))
+    return tuple(dict.fromkeys(chosen))
 
 
 def _open(given: str) -> RunStore:

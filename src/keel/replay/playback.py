@@ -23,10 +23,14 @@ from typing import Any, Literal
 
 import pydantic
 
+from keel._run.breaker import tier_of
 from keel._run.context import ContextBuilder
 from keel._run.loop import RunLoop, RunSetup
 from keel._run.recorder import Listener
-from keel.limits import Limits, LoopPolicy
+from keel._run.synthesis import NUDGE_PREFIX
+from keel.errors import ToolError
+from keel.limits import REPEAT_TIERS as REPEAT_TIER_NAMES
+from keel.limits import Limits, LoopPolicy, RepeatTier
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, UserMessage
 from keel.records import RunConfig
 from keel.replay.recordings import Recorded, Recording
@@ -63,6 +67,29 @@ class Replayed:
     outcome: str
     """How Keel would have ended the run: completed, synthesized (repeated_tool), or a
     failure kind."""
+    tiers: tuple[RepeatTier, ...] = ()
+    """The repeat tiers in force (docs/adr/0050)."""
+    nudge_after: int | None = None
+    """0-based index of the turn after which the nudge would have come (with `nudge`)."""
+    loops: tuple[tuple[str, int], ...] = ()
+    """Each loop the recording holds, by its own definition (`identical` and each tier's),
+    with the 0-based turn where its first instance ends: computed from the recording alone,
+    whatever rules are in force."""
+
+    @property
+    def tier(self) -> str | None:
+        """What brought the synthesis turn: `identical`, a tier's name, or None."""
+        if self.key is None:
+            return None
+        return tier_of(self.key) or "identical"
+
+    def caught(self, loop: str) -> bool | None:
+        """Whether the synthesis turn came by the end of this loop's first instance; None when
+        the recording holds no such loop."""
+        for name, end in self.loops:
+            if name == loop:
+                return self.synthesis_after is not None and self.synthesis_after <= end
+        return None
 
     @property
     def calls_after_synthesis(self) -> int:
@@ -111,6 +138,10 @@ class Replayed:
             "cut_before_last_write": self.cut_before_last_write,
             "back_to_back_loop": self.back_to_back_loop,
             "outcome": self.outcome,
+            "tiers": list(self.tiers),
+            "tier": self.tier,
+            "nudge_after": self.nudge_after,
+            "loops": {name: end for name, end in self.loops},
         }
 
 
@@ -135,10 +166,16 @@ async def replay(
     policy: LoopPolicy = "progress",
     effects: EffectChoice = "kind",
     reset_cap: int = 3,
+    tiers: tuple[RepeatTier, ...] | None = None,
+    nudge: bool = False,
     listeners: tuple[Listener, ...] = (),
 ) -> Replayed:
     """Play one recording through the run loop, as Keel runs it and with the hard limit alone;
-    `listeners` hear both plays' events, as a run's do."""
+    `listeners` hear both plays' events, as a run's do. `tiers`: the repeat tiers in force;
+    None: as the policy has them."""
+    chosen: dict[str, Any] = {}
+    if tiers is not None:
+        chosen = {f"repeat_{tier}": tier in tiers for tier in REPEAT_TIER_NAMES}
     limits = Limits(
         loop_threshold=threshold,
         evidence_reset_cap=reset_cap,
@@ -146,6 +183,8 @@ async def replay(
         max_model_calls=None,
         max_tool_calls=None,
         model_retries=0,
+        nudge=nudge,
+        **chosen,
     )
     kept = await _play(recording, limits, effects, listeners)
     hard = await _play(recording, replace(limits, repeat_synthesis=False), effects, listeners)
@@ -156,6 +195,9 @@ async def replay(
         hard_limit_at=hard.refused_at,
         hard_key=hard.refused_key,
         outcome=kept.outcome,
+        tiers=limits.repeat_tiers,
+        nudge_after=kept.nudge_after,
+        loops=recorded_loops(recording),
     )
 
 
@@ -166,12 +208,13 @@ class _Played:
     refused_at: int | None = None
     refused_key: str | None = None
     outcome: str = ""
+    nudge_after: int | None = None
 
 
 async def _play(
     recording: Recording, limits: Limits, effects: EffectChoice, listeners: tuple[Listener, ...]
 ) -> _Played:
-    results: dict[str, deque[str]] = defaultdict(deque)
+    results: dict[str, deque[Recorded]] = defaultdict(deque)
     tools = _tools(recording, effects, results)
     executor = ToolExecutor(list(tools.values()))
     model = PlaybackModel(recording, tools, effects, results)
@@ -188,7 +231,7 @@ async def _play(
     loop = RunLoop(f"replay-{recording.id}", _QUESTION, setup)
     model.view = loop.view
     result = await loop.run()
-    played = _Played(model.synthesis_after, model.synthesis_key)
+    played = _Played(model.synthesis_after, model.synthesis_key, nudge_after=model.nudge_after)
     failure = result.failure
     if failure is not None:
         played.outcome = failure.kind
@@ -222,7 +265,7 @@ class PlaybackModel:
         recording: Recording,
         tools: dict[tuple[str, Effect], Tool],
         effects: EffectChoice,
-        results: dict[str, deque[str]],
+        results: dict[str, deque[Recorded]],
     ) -> None:
         self.recording = recording
         self.tools = tools
@@ -232,6 +275,7 @@ class PlaybackModel:
         """Recorded turns handed to the loop so far."""
         self.synthesis_after: int | None = None
         self.synthesis_key: str | None = None
+        self.nudge_after: int | None = None
         self.view: Any = None
         """The run's read-only view (`RunLoop.view`): which key brought a synthesis turn."""
 
@@ -241,6 +285,9 @@ class PlaybackModel:
                 self.synthesis_after = self.served - 1
                 self.synthesis_key = self.view.repeating_key() if self.view else None
             return ModelResponse("(replay) the synthesis-only turn would come here.")
+        nudged = any(note.startswith(NUDGE_PREFIX) for note in request.volatile)
+        if nudged and self.nudge_after is None:  # the recording goes on: it never read it
+            self.nudge_after = self.served - 1
         if self.served >= len(self.recording.turns):
             return ModelResponse("(replay) the recording ends here.")
         turn = self.recording.turns[self.served]
@@ -253,7 +300,7 @@ class PlaybackModel:
                 call = ToolCall.from_arguments(call_id, tool.name, recorded.arguments)
             else:
                 call = ToolCall.from_raw(call_id, tool.name, str(recorded.arguments))
-            self.results[call.key].append(_result_text(recorded))
+            self.results[call.key].append(recorded)
             calls.append(call)
         await asyncio.sleep(0)
         return ModelResponse(None, tuple(calls))
@@ -264,7 +311,7 @@ class _AnyArguments(pydantic.BaseModel):
 
 
 def _tools(
-    recording: Recording, effects: EffectChoice, results: dict[str, deque[str]]
+    recording: Recording, effects: EffectChoice, results: dict[str, deque[Recorded]]
 ) -> dict[tuple[str, Effect], Tool]:
     """One tool per recorded tool name and effect; a tool seen with two effects (an editor
     that views and writes) becomes two tools, `NAME` and `NAME~EFFECT`."""
@@ -281,11 +328,16 @@ def _tools(
     return tools
 
 
-def _recorded_tool(name: str, effect: Effect, results: dict[str, deque[str]]) -> Tool:
+def _recorded_tool(name: str, effect: Effect, results: dict[str, deque[Recorded]]) -> Tool:
     async def answer(arguments: _AnyArguments) -> str:
         key = ToolCall.from_arguments("", name, arguments.model_dump()).key
         queue = results.get(key)
-        return queue.popleft() if queue else "(replay) no recorded result"
+        if not queue:
+            return "(replay) no recorded result"
+        recorded = queue.popleft()
+        if recorded.error:  # an error result, as the recording has it
+            raise ToolError(_result_text(recorded))
+        return _result_text(recorded)
 
     return Tool(
         name=name,
@@ -299,7 +351,94 @@ def _recorded_tool(name: str, effect: Effect, results: dict[str, deque[str]]) ->
 
 
 def _result_text(call: Recorded) -> str:
+    if call.empty:  # an empty result stays empty: the same_result tier counts only others
+        return ""
     return f"(replay) result {call.result}" if call.result else "(replay) no result recorded"
+
+
+LOOP_LENGTH = 4
+"""Calls in a row that make a loop of identical calls, of one tool's same result, or of one
+tool's same error (the issue's measure: four or more)."""
+CYCLES = 3
+"""Full cycles that make an alternation a loop."""
+
+
+def recorded_loops(recording: Recording) -> tuple[tuple[str, int], ...]:
+    """The loops a recording holds, each by its own definition, read from the recording
+    alone (one call after another, across turns), with the turn where the first ends:
+
+        identical    four or more back-to-back turns with the same calls and results
+        same_result  four or more calls in a row of one tool with the same non-empty
+                     result, not all with the same arguments
+        alternation  three full cycles of two or three distinct calls, each call with the
+                     result it had one cycle before
+        same_error   four or more calls in a row of one tool failing with the same error,
+                     not all with the same arguments
+    """
+    calls = [
+        (t, c, (c.tool, _frozen(c.arguments)))
+        for t, turn in enumerate(recording.turns)
+        for c in turn
+    ]
+    found: dict[str, int] = {}
+    back = _back_to_back_end(recording)
+    if back is not None:
+        found["identical"] = back
+    for tier, wanted in (("same_result", False), ("same_error", True)):
+        start = 0
+        for i in range(1, len(calls) + 1):
+            if i < len(calls) and _same_run(calls[start][1], calls[i][1], wanted):
+                continue
+            run = calls[start:i]
+            if (
+                len(run) >= LOOP_LENGTH
+                and _same_run(run[0][1], run[0][1], wanted)
+                and len({key for _, _, key in run}) > 1
+            ):
+                found.setdefault(tier, run[-1][0])
+            start = i
+    for period in (2, 3):
+        length, end = 0, None
+        for i in range(period, len(calls)):
+            _, call, key = calls[i]
+            _, before, before_key = calls[i - period]
+            distinct = len({k for _, _, k in calls[i - period + 1 : i + 1]}) == period
+            same = key == before_key and (call.result, call.error) == (before.result, before.error)
+            if same and distinct and call.result is not None:
+                length += 1
+                if length >= period * (CYCLES - 1):  # the first cycle, then two more
+                    end = calls[i][0]  # the turn where this alternation ends, so far
+                continue
+            if end is not None:
+                break
+            length = 0
+        if end is not None:
+            found.setdefault("alternation", end)
+            break
+    order = ("identical", "same_result", "alternation", "same_error")
+    return tuple((name, found[name]) for name in order if name in found)
+
+
+def _same_run(first: Recorded, call: Recorded, error: bool) -> bool:
+    if call.tool != first.tool or call.result is None or call.result != first.result:
+        return False
+    if call.error != error or call.error != first.error:
+        return False
+    return error or not call.empty
+
+
+def _back_to_back_end(recording: Recording) -> int | None:
+    """The turn where the first run of four or more identical turns ends."""
+    run, previous, end = 1, None, None
+    for t, turn in enumerate(recording.turns):
+        current = tuple((c.tool, _frozen(c.arguments), c.result) for c in turn)
+        run = run + 1 if current == previous else 1
+        if run >= 4:
+            end = t
+        elif end is not None:
+            return end
+        previous = current
+    return end
 
 
 def _frozen(value: Any) -> Any:

@@ -48,6 +48,10 @@ class Recorded:
     source_write: bool = False
     effect: str | None = None
     """The effect Keel's own record declares (read_only, side_effecting, observation)."""
+    empty: bool = False
+    """The result was empty (no characters), where the recording says so."""
+    error: bool = False
+    """The call failed (an error result), where the recording says so."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,6 +178,8 @@ def _from_object(
                     result=digest if isinstance(digest, str) else None,
                     kind=call["kind"] if isinstance(call.get("kind"), str) else None,
                     source_write=call.get("source_write") is True,
+                    empty=call.get("result_chars") == 0,
+                    error=call.get("error") is True,
                 )
             )
         turns.append(tuple(calls))
@@ -225,10 +231,13 @@ def _from_messages(
         skipped.append(Skipped(where, "`messages` is not a list"))
         return None
     results: dict[str, str] = {}
+    empty: set[str] = set()
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "tool":
             content = _content_text(message.get("content"))
             results[str(message.get("tool_call_id"))] = _digest(content)
+            if not content.strip():
+                empty.add(str(message.get("tool_call_id")))
     turns = []
     for m, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") != "assistant":
@@ -253,7 +262,12 @@ def _from_messages(
                     )
                 )
                 return None
-            calls.append(Recorded(function["name"], arguments, results.get(str(call.get("id")))))
+            call_id = str(call.get("id"))
+            calls.append(
+                Recorded(
+                    function["name"], arguments, results.get(call_id), empty=call_id in empty
+                )
+            )
         if calls:
             turns.append(tuple(calls))
     return Recording(id=run_id, turns=tuple(turns))
@@ -290,7 +304,8 @@ def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording
         if record is None:
             raise ConfigError(f"no run {run_id} in the store at {store.path}")
         events = store.events(run_id)
-        digests = {e.call_id: e.digest for e in events if isinstance(e, ToolResultRecorded)}
+        answers = {e.call_id: e for e in events if isinstance(e, ToolResultRecorded)}
+        digests = {call_id: e.digest for call_id, e in answers.items()}
         effects = {e.call_id: e.effect for e in events if isinstance(e, ToolCallRequested)}
         for e in events:  # recorded before effects were: only side effects were journaled
             if isinstance(e, ToolDispatched) and effects.get(e.call_id) is None:
@@ -305,8 +320,16 @@ def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording
                     except (ValueError, RecursionError):
                         arguments = call.arguments
                     effect = effects.get(call.id) or "read_only"
+                    answer = answers.get(call.id)
                     calls.append(
-                        Recorded(call.name, arguments, digests.get(call.id), effect=effect)
+                        Recorded(
+                            call.name,
+                            arguments,
+                            digests.get(call.id),
+                            effect=effect,
+                            empty=answer is not None and not answer.content.strip(),
+                            error=answer is not None and answer.is_error,
+                        )
                     )
                 turns.append(tuple(calls))
         yield Recording(id=run_id, turns=tuple(turns), corpus="keel store", model=record.model)

@@ -1,7 +1,8 @@
 """The replay's tables: per corpus and model, and pooled over everything replayed.
 
     runs | synthesis turn | hard limit | calls after synthesis | resolved cut before last
-    source write | back-to-back loops caught
+    source write | back-to-back loops caught | triggered by | loops caught by the end of the
+    loop, per tier's definition (in unresolved runs; in resolved runs)
 
 A cell that the recordings cannot fill (no `resolved`, no `source_write`) says so with a dash.
 """
@@ -32,6 +33,15 @@ class Row:
     loops: int = 0
     loops_caught: int = 0
     keys: dict[str, int] = field(default_factory=dict)
+    nudged: int = 0
+    """Runs that would have had the nudge (with `--nudge`)."""
+    resolved_nudged: int = 0
+    """Resolved runs that would have had it before their last source write."""
+    triggered: dict[str, int] = field(default_factory=dict)
+    """Runs whose synthesis turn each rule brought: `identical` or a tier's name."""
+    tier_loops: dict[str, list[int]] = field(default_factory=dict)
+    """Per loop definition: [loops in unresolved runs, caught, loops in resolved runs,
+    caught], caught meaning the synthesis turn came by the end of the loop."""
 
     def add(self, replayed: Replayed) -> None:
         self.runs += 1
@@ -45,6 +55,18 @@ class Row:
         if replayed.back_to_back_loop:
             self.loops += 1
             self.loops_caught += replayed.synthesis_after is not None
+        if replayed.nudge_after is not None:
+            self.nudged += 1
+            last = replayed.last_source_write
+            if replayed.recording.resolved and last is not None and replayed.nudge_after < last:
+                self.resolved_nudged += 1
+        if replayed.tier is not None:
+            self.triggered[replayed.tier] = self.triggered.get(replayed.tier, 0) + 1
+        for name, _ in replayed.loops:
+            counts = self.tier_loops.setdefault(name, [0, 0, 0, 0])
+            at = 2 if replayed.recording.resolved else 0
+            counts[at] += 1
+            counts[at + 1] += bool(replayed.caught(name))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +79,18 @@ class Row:
             "resolved_cut_before_last_write": self.resolved_cut if self.writes_known else None,
             "back_to_back_loops": self.loops,
             "back_to_back_loops_caught": self.loops_caught,
+            "triggered_by": dict(sorted(self.triggered.items())),
+            "nudged": self.nudged,
+            "resolved_nudged_before_last_write": self.resolved_nudged,
+            "loops": {
+                name: {
+                    "unresolved": c[0],
+                    "unresolved_caught": c[1],
+                    "resolved": c[2],
+                    "resolved_caught": c[3],
+                }
+                for name, c in sorted(self.tier_loops.items())
+            },
         }
 
 
@@ -84,6 +118,8 @@ def table(found: list[Row], title: str) -> Table:
         "calls after synthesis",
         "resolved cut before last write",
         "back-to-back loops caught",
+        "triggered by",
+        "loops caught (unresolved; resolved)",
     ):
         grid.add_column(header, justify="left" if header == "corpus / model" else "right")
     for row in found:
@@ -96,8 +132,22 @@ def table(found: list[Row], title: str) -> Table:
             str(row.calls_after_synthesis),
             cut,
             f"{row.loops_caught} of {row.loops}" if row.loops else "-",
+            ", ".join(f"{k} {v}" for k, v in sorted(row.triggered.items())) or "-",
+            _loops(row.tier_loops),
         )
     return grid
+
+
+_LOOP_ORDER = ("identical", "same_result", "alternation", "same_error")
+
+
+def _loops(found: dict[str, list[int]]) -> str:
+    parts = []
+    for name in _LOOP_ORDER:
+        if name in found:
+            c = found[name]
+            parts.append(f"{name} {c[1]}/{c[0]}; {c[3]}/{c[2]}")
+    return ", ".join(parts) or "-"
 
 
 def _share(n: int, total: int) -> str:

@@ -156,8 +156,10 @@ def _pending(record: RunRecord) -> list[dict[str, Any]]:
             {
                 "call_id": call.call_id,
                 "name": call.name,
+                "call_key": call.call_key,
                 "arguments": [{"name": k, "value": arguments[k]} for k in order],
                 **({"note": call.note} if call.note else {}),
+                **({"expires_at": call.expires_at} if call.expires_at is not None else {}),
             }
         )
     return shown
@@ -268,8 +270,9 @@ DENYING = frozenset({"deny", "denied", "no", "n"})
 TEXT_HELP = (
     "reply approve (or yes), deny (or no), or deny: REASON when one call waits (an ADK client: "
     'a function response {"result": "approve"} or {"approved": true}); or send a data part '
-    f'{{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true}} | {{"call_id": ..., '
-    '"approve": false, "reason": "..."}]} naming each call'
+    f'{{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true, "arguments"?: {{...}}, '
+    '"for_run"?: true} | {"call_id": ..., "approve": false, "reason": "..."} | '
+    '{"call_id": ..., "answer": "..."}]} naming each call'
 )
 
 
@@ -313,11 +316,40 @@ def decisions_in(given: Any) -> list[Decision]:
     for item in given:
         if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
             raise ValueError(f"each of {DECISIONS_KEY} needs a call_id (text)")
-        if not isinstance(item.get("approve"), bool):
-            raise ValueError(f"decision on {item['call_id']}: approve must be true or false")
-        reason = item.get("reason", "")
-        found.append(Decision(item["call_id"], item["approve"], str(reason or "")))
+        found.append(_decision(item))
     return found
+
+
+MAX_ANSWER = 20_000
+"""Characters of an answer-instead a client may send (the model reads it as the result)."""
+
+
+def _decision(item: dict[str, Any]) -> Decision:
+    """One decision of `keel_decisions`: `approve` true or false, or `answer` (text); with
+    `arguments` (the whole edited arguments), `for_run`, `call_key` (the call seen)."""
+    call = item["call_id"]
+    answer, arguments = item.get("answer"), item.get("arguments")
+    for_run, key = item.get("for_run", False), item.get("call_key")
+    if answer is not None and (not isinstance(answer, str) or not answer.strip()):
+        raise ValueError(f"decision on {call}: answer must be text")
+    if answer is None and not isinstance(item.get("approve"), bool):
+        raise ValueError(f"decision on {call}: approve must be true or false (or give answer)")
+    if arguments is not None and not isinstance(arguments, dict):
+        raise ValueError(f"decision on {call}: arguments must be an object (the whole arguments)")
+    if not isinstance(for_run, bool) or (key is not None and not isinstance(key, str)):
+        raise ValueError(f"decision on {call}: for_run must be true or false, call_key text")
+    if answer is not None and len(answer) > MAX_ANSWER:
+        raise ValueError(f"decision on {call}: the answer is over {MAX_ANSWER} characters")
+    reason = item.get("reason", "")
+    return Decision(
+        call,
+        bool(item.get("approve", False)) and answer is None,
+        str(reason or ""),
+        arguments=arguments,
+        for_run=for_run,
+        answer=answer,
+        call_key=key,
+    )
 
 
 ADK_TYPE = "adk_type"

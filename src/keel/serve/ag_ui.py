@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any
 
 import pydantic
 from ag_ui.core import (
@@ -51,7 +52,7 @@ from keel import approvals
 from keel.agent import Agent
 from keel.errors import AlreadyDecided, ConfigError, KeelError, LeaseHeld
 from keel.events import RunStream
-from keel.records import ApprovalDecided
+from keel.records import ApprovalDecided, Decision
 from keel.result import OVER
 from keel.serve.ag_ui_events import (
     EventMapper,
@@ -93,6 +94,11 @@ class ApprovalAnswer(pydantic.BaseModel):
     model_config = pydantic.ConfigDict(extra="forbid", strict=True)
     approved: bool
     reason: str | None = None
+    arguments: dict[str, Any] | None = None
+    """Approved with these arguments instead of the model's (ADR 0052)."""
+    for_run: bool = False
+    answer: str | None = pydantic.Field(default=None, max_length=20_000)
+    """Answered instead: the call's result, the tool not run (`approved` is then ignored)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +110,19 @@ class Answer:
     reason: str | None
     recorded: bool
     """The same decision is in the store already (a resume sent again): not recorded twice."""
+    arguments: dict[str, Any] | None = None
+    for_run: bool = False
+    answer: str | None = None
+
+    def decision(self) -> Decision:
+        """What the store records, by "ag-ui"; the reason and answer are untrusted and told
+        to the model: cleaned as `keel ui` cleans them."""
+        if self.answer is not None:
+            return Decision(False, "ag-ui", answer=clean(self.answer).strip() or "(empty)")
+        if not self.approved:
+            reason = clean(self.reason or "").strip()[:MAX_REASON] or DENIED_REASON
+            return Decision(False, "ag-ui", reason)
+        return Decision(True, "ag-ui", arguments=self.arguments, for_run=self.for_run)
 
 
 def ag_ui_routes(agent: Agent, *, path: str = "/ag-ui") -> list[BaseRoute]:
@@ -181,14 +200,17 @@ class AgUiEndpoint:
                 f"run {run_id} cannot go on here: {why}; resume it from a server started with "
                 "its options, or decide with `keel approve`/`keel deny` and `keel resume` it",
             )
-        for answer in answers:
-            if answer.recorded:
-                continue
-            if answer.approved:
-                approvals.approve(self.agent.store, run_id, answer.call_id, by="ag-ui")
-            else:  # the reason is untrusted and told to the model: cleaned as `keel ui` does
-                reason = clean(answer.reason or "").strip()[:MAX_REASON] or DENIED_REASON
-                approvals.deny(self.agent.store, run_id, answer.call_id, reason, by="ag-ui")
+        fresh = [a for a in answers if not a.recorded]
+        for answer in fresh:  # all checked (edited arguments too) before any is recorded
+            approvals.check(
+                self.agent.store,
+                run_id,
+                answer.call_id,
+                answer.decision(),
+                validate=self.agent._validate_arguments,
+            )
+        for answer in fresh:
+            approvals.decide(self.agent.store, run_id, answer.call_id, answer.decision())
         return run_id, {a.call_id for a in answers}
 
     async def _events(
@@ -349,12 +371,23 @@ def _answer(record: RunRecord, call_id: str, entry: ResumeEntry, pending: set[st
             raise Refused(
                 422,
                 f'the answer to {entry.interrupt_id} must be {{"approved": true|false, '
-                f'"reason"?: text}}: {where}: {first["msg"]}',
+                '"reason"?: text, "arguments"?: {...}, "for_run"?: bool, "answer"?: text}: '
+                f'{where}: {first["msg"]}',
             ) from None
-        approved, reason = payload.approved, payload.reason
+        approved, reason = payload.approved and payload.answer is None, payload.reason
+    else:
+        payload = ApprovalAnswer(approved=False)
     decided = record.state.decisions.get(call_id)
     if decided is not None and decided.approved != approved:
         what = "approved" if decided.approved else "denied"
         raise Refused(409, f"{entry.interrupt_id} was {what} already by {decided.by}: "
                       "decisions are final")  # fmt: skip
-    return Answer(call_id, approved, reason, recorded=decided is not None)
+    return Answer(
+        call_id,
+        approved,
+        reason,
+        recorded=decided is not None,
+        arguments=payload.arguments,
+        for_run=payload.for_run,
+        answer=payload.answer,
+    )

@@ -80,6 +80,18 @@ APPROVAL_SCHEMA: dict[str, Any] = {
     "properties": {
         "approved": {"type": "boolean"},
         "reason": {"type": "string", "description": "Why (a denial's reason, told the model)."},
+        "arguments": {
+            "type": "object",
+            "description": "Approve with these arguments instead (the whole arguments object).",
+        },
+        "for_run": {
+            "type": "boolean",
+            "description": "Also approve every later call of this tool in the run.",
+        },
+        "answer": {
+            "type": "string",
+            "description": "Answer in place of the tool: this text is the call's result.",
+        },
     },
     "required": ["approved"],
     "additionalProperties": False,

@@ -21,10 +21,12 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from keel import approvals
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError, KeelError, LeaseHeld
+from keel.records import Decision as RecordedDecision
 from keel.records import Event
 from keel.result import TERMINAL
 from keel.store import RunRecord, RunStore
@@ -58,6 +60,22 @@ class Decision:
     call_id: str
     approved: bool
     reason: str = ""
+    arguments: dict[str, Any] | None = None
+    """Approved with these arguments instead of the model's (ADR 0052)."""
+    for_run: bool = False
+    """Approved for the rest of the run: later calls of the tool need no approval."""
+    answer: str | None = None
+    """Answered instead: this text is the call's result, the tool is not run."""
+    call_key: str | None = None
+    """The key of the call the decider saw: refused when the pending call's differs."""
+
+    def record(self, by: str) -> RecordedDecision:
+        """The decision as the store records it."""
+        if self.answer is not None:
+            return RecordedDecision(False, by, answer=self.answer)
+        if not self.approved:
+            return RecordedDecision(False, by, self.reason or "denied by the A2A client")
+        return RecordedDecision(True, by, arguments=self.arguments, for_run=self.for_run)
 
 
 class NotCancelable(Exception):
@@ -110,12 +128,23 @@ class RunService:
                 "and continue it with `keel resume`"
             )
         check_decisions(record, decisions)  # all or nothing: none is recorded unless all can be
+        for decision in decisions:  # edited arguments and the calls seen, checked first too
+            approvals.check(
+                self.store,
+                run_id,
+                decision.call_id,
+                decision.record(self.by),
+                expect_key=decision.call_key,
+                validate=self.agent._validate_arguments,
+            )
         for decision in decisions:
-            if decision.approved:
-                approvals.approve(self.store, run_id, decision.call_id, by=self.by)
-            else:
-                reason = decision.reason or "denied by the A2A client"
-                approvals.deny(self.store, run_id, decision.call_id, reason, by=self.by)
+            approvals.decide(
+                self.store,
+                run_id,
+                decision.call_id,
+                decision.record(self.by),
+                expect_key=decision.call_key,
+            )
         if approvals.pending(self.store, run_id):
             return
         if is_url(self.target) and (

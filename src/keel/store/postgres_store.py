@@ -185,7 +185,15 @@ class PostgresStore:
         await self._write(write, f"the lease on run {run_id} could not be renewed", run_id)
 
     def decide(
-        self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        by: str,
+        reason: str | None = None,
+        detail: Decision | None = None,
+        expect_key: str | None = None,
     ) -> ApprovalDecided:
         """Final, as on SQLite: the run's row is locked (FOR UPDATE) while the decision is
         checked and written, so of racing deciders one wins and the others get AlreadyDecided
@@ -205,8 +213,8 @@ class PostgresStore:
                 ).fetchone()
                 return int(row[0]) if row else 0
 
-            decision = Decision(approved, by, reason)
-            event, state = decide_pending(run_id, call_id, found, next_seq, decision)
+            decision = detail or Decision(approved, by, reason)
+            event, state = decide_pending(run_id, call_id, found, next_seq, decision, expect_key)
             insert_events(conn, run_id, [event])
             conn.execute(
                 "UPDATE keel.runs SET state = %s, updated_at = %s WHERE run_id = %s",

@@ -41,6 +41,7 @@ from keel.records import (
 from keel.result import RunStatus
 
 __all__ = [
+    "EXPIRED_BY",
     "HOST",
     "Checkpoint",
     "RunRecord",
@@ -48,6 +49,7 @@ __all__ = [
     "already_decided",
     "decide_pending",
     "decode_events",
+    "expired_denial",
     "holder_alive",
     "new_lease_owner",
 ]
@@ -144,11 +146,23 @@ class RunStore(Protocol):
         """Extend `owner`'s lease, or raise LeaseLost."""
 
     def decide(
-        self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        by: str,
+        reason: str | None = None,
+        detail: Decision | None = None,
+        expect_key: str | None = None,
     ) -> ApprovalDecided:
         """Record a person's decision on a pending call of a paused run. Final: deciding a
         call decided already raises AlreadyDecided, and of racing decisions exactly one is
-        recorded (the others get AlreadyDecided)."""
+        recorded (the others get AlreadyDecided). `detail`: the whole decision (edited
+        arguments, an answer, for the run), which `approved`, `by` and `reason` then only
+        repeat; `expect_key`: the key of the call the decider saw, refused (ConfigError,
+        nothing recorded) when the pending call's differs. Past the call's expiry the denial
+        it turned into is recorded instead, its event `expired`."""
 
     def get_run(self, run_id: str) -> RunRecord | None: ...
 
@@ -193,7 +207,13 @@ def decode_events(
 
 
 def decide_pending(
-    run_id: str, call_id: str, row: Sequence[Any], next_seq: Callable[[], int], decision: Decision
+    run_id: str,
+    call_id: str,
+    row: Sequence[Any],
+    next_seq: Callable[[], int],
+    decision: Decision,
+    expect_key: str | None = None,
+    now: float | None = None,
 ) -> tuple[ApprovalDecided, RunState]:
     """`RunStore.decide` on the run's stored (status, state) `row`, read inside the store's
     transaction with the run's row locked (SQLite: BEGIN IMMEDIATE; Postgres: FOR UPDATE), so
@@ -205,6 +225,8 @@ def decide_pending(
     state = RunState.decode(json.loads(state_json))
     by, reason = clean_text(decision.by), decision.reason  # a name from argv: maybe not UTF-8
     decision = replace(decision, by=by, reason=None if reason is None else clean_text(reason))
+    if decision.answer is not None:
+        decision = replace(decision, answer=clean_text(decision.answer))
     earlier = state.decisions.get(call_id)
     if earlier is not None:
         raise AlreadyDecided(already_decided(run_id, call_id, earlier))
@@ -215,21 +237,52 @@ def decide_pending(
             f"run {run_id} has no call {call_id} awaiting a decision "
             f"(status {status}; calls waiting: {waiting})"
         )
+    asked = pending[call_id]
+    if expect_key is not None and expect_key != asked.call_key:
+        raise ConfigError(
+            f"call {call_id} of run {run_id} waits as {asked.call_key[:200]}, not as the call "
+            f"decided on ({expect_key[:200]}); nothing was recorded"
+        )
+    at = time.time() if now is None else now
+    if asked.expires_at is not None and at > asked.expires_at:
+        decision = expired_denial(asked.expires_at)
+    decision = replace(decision, at=at, name=asked.name, call_key=asked.call_key)
     seq = next_seq()
     event = ApprovalDecided(
         step=state.step,
         seq=seq,
-        at=time.time(),
+        at=at,
         call_id=call_id,
-        name=pending[call_id].name,
-        call_key=pending[call_id].call_key,
+        name=asked.name,
+        call_key=asked.call_key,
         approved=decision.approved,
         by=decision.by,
         reason=decision.reason,
+        arguments=decision.arguments,
+        answer=decision.answer,
+        for_run=decision.for_run,
+        expired=decision.expired,
     )
-    state.decisions[call_id] = replace(decision, at=event.at)
+    state.decisions[call_id] = decision
+    if decision.for_run and decision.approved and asked.run_id is None:  # a child's: its own
+        state.approved_for_run.setdefault(asked.name, decision)
     state.next_seq = seq + 1
     return event, state
+
+
+EXPIRED_BY = "approval timeout"
+"""Who a denial is recorded as when nobody decided before the pause's expiry."""
+
+
+def expired_denial(expires_at: float) -> Decision:
+    """The denial a call turns into once its approval timed out."""
+    when = datetime.fromtimestamp(expires_at, UTC)
+    return Decision(
+        False,
+        EXPIRED_BY,
+        f"nobody decided before the approval expired at {when:%Y-%m-%d %H:%M:%S} UTC",
+        expired=True,
+    )
 
 
 def already_decided(run_id: str, call_id: str, decision: Decision) -> str:

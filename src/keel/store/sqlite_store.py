@@ -199,7 +199,15 @@ class Store:
         await self._write(write, doing, run_id, sync=False)
 
     def decide(
-        self, run_id: str, call_id: str, *, approved: bool, by: str, reason: str | None = None
+        self,
+        run_id: str,
+        call_id: str,
+        *,
+        approved: bool,
+        by: str,
+        reason: str | None = None,
+        detail: Decision | None = None,
+        expect_key: str | None = None,
     ) -> ApprovalDecided:
         """Record a person's decision on a pending call of a paused run; returns the event.
         Final: the state is read and written in one BEGIN IMMEDIATE transaction (the worker's),
@@ -216,8 +224,8 @@ class Store:
                 sql = "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE run_id = ?"
                 return int(conn.execute(sql, (run_id,)).fetchone()[0])
 
-            decision = Decision(approved, by, reason)
-            event, state = decide_pending(run_id, call_id, found, next_seq, decision)
+            decision = detail or Decision(approved, by, reason)
+            event, state = decide_pending(run_id, call_id, found, next_seq, decision, expect_key)
             _insert_events(conn, run_id, [event])
             conn.execute(
                 "UPDATE runs SET state = ?, updated_at = ? WHERE run_id = ?",

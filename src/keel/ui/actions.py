@@ -16,22 +16,26 @@ no pending call is left undecided, the run goes on in the background:
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from keel import approvals
-from keel.errors import KeelError
+from keel.errors import ConfigError, KeelError
+from keel.records import Decision
 from keel.store import open_store
 from keel.store.locate import is_url
 from keel.ui.text import clean
 
-__all__ = ["Enqueuer", "Resumer", "decide", "going_on"]
+__all__ = ["Enqueuer", "Resumer", "decide", "edited_arguments", "going_on"]
 
 MAX_BY = 100
 MAX_REASON = 2_000
+MAX_ANSWER = 8_000
 
 
 def decide(
@@ -42,21 +46,48 @@ def decide(
     approve: bool,
     by: str,
     reason: str | None,
+    arguments: Any = None,
+    for_run: bool = False,
+    answer: str | None = None,
+    call_key: str | None = None,
 ) -> bool:
     """Record one decision; True when the run has no undecided call left (resume it now).
 
-    Raises AlreadyDecided when someone decided the call first (decisions are final), and
-    ConfigError (from the store) when it is not pending."""
+    The four decisions of ADR 0052: approve (with `arguments` edited, checked against the
+    schema recorded with the call; `for_run`: its tool's later calls too), deny with a reason,
+    or `answer` in place of the tool. `call_key`: the key of the call the form showed, so a
+    decision is never taken for another call. Raises AlreadyDecided when someone decided the
+    call first (decisions are final), DecisionExpired past its expiry, and ConfigError when it
+    is not pending, the key differs, or the edited arguments do not fit."""
     store = open_store(target)
     try:
         who = clean(by).strip()[:MAX_BY] or approvals.who()
-        if approve:
-            approvals.approve(store, run_id, call_id, by=who)
+        if answer is not None:
+            if not answer.strip():
+                raise ConfigError("the answer is empty: say what the call's result should be")
+            decision = Decision(False, who, answer=clean(answer)[:MAX_ANSWER])
+        elif approve:
+            asked = {p.call_id: p.arguments for p in approvals.pending(store, run_id)}
+            if call_id in asked and arguments == asked[call_id]:
+                arguments = None  # left as shown: approved as asked, not "edited"
+            decision = Decision(True, who, arguments=arguments, for_run=for_run)
         else:
-            approvals.deny(store, run_id, call_id, clean(reason or "")[:MAX_REASON], by=who)
+            decision = Decision(False, who, clean(reason or "")[:MAX_REASON])
+        approvals.decide(store, run_id, call_id, decision, expect_key=call_key)
         return not approvals.pending(store, run_id)
     finally:
         store.close()
+
+
+def edited_arguments(written: str) -> Any:
+    """The arguments a person wrote in the form, as JSON; None when blank. Raises ValueError
+    naming what is wrong with the JSON."""
+    if not written.strip():
+        return None
+    try:
+        return json.loads(written)
+    except ValueError as exc:
+        raise ValueError(f"the edited arguments are not JSON: {exc}") from None
 
 
 def going_on(target: str | Path) -> Resumer | Enqueuer:

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Collection
 from pathlib import Path
+from typing import Literal
 from urllib.parse import quote
 
 from starlette.applications import Starlette
@@ -22,12 +23,12 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from keel import approvals
-from keel.errors import AlreadyDecided, ConfigError, StoreError
+from keel.errors import AlreadyDecided, ConfigError, DecisionExpired, StoreError
 from keel.result import STATUSES
 from keel.store import open_store
 from keel.store.locate import is_url
 from keel.ui import live
-from keel.ui.actions import decide, going_on
+from keel.ui.actions import decide, edited_arguments, going_on
 from keel.ui.chart import ChartFold
 from keel.ui.live_text import LiveTexts
 from keel.ui.pages import PAGE_SIZE, Pages, RunsPage, RunView
@@ -128,12 +129,17 @@ class _Ui:
     # -- decisions -------------------------------------------------------------------------
 
     async def approve(self, request: Request) -> Response:
-        return await self._decide(request, approve=True)
+        return await self._decide(request, "approve")
 
     async def deny(self, request: Request) -> Response:
-        return await self._decide(request, approve=False)
+        return await self._decide(request, "deny")
 
-    async def _decide(self, request: Request, *, approve: bool) -> Response:
+    async def answer(self, request: Request) -> Response:
+        return await self._decide(request, "answer")
+
+    async def _decide(
+        self, request: Request, kind: Literal["approve", "deny", "answer"]
+    ) -> Response:
         origin = request.headers.get("origin")
         if origin is not None and origin not in self.origins:
             return self.error(403, "Refused", "this form was sent from another site")
@@ -144,8 +150,15 @@ class _Ui:
         if not token_matches(self.csrf, form.get("csrf")):
             return self.error(403, "Refused", "the form's token is missing or wrong; reload")
         reason = form.get("reason", "").strip()
-        if not approve and not reason:
+        if kind == "deny" and not reason:
             return self.error(400, "A reason is required", "say why; the model is told")
+        text = form.get("text", "")
+        if kind == "answer" and not text.strip():
+            return self.error(400, "An answer is required", "write the call's result")
+        try:
+            edited = edited_arguments(form.get("arguments", "")) if kind == "approve" else None
+        except ValueError as exc:
+            return self.error(400, "Not recorded", str(exc))
         run_id, call_id = request.path_params["run_id"], request.path_params["call_id"]
         try:
             ready = await asyncio.to_thread(
@@ -153,15 +166,31 @@ class _Ui:
                 self.target,
                 run_id,
                 call_id,
-                approve=approve,
+                approve=kind == "approve",
                 by=form.get("by", ""),
                 reason=reason or None,
+                arguments=edited,
+                for_run=kind == "approve" and form.get("for_run") == "on",
+                answer=text if kind == "answer" else None,
+                call_key=form.get("call_key") or None,
             )
+        except DecisionExpired as exc:  # its denial was recorded: the run goes on from it
+            await asyncio.to_thread(self._go_on_if_decided, run_id)
+            return self.error(409, "Not recorded", str(exc))
         except (ConfigError, AlreadyDecided) as exc:  # decided first by another, or no run
             return self.error(409, "Not recorded", str(exc))
         if ready:  # queued (Postgres) before the page that says so is shown
             await asyncio.to_thread(self.resume, run_id)
         return RedirectResponse(f"/runs/{quote(run_id, safe='')}", status_code=303)
+
+    def _go_on_if_decided(self, run_id: str) -> None:
+        store = open_store(self.target)
+        try:
+            ready = not approvals.pending(store, run_id)
+        finally:
+            store.close()
+        if ready:
+            self.resume(run_id)
 
     @contextlib.asynccontextmanager
     async def lifespan(self, app: Starlette) -> AsyncIterator[None]:
@@ -191,6 +220,7 @@ def create_app(
         Route("/runs/{run_id}/live", ui.follow),
         Route("/runs/{run_id}/calls/{call_id}/approve", ui.approve, methods=["POST"]),
         Route("/runs/{run_id}/calls/{call_id}/deny", ui.deny, methods=["POST"]),
+        Route("/runs/{run_id}/calls/{call_id}/answer", ui.answer, methods=["POST"]),
         Mount("/static", StaticFiles(directory=STATIC), name="static"),
     ]
     app = Starlette(

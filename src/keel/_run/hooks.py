@@ -1,0 +1,262 @@
+"""Calling an application's hooks (keel/hooks.py) at the four points of a run, and recording
+what they changed (ADR 0052).
+
+    before_model(parts, request, synthesis) -> request     before each model attempt
+    after_model(parts, response, synthesis) -> response    on each answered attempt
+    before_tools(parts, batch)                             on the open calls, once per call
+    after_tool(parts, item) -> item                        on each call that ran
+
+Hooks run in the order given, each seeing what the one before it made. A hook's change is an
+event (`hook_applied`) and, for the two that shape what is recorded anyway (a response, a
+result), the record holds the changed value; a `before_tool_call` decision is also kept in
+`RunState.hooked` until its batch is answered, so a resumed batch applies it without asking
+the hook again. A hook that raises, overruns its timeout or returns something that is not a
+decision it may make fails the step with HookFailed; `EndRun` fails it with EndedByHook. The
+synthesis rule is not theirs: a synthesis-only turn's request keeps its tool choice, and a
+response with tool calls in such a turn is refused (the model's response is kept).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+from dataclasses import replace
+from typing import Any, Protocol
+
+from keel._run import decisions
+from keel._run.parts import StepParts
+from keel.errors import EndedByHook, HookFailed
+from keel.hooks import Deny, EndRun, Hooks, Replace
+from keel.messages import ModelRequest, ModelResponse, ToolCall, ToolResult, digest_text
+from keel.records import Decision, HookApplied, HookChange, JsonValue
+from keel.tools.executor import ExecutedCall
+
+__all__ = ["after_model", "after_tool", "before_model", "before_tools"]
+
+
+class _Batch(Protocol):  # keel._run.batch.Batch, which imports this module
+    calls: list[ToolCall]
+    journaled: set[str]
+
+    def open_calls(self) -> list[ToolCall]: ...
+
+
+async def _call(
+    parts: StepParts, hooks: Hooks, name: str, point: str, method: Any, *args: Any
+) -> Any:
+    """One hook method, sync (in a thread, so a hanging one cannot hold the loop) or async,
+    within the timeout; what it returned, or HookFailed."""
+    try:
+        async with asyncio.timeout(hooks.timeout):
+            if inspect.iscoroutinefunction(method):
+                outcome = await method(*args)
+            else:
+                outcome = await asyncio.to_thread(method, *args)
+                if inspect.isawaitable(outcome):
+                    outcome = await outcome
+    except TimeoutError:
+        raise HookFailed(
+            f"the hook {name}.{point} did not return within {hooks.timeout:g}s",
+            step=parts.state.step,
+            details={"hook": name, "point": point, "timeout": hooks.timeout},
+        ) from None
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:
+        raise HookFailed(
+            f"the hook {name}.{point} raised {type(exc).__name__}: {str(exc)[:500]}",
+            step=parts.state.step,
+            details={"hook": name, "point": point, "error": type(exc).__name__},
+        ) from None
+    if outcome is not None and not isinstance(outcome, Replace | Deny | EndRun):
+        raise HookFailed(
+            f"the hook {name}.{point} returned {type(outcome).__name__}, not None or a "
+            "keel.Replace, keel.Deny or keel.EndRun",
+            step=parts.state.step,
+            details={"hook": name, "point": point},
+        )
+    return outcome
+
+
+def _ended(parts: StepParts, name: str, point: str, end: EndRun, call: str | None) -> EndedByHook:
+    parts.recorder.emit(
+        HookApplied(
+            step=parts.state.step,
+            hook=name,
+            point=point,
+            action="end_run",
+            call_id=call,
+            detail=end.reason,
+        )
+    )
+    return EndedByHook(
+        f"the hook {name}.{point} ended the run: {end.reason}",
+        step=parts.state.step,
+        details={"hook": name, "point": point},
+    )
+
+
+def _refuse(parts: StepParts, name: str, point: str, outcome: object, allowed: str) -> HookFailed:
+    return HookFailed(
+        f"the hook {name}.{point} returned {type(outcome).__name__}, which it may not: "
+        f"{allowed}",
+        step=parts.state.step,
+        details={"hook": name, "point": point},
+    )
+
+
+def _emit(
+    parts: StepParts, name: str, point: str, action: str, detail: JsonValue, call: str | None
+) -> None:
+    parts.recorder.emit(
+        HookApplied(
+            step=parts.state.step,
+            hook=name,
+            point=point,
+            action=action,
+            call_id=call,
+            detail=detail,
+        )
+    )
+
+
+# -- model calls -------------------------------------------------------------------------------
+
+
+async def before_model(parts: StepParts, request: ModelRequest, synthesis: bool) -> ModelRequest:
+    hooks = parts.hooks
+    if hooks is None:
+        return request
+    point = "before_model_call"
+    for name, method in hooks.at(point):
+        outcome = await _call(parts, hooks, name, point, method, request)
+        if isinstance(outcome, EndRun):
+            raise _ended(parts, name, point, outcome, None)
+        if isinstance(outcome, Deny):
+            raise _refuse(parts, name, point, outcome, "a model call is replaced or the run ended")
+        if outcome is None:
+            continue
+        if not isinstance(outcome.value, ModelRequest):
+            raise _refuse(parts, name, point, outcome.value, "Replace takes a ModelRequest here")
+        changed: ModelRequest = outcome.value
+        if synthesis and (
+            changed.tool_choice != request.tool_choice or changed.tools != request.tools
+        ):  # the synthesis rule is not a hook's: the turn stays tool-free
+            _emit(parts, name, point, "refused", "tools in a synthesis-only turn", None)
+            changed = replace(changed, tool_choice=request.tool_choice, tools=request.tools)
+        _emit(parts, name, point, "replace", {"items": len(changed.items)}, None)
+        request = changed
+    return request
+
+
+async def after_model(
+    parts: StepParts, response: ModelResponse, synthesis: bool
+) -> ModelResponse:
+    """The response the run records and acts on; the usage stays the provider's."""
+    hooks = parts.hooks
+    if hooks is None:
+        return response
+    point = "after_model_call"
+    for name, method in hooks.at(point):
+        outcome = await _call(parts, hooks, name, point, method, response)
+        if isinstance(outcome, EndRun):
+            raise _ended(parts, name, point, outcome, None)
+        if isinstance(outcome, Deny):
+            raise _refuse(parts, name, point, outcome, "a response is replaced or the run ended")
+        if outcome is None:
+            continue
+        if not isinstance(outcome.value, ModelResponse):
+            raise _refuse(parts, name, point, outcome.value, "Replace takes a ModelResponse here")
+        changed: ModelResponse = outcome.value
+        if synthesis and changed.tool_calls:  # never tools in a synthesis-only turn
+            calls = [c.name for c in changed.tool_calls]
+            _emit(parts, name, point, "refused", {"tool_calls": list[JsonValue](calls)}, None)
+            continue
+        detail: JsonValue = {
+            "text_before": response.text,
+            "calls_before": [c.key for c in response.tool_calls],
+        }
+        _emit(parts, name, point, "replace", detail, None)
+        response = replace(changed, usage=response.usage)
+    return response
+
+
+# -- tool calls --------------------------------------------------------------------------------
+
+
+async def before_tools(parts: StepParts, batch: _Batch) -> None:
+    """Each open call that has not met the hooks yet meets them; what they decided is kept
+    (`RunState.hooked`) and applied again, without them, to a resumed batch."""
+    hooks, state = parts.hooks, parts.state
+    for index, call in enumerate(batch.calls):
+        if call.id not in {c.id for c in batch.open_calls()} or call.id in batch.journaled:
+            continue
+        change = state.hooked.get(call.id)
+        if change is None and hooks is not None:
+            change = await _ask(parts, hooks, call)
+            state.hooked[call.id] = change
+        if change is None:
+            continue
+        if change.action == "replace":
+            runs = decisions.with_arguments(call, change.arguments)
+            decisions.rekey(parts, call, runs)
+            batch.calls[index] = runs
+        elif change.action == "deny" and call.id not in state.decisions:
+            state.decisions[call.id] = Decision(
+                False, change.hook, change.reason, name=call.name, call_key=call.key
+            )
+
+
+async def _ask(parts: StepParts, hooks: Hooks, call: ToolCall) -> HookChange:
+    point = "before_tool_call"
+    current = call
+    change = HookChange("", "pass")
+    for name, method in hooks.at(point):
+        outcome = await _call(parts, hooks, name, point, method, current)
+        if isinstance(outcome, EndRun):
+            raise _ended(parts, name, point, outcome, call.id)
+        if isinstance(outcome, Deny):
+            _emit(parts, name, point, "deny", outcome.reason, call.id)
+            return HookChange(name, "deny", reason=str(outcome.reason))
+        if outcome is None:
+            continue
+        if not isinstance(outcome.value, dict):
+            wanted = "Replace takes the whole arguments (a dict)"
+            raise _refuse(parts, name, point, outcome.value, wanted)
+        arguments = outcome.value
+        _emit(parts, name, point, "replace", arguments, call.id)
+        current = decisions.with_arguments(current, arguments)
+        change = HookChange(name, "replace", arguments=arguments)
+    return change
+
+
+async def after_tool(parts: StepParts, item: ExecutedCall) -> ExecutedCall:
+    """A call that ran, with its result as the hooks left it: a replaced result is what the
+    model reads and the store keeps (the tool's whole text is then not kept)."""
+    hooks = parts.hooks
+    if hooks is None or not item.dispatched:
+        return item
+    point = "after_tool_call"
+    for name, method in hooks.at(point):
+        outcome = await _call(parts, hooks, name, point, method, item.call, item.result)
+        if isinstance(outcome, EndRun):
+            raise _ended(parts, name, point, outcome, item.call.id)
+        if isinstance(outcome, Deny):
+            raise _refuse(parts, name, point, outcome, "a result is replaced or the run ended")
+        if outcome is None:
+            continue
+        value = outcome.value
+        text = value.content if isinstance(value, ToolResult) else value
+        if not isinstance(text, str):
+            wanted = "Replace takes the result's text or a ToolResult"
+            raise _refuse(parts, name, point, value, wanted)
+        old = item.result
+        cap = parts.executor.max_result_chars
+        shown = text if len(text) <= cap else text[:cap] + f"\n[cut by Keel at {cap} characters]"
+        result = replace(
+            old, content=shown, size=len(text), digest=digest_text(text), truncated=False
+        )
+        _emit(parts, name, point, "replace", {"size_before": old.size, "size": len(text)},
+              item.call.id)  # fmt: skip
+        item = replace(item, result=result, full_content=None)
+    return item
