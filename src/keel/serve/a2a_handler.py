@@ -199,6 +199,8 @@ class KeelRequestHandler(RequestHandler):
         try:
             decisions = tasks.decisions_of(message)
             if decisions is None:
+                decisions = tasks.adk_decision(record, message)
+            if decisions is None:
                 decisions = tasks.text_decision(record, get_message_text(message))
             if decisions is None:
                 raise ValueError(f"the task waits for decisions: {tasks.TEXT_HELP}")

@@ -11,7 +11,11 @@ the `a2a-sdk`'s protobuf types; nothing is kept beside the record.
 - input-required: the status message names each pending call, every argument, target first,
   as a data part `{"keel_pending": [...]}`; the reply is a data part `{"keel_decisions": ...}`
   (`decisions_of`), or, when one call waits, the text an ordinary client sends: `approve`,
-  `yes`, `deny`, `no`, `deny: REASON` (`text_decision`).
+  `yes`, `deny`, `no`, `deny: REASON` (`text_decision`), or Google ADK's function response to
+  the call it made of the pause (`adk_decision`): a data part marked `adk_type:
+  function_response` (`{"id", "name", "response"}`), or, from ADK 2, that response as JSON
+  text. Its `response` is `{"result": TEXT}` (read as a text reply), `{"approved"|"approve"|
+  "confirmed": BOOL, "reason"?: TEXT}`, or `{"keel_decisions": [...]}`.
 - completed: an `answer` artifact, the answer's text, and the structured output as a data part
   when the run asked for one. failed: the status message says `kind: message` and carries
   `{"kind", "message"}` as data.
@@ -22,7 +26,12 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from a2a.helpers.proto_helpers import get_data_parts, new_data_part, new_text_part
+from a2a.helpers.proto_helpers import (
+    get_data_parts,
+    get_message_text,
+    new_data_part,
+    new_text_part,
+)
 from a2a.types import (
     Artifact,
     Message,
@@ -34,7 +43,7 @@ from a2a.types import (
     TaskStatus,
     TaskStatusUpdateEvent,
 )
-from google.protobuf.json_format import ParseDict
+from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.struct_pb2 import Struct
 
 from keel.events import event_json
@@ -48,8 +57,10 @@ __all__ = [
     "DECISIONS_KEY",
     "PENDING_KEY",
     "STATES",
+    "adk_decision",
     "answer_artifact",
     "bounded",
+    "decisions_in",
     "decisions_of",
     "event_update",
     "final_events",
@@ -160,12 +171,7 @@ def status_of(record: RunRecord) -> TaskStatus:
     status.timestamp.FromSeconds(int(record.updated_at))
     if state_of(record) == TaskState.TASK_STATE_INPUT_REQUIRED:
         pending = _pending(record)
-        text = (
-            f"run {record.run_id} waits for a decision on {len(pending)} call(s): reply on this "
-            f'task with a data part {{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true, '
-            '"arguments"?: {...}, "for_run"?: true} | {"call_id": ..., "approve": false, '
-            '"reason": "..."} | {"call_id": ..., "answer": "..."}]}'
-        )
+        text = f"run {record.run_id} waits for a decision on {len(pending)} call(s): {TEXT_HELP}"
         parts = [new_text_part(text), _data({PENDING_KEY: pending})]
         status.message.CopyFrom(_message(record, f"{record.run_id}/awaiting", parts))
     elif record.status == "failed" and record.state.failure is not None:
@@ -262,8 +268,11 @@ def final_events(record: RunRecord) -> list[TaskStatusUpdateEvent | TaskArtifact
 APPROVING = frozenset({"approve", "approved", "yes", "y"})
 DENYING = frozenset({"deny", "denied", "no", "n"})
 TEXT_HELP = (
-    "reply approve (or yes), deny (or no), or deny: REASON when one call waits; or send a "
-    f'data part {{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true}}]}} naming each call'
+    "reply approve (or yes), deny (or no), or deny: REASON when one call waits (an ADK client: "
+    'a function response {"result": "approve"} or {"approved": true}); or send a data part '
+    f'{{"{DECISIONS_KEY}": [{{"call_id": ..., "approve": true, "arguments"?: {{...}}, '
+    '"for_run"?: true} | {"call_id": ..., "approve": false, "reason": "..."} | '
+    '{"call_id": ..., "answer": "..."}]} naming each call'
 )
 
 
@@ -275,13 +284,18 @@ def text_decision(record: RunRecord, text: str) -> list[Decision] | None:
     word = word.strip().rstrip(".!").lower()
     if word not in APPROVING | DENYING or (reason and word in APPROVING):
         return None
+    return [Decision(_the_one_waiting(record), word in APPROVING, reason.strip())]
+
+
+def _the_one_waiting(record: RunRecord) -> str:
+    """The call_id of the one call that waits. ValueError: more than one waits."""
     undecided = [p.call_id for p in record.state.pending if p.call_id not in record.state.decisions]
     if len(undecided) != 1:
         raise ValueError(
-            f"{len(undecided)} calls wait ({', '.join(undecided)}): a text reply decides one; "
-            f'send a data part {{"{DECISIONS_KEY}": [...]}} naming each call_id'
+            f"{len(undecided)} calls wait ({', '.join(undecided)}): a reply without call ids "
+            f'decides one; send a data part {{"{DECISIONS_KEY}": [...]}} naming each call_id'
         )
-    return [Decision(undecided[0], word in APPROVING, reason.strip())]
+    return undecided[0]
 
 
 def decisions_of(message: Message) -> list[Decision] | None:
@@ -289,16 +303,20 @@ def decisions_of(message: Message) -> list[Decision] | None:
     it carries none. ValueError: a decision that cannot be read."""
     found: list[Decision] | None = None
     for data in get_data_parts(message.parts):
-        if not isinstance(data, dict) or DECISIONS_KEY not in data:
-            continue
-        given = data[DECISIONS_KEY]
-        if not isinstance(given, list):
-            raise ValueError(f"{DECISIONS_KEY} must be a list of decisions")
-        found = found or []
-        for item in given:
-            if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
-                raise ValueError(f"each of {DECISIONS_KEY} needs a call_id (text)")
-            found.append(_decision(item))
+        if isinstance(data, dict) and DECISIONS_KEY in data:
+            found = (found or []) + decisions_in(data[DECISIONS_KEY])
+    return found
+
+
+def decisions_in(given: Any) -> list[Decision]:
+    """The decisions of a `keel_decisions` list. ValueError: one that cannot be read."""
+    if not isinstance(given, list):
+        raise ValueError(f"{DECISIONS_KEY} must be a list of decisions")
+    found = []
+    for item in given:
+        if not isinstance(item, dict) or not isinstance(item.get("call_id"), str):
+            raise ValueError(f"each of {DECISIONS_KEY} needs a call_id (text)")
+        found.append(_decision(item))
     return found
 
 
@@ -332,3 +350,49 @@ def _decision(item: dict[str, Any]) -> Decision:
         answer=answer,
         call_key=key,
     )
+
+
+ADK_TYPE = "adk_type"
+"""The part metadata key ADK marks its function calls and responses with."""
+ADK_FUNCTION_RESPONSE = "function_response"
+VERDICT_KEYS = ("approved", "approve", "confirmed")
+"""The boolean a function response may decide by (`confirmed` is ADK's tool confirmation)."""
+
+
+def adk_decision(record: RunRecord, message: Message) -> list[Decision] | None:
+    """The decision in Google ADK's reply to the function call it made of the pause: a data
+    part marked `adk_type: function_response`, or (ADK 2 sends a function response that is not
+    `{"result": TEXT}` as its JSON text) a text that is one JSON object. None when the message
+    is neither, or its response says nothing Keel reads. ValueError: as `text_decision`."""
+    for part in message.parts:
+        if part.WhichOneof("content") != "data" or not part.HasField("metadata"):
+            continue
+        if MessageToDict(part.metadata).get(ADK_TYPE) == ADK_FUNCTION_RESPONSE:
+            data = MessageToDict(part.data)
+            if isinstance(data, dict):
+                return response_decision(record, data.get("response"))
+    text = get_message_text(message).strip()
+    if not text.startswith("{"):
+        return None
+    try:
+        response = json.loads(text)
+    except ValueError:
+        return None
+    return response_decision(record, response)
+
+
+def response_decision(record: RunRecord, response: Any) -> list[Decision] | None:
+    """The decision a function response's payload makes: `{"keel_decisions": [...]}` names
+    each call; `{"result": TEXT}` is read as a text reply; `{"approved": BOOL, "reason":
+    TEXT}` (or `approve`, `confirmed`) decides the one call that waits."""
+    if not isinstance(response, dict):
+        return None
+    if DECISIONS_KEY in response:
+        return decisions_in(response[DECISIONS_KEY])
+    if isinstance(response.get("result"), str):
+        return text_decision(record, response["result"])
+    verdicts = [response[k] for k in VERDICT_KEYS if isinstance(response.get(k), bool)]
+    if not verdicts:
+        return None
+    reason = response.get("reason")
+    return [Decision(_the_one_waiting(record), verdicts[0], str(reason or ""))]

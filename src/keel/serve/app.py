@@ -126,7 +126,8 @@ def a2a_binding(path: str) -> str | None:
 DECIDING = (
     " A task that waits for approval (input-required) is decided by a reply to it: a data part "
     '{"keel_decisions": [{"call_id": ..., "approve": true}]}, or, when one call waits, the text '
-    "approve, yes, deny, no, or deny: REASON."
+    "approve, yes, deny, no, or deny: REASON (an ADK client: a function response "
+    '{"result": "approve"} or {"approved": true}).'
 )
 """How a paused task is decided, said in the card (a client reads no README)."""
 INPUT_MODES = ["text/plain", "application/json"]
