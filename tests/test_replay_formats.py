@@ -25,6 +25,7 @@ SAME_RUNS = [
     ("claude-code-session.jsonl", "claude-code.trajectories.jsonl", 6, "alternation"),
     ("openhands-trajectory.json", "openhands.trajectories.jsonl", 5, "same_result"),
     ("openhands-output.jsonl", "openhands.trajectories.jsonl", 5, "same_result"),
+    ("openhands-sdk-events.json", "openhands.trajectories.jsonl", 5, "same_result"),
 ]
 
 
@@ -89,6 +90,9 @@ def test_the_readers_keep_one_model_response_s_calls_in_one_turn() -> None:
     (finish,) = openhands.turns[-1]
     assert (finish.tool, finish.result, finish.kind) == ("finish", None, "submit")
     assert _one("openhands-output.jsonl").id == "jsonlib__parser-211"
+    sdk = _one("openhands-sdk-events.json")  # the OpenHands SDK's events: `kind`, `tool_call`
+    assert [[c.kind for c in turn] for turn in sdk.turns[:2]] == [["read"], ["run", "run"]]
+    assert sdk.turns[0][0].error and sdk.turns[0][0].arguments == view.arguments
     trace = _one("openai-agents-trace.json")
     assert [len(turn) for turn in trace.turns] == [1, 1, 2, 1, 1, 1, 1, 1, 1]
     assert _one("otel-genai-spans.jsonl").model == "gpt-4.1-mini"

@@ -15,6 +15,12 @@ the thought, the security risk, ...). The actions of one model response (`model_
 are one turn; an action without one is a turn of its own. The result is the observation whose
 `cause` is the action's id (else the one with its `tool_call_id`). Older logs pair each action
 with its observation (`[[action, observation], ...]`); those are read too.
+
+The OpenHands SDK's events (a conversation's events as a JSON list, or one per line) carry a
+`kind`: an `ActionEvent` (`tool_name`, `tool_call` with the model's `arguments`,
+`llm_response_id`: one response, one turn) is answered by the `ObservationEvent` with its
+`tool_call_id` (`observation.content` as text parts, `observation.is_error`), an
+`AgentErrorEvent` (an error) or a `UserRejectObservation`. Its file editor's `view` reads.
 """
 
 from __future__ import annotations
@@ -49,6 +55,17 @@ KINDS = {
     "edit": "write",
     "finish": "submit",
 }
+SDK_KINDS = {
+    "execute_bash": "run",
+    "terminal": "run",
+    "str_replace_editor": "edit",
+    "file_editor": "edit",
+    "finish": "submit",
+}
+"""The OpenHands SDK's tools by name, for their kind (`edit`: by the command)."""
+SDK_ANSWERS = frozenset({"ObservationEvent", "AgentErrorEvent", "UserRejectObservation"})
+SDK_EVENTS = frozenset({"ActionEvent", "MessageEvent", "SystemPromptEvent"} | SDK_ANSWERS)
+"""The SDK's event kinds (`kind`) that say a value is one of its events."""
 BOOKKEEPING = frozenset(
     {"thought", "security_risk", "confirmation_state", "blocking", "hidden", "impl_source"}
 )
@@ -57,10 +74,12 @@ BOOKKEEPING = frozenset(
 
 def is_event(data: Any) -> bool:
     """Whether a parsed value is one OpenHands event."""
-    return (
-        isinstance(data, dict)
-        and (isinstance(data.get("action"), str) or isinstance(data.get("observation"), str))
-        and ("source" in data or "tool_call_metadata" in data or "cause" in data)
+    if not isinstance(data, dict):
+        return False
+    if data.get("kind") in SDK_EVENTS:
+        return True
+    return (isinstance(data.get("action"), str) or isinstance(data.get("observation"), str)) and (
+        "source" in data or "tool_call_metadata" in data or "cause" in data
     )
 
 
@@ -87,15 +106,13 @@ def from_events(
 ) -> Recording:
     """One recording from a log's events, in order."""
     flat = _flatten(events)
-    answers: dict[str, dict[str, Any]] = {}
+    answers: dict[str, tuple[str, bool]] = {}
     for event in flat:
-        if isinstance(event.get("observation"), str):
-            cause = event.get("cause")
-            if cause is not None:
-                answers[f"id {cause}"] = event
-            metadata = event.get("tool_call_metadata")
-            if isinstance(metadata, dict) and metadata.get("tool_call_id") is not None:
-                answers.setdefault(f"call {metadata['tool_call_id']}", event)
+        found = _answer(event)
+        if found is not None:
+            keys, answer = found
+            for key in keys:
+                answers.setdefault(key, answer)
     turns: list[list[Recorded]] = []
     previous: str | None = None
     for n, event in enumerate(flat):
@@ -104,14 +121,10 @@ def from_events(
             continue
         response, tool, arguments, kind, ids = call
         model = model or _model(event)
-        answer = answers.get(ids[0]) or answers.get(ids[1])
-        result = empty = error = None
-        if answer is not None:
-            text = content_text(answer.get("content"))
-            result, empty, error = digest(text), not text.strip(), answer["observation"] == "error"
-        recorded = Recorded(
-            tool, arguments, result, kind=kind, empty=bool(empty), error=bool(error)
-        )
+        text, error = answers.get(ids[0]) or answers.get(ids[1]) or (None, False)
+        result = None if text is None else digest(text)
+        empty = text is not None and not text.strip()
+        recorded = Recorded(tool, arguments, result, kind=kind, empty=empty, error=error)
         if response is not None and response == previous and turns:
             turns[-1].append(recorded)
         else:
@@ -120,6 +133,57 @@ def from_events(
     return Recording(
         id=run_id, turns=tuple(tuple(t) for t in turns), corpus="openhands", model=model
     )
+
+
+def _answer(event: dict[str, Any]) -> tuple[list[str], tuple[str, bool]] | None:
+    """An observation's keys (its action's id, its call id) and its text and error flag."""
+    if isinstance(event.get("observation"), str):  # the event stream's own
+        keys = [] if event.get("cause") is None else [f"id {event['cause']}"]
+        metadata = event.get("tool_call_metadata")
+        if isinstance(metadata, dict) and metadata.get("tool_call_id") is not None:
+            keys.append(f"call {metadata['tool_call_id']}")
+        text = content_text(event.get("content"))
+        return keys, (text, event["observation"] == "error")
+    kind = event.get("kind")
+    if kind not in SDK_ANSWERS:  # the SDK's: ObservationEvent, AgentErrorEvent, a rejection
+        return None
+    keys = [f"call {event['tool_call_id']}"] if event.get("tool_call_id") is not None else []
+    if event.get("action_id") is not None:
+        keys.append(f"id {event['action_id']}")
+    observation = event.get("observation")
+    if kind == "ObservationEvent" and isinstance(observation, dict):
+        return keys, (content_text(observation.get("content")), observation.get("is_error") is True)
+    if kind == "AgentErrorEvent":
+        return keys, (str(event.get("error") or ""), True)
+    return keys, (str(event.get("rejection_reason") or ""), False)
+
+
+def _sdk_call(
+    event: dict[str, Any], n: int, where: str, skipped: list[Skipped], bounds: Bounds
+) -> tuple[str | None, str, Any, str | None, tuple[str, str]] | None:
+    """An SDK `ActionEvent`'s call: its `tool_call` as the model sent it."""
+    call = event.get("tool_call")
+    call = call if isinstance(call, dict) else {}
+    tool = event.get("tool_name") or call.get("name")
+    if not isinstance(tool, str) or not tool:
+        skipped.append(Skipped(where, f"event {event.get('id', n)}: an action without a tool name"))
+        return None
+    arguments = parse_arguments(call.get("arguments"), bounds)
+    if arguments is WRONG:
+        skipped.append(
+            Skipped(
+                where, f"event {event.get('id', n)}: the arguments of {tool!r} are not an object"
+            )
+        )
+        return None
+    kind = SDK_KINDS.get(tool)
+    if kind == "edit":  # the file editor: a view reads, anything else writes
+        view = isinstance(arguments, dict) and arguments.get("command") == "view"
+        kind = "read" if view else "write"
+    response = event.get("llm_response_id")
+    call_id = event.get("tool_call_id") or call.get("id")
+    ids = (f"call {call_id}", f"id {event.get('id')}")
+    return None if response is None else str(response), tool, arguments, kind, ids
 
 
 def _flatten(events: Iterable[Any]) -> list[dict[str, Any]]:
@@ -135,6 +199,8 @@ def _call(
     event: dict[str, Any], n: int, where: str, skipped: list[Skipped], bounds: Bounds
 ) -> tuple[str | None, str, Any, str | None, tuple[str, str]] | None:
     """An action's (response id, tool, arguments, kind, its answer's keys), or None."""
+    if event.get("kind") == "ActionEvent":
+        return _sdk_call(event, n, where, skipped, bounds)
     action = event.get("action")
     if not isinstance(action, str) or event.get("source", "agent") != "agent":
         return None
