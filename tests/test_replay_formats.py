@@ -6,7 +6,9 @@ written in the shared trajectories format beside it; bad input is reported, neve
 from __future__ import annotations
 
 import json
+import random
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -195,3 +197,41 @@ def test_openhands_events_that_cannot_be_read_are_skipped_and_old_pairs_are_read
     ((call,),) = recording.turns
     assert (call.tool, call.arguments, call.kind) == ("run", {"command": "ls"}, "run")
     assert call.result is not None and not call.error
+
+
+ODD_VALUES: list[Any] = [None, 0, -1, 10**400, "", "x", [], {}, [None], {"": None}, True, 1.5]
+
+
+def _mutations(value: Any, rng: random.Random, rate: float) -> Any:
+    """`value` with some of its parts replaced by values of the wrong type."""
+    if rng.random() < rate:
+        return rng.choice(ODD_VALUES)
+    if isinstance(value, dict):
+        return {k: _mutations(v, rng, rate) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mutations(v, rng, rate) for v in value]
+    return value
+
+
+@pytest.mark.parametrize("fixture", [f for f, _, _, _ in SAME_RUNS])
+async def test_no_reader_raises_on_values_of_the_wrong_type(tmp_path: Path, fixture: str) -> None:
+    """Each fixture with parts swapped for values of other types, 40 ways: every reader
+    reports or passes over what it cannot use, and what it reads replays."""
+    source = FIXTURES / fixture
+    rng = random.Random(fixture)
+    text = source.read_text()
+    documents = (
+        [json.loads(text)]
+        if source.suffix == ".json"
+        else [json.loads(line) for line in text.splitlines()]
+    )
+    for n in range(40):
+        bent = [_mutations(d, rng, rate=0.03 + n / 400) for d in documents]
+        path = tmp_path / f"{n}{source.suffix}"
+        if source.suffix == ".json":
+            path.write_text(json.dumps(bent[0]))
+        else:
+            path.write_text("\n".join(json.dumps(d) for d in bent) + "\n")
+        skipped: list[Skipped] = []
+        for recording in read_file(path, skipped):
+            await replay(recording)

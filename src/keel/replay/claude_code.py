@@ -33,9 +33,7 @@ from keel.replay.recorded import (
 
 __all__ = ["is_entry", "read_entries"]
 
-ENTRY_TYPES = frozenset(
-    {"user", "assistant", "system", "summary", "result", "file-history-snapshot"}
-)
+ENTRY_TYPES = ("user", "assistant", "system", "summary", "result", "file-history-snapshot")
 """The `type` of a Claude Code session line; a first line of one of these picks this reader."""
 
 KINDS = {

@@ -63,9 +63,10 @@ SDK_KINDS = {
     "finish": "submit",
 }
 """The OpenHands SDK's tools by name, for their kind (`edit`: by the command)."""
-SDK_ANSWERS = frozenset({"ObservationEvent", "AgentErrorEvent", "UserRejectObservation"})
-SDK_EVENTS = frozenset({"ActionEvent", "MessageEvent", "SystemPromptEvent"} | SDK_ANSWERS)
-"""The SDK's event kinds (`kind`) that say a value is one of its events."""
+SDK_ANSWERS = ("ObservationEvent", "AgentErrorEvent", "UserRejectObservation")
+SDK_EVENTS = ("ActionEvent", "MessageEvent", "SystemPromptEvent", *SDK_ANSWERS)
+"""The SDK's event kinds (`kind`) that say a value is one of its events (tuples: a value
+read from a file may be a list, which no set can be asked about)."""
 BOOKKEEPING = frozenset(
     {"thought", "security_risk", "confirmation_state", "blocking", "hidden", "impl_source"}
 )

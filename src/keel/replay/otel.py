@@ -35,8 +35,8 @@ from keel.replay.recorded import WRONG, Recorded, Recording, Skipped, digest, pa
 
 __all__ = ["is_spans", "read_spans"]
 
-_MODEL_OPERATIONS = frozenset({"chat", "text_completion", "generate_content"})
-_MODEL_SPANS = frozenset({"generation", "response"})
+_MODEL_OPERATIONS = ("chat", "text_completion", "generate_content")
+_MODEL_SPANS = ("generation", "response")
 _ERROR_CODES = (2, "2", "STATUS_CODE_ERROR", "ERROR", "error")
 
 
@@ -224,13 +224,13 @@ def _start(item: dict[str, Any]) -> float:
     if isinstance(nanos, int | str):
         try:
             return int(nanos) / 1e9
-        except ValueError:
+        except (ValueError, OverflowError):  # not a number, or one past what a float holds
             pass
     stamp = item.get("start_time") or item.get("started_at")
     if isinstance(stamp, str):
         try:
             return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-        except ValueError:
+        except (ValueError, OverflowError, OSError):  # not a time, or one the clock cannot hold
             pass
     return float("inf")
 

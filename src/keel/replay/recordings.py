@@ -1,12 +1,19 @@
-"""Recorded runs to replay, from three sources, as one shape: `Recording`.
+"""Recorded runs to replay, from many sources, as one shape: `Recording`.
 
     trajectories   JSON lines (optionally gzipped) in the `shared/trajectories` format: one
                    run per line, `turns` a list of turns, each a list of calls with `tool`,
                    `arguments`, `result_digest`, `kind` and `source_write`
     chat           OpenAI Chat Completions message lists: a JSON file or JSON lines of
                    `{"messages": [...]}` (or a bare list of messages), what logging tools export
+    otel           OpenTelemetry GenAI spans and OpenAI Agents SDK traces (`keel.replay.otel`)
+    claude-code    Claude Code session JSON lines (`keel.replay.claude_code`)
+    openhands      OpenHands event logs and SDK events (`keel.replay.openhands`)
     store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
                    digests of the results they got
+
+A file's format is told by its first value (`read_file` with `format` auto): a line with
+`turns` or `messages` is read line by line as before (each line's keys decide); OpenHands
+events, spans and Claude Code lines pick their reader for the whole file.
 
 A line that cannot be read (not JSON, wrong types, nested too deep, longer than its cap: see
 `keel.replay.lines`) is reported with its file and line number and skipped; nothing here raises
