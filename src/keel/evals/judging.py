@@ -44,6 +44,8 @@ class RunRow:
     page_hits: dict[str, int] = field(default_factory=dict)
     unused_turns: int | None = None
     """Scripted turns left unused; None with a real model."""
+    nudges: int | None = None
+    """Requests that carried the nudge (docs/adr/0050); None with a real model."""
     seconds: float = 0.0
     run_id: str | None = None
     answer: str | None = None
@@ -150,6 +152,8 @@ def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
     problems += _evidence_problems(expect, result)
     for name, want_child in expect.children.items():
         problems += _child_problems(name, want_child, result)
+    if row.nudges is not None and (problem := _count_problem("nudges", row.nudges, expect.nudges)):
+        problems.append(problem)
     if row.unused_turns is not None and row.unused_turns != expect.unused_turns:
         problems.append(
             f"scripted turns left unused: {row.unused_turns}, expected {expect.unused_turns}"

@@ -22,6 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from keel._run.synthesis import NUDGE_PREFIX
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError
 from keel.evals.grading import echoed_controls, grade, repo_problems
@@ -73,6 +74,7 @@ __all__ = [
     "check",
     "expected_end",
     "make_transport",
+    "nudges",
     "run_once",
     "run_scenarios",
     "serve",
@@ -206,7 +208,18 @@ def make_transport(scenario: Scenario, model: str | None, base: str) -> Transpor
             "run it against a model with --model SPEC"
         )
     script = substitute(scenario.spec.script, base)
-    return ScriptedTransport.from_dict(script, scenario.source)
+    return ScriptedTransport.from_dict(script, scenario.source, record=True)
+
+
+def nudges(transport: Transport) -> int:
+    """Requests of a scripted run that carried the nudge (docs/adr/0050): its note is never
+    stored, so only the requests show it; 0 for any other transport."""
+    if not isinstance(transport, ScriptedTransport):
+        return 0
+    return sum(
+        any(note.startswith(NUDGE_PREFIX) for note in request.volatile)
+        for request in transport.requests
+    )
 
 
 class _EventCounts:
@@ -259,6 +272,7 @@ async def run_once(
                 listeners=[counts],
             )
 
+        nudged = 0
         try:
             agent = agent_on(transport)
             result, stuck = await _run_with_timeout(
@@ -278,6 +292,7 @@ async def run_once(
                             by=decision.by,
                         )
                 if shared is None:
+                    nudged += nudges(transport)
                     _release(transport)
                     transport = make_transport(scenario, model, base)  # a new process, anew
                 agent = agent_on(transport)
@@ -290,6 +305,7 @@ async def run_once(
             for close in closers:
                 await close()
         hits = {page.path: server.hits(page.path) for page in spec.pages}
+    scripted = isinstance(transport, ScriptedTransport) and not live
     unused = transport.remaining if isinstance(transport, ScriptedTransport) and not live else None
     row = RunRow(
         scenario=scenario.name,
@@ -308,6 +324,7 @@ async def run_once(
         resumes=counts.counts[RunResumed.type],
         page_hits=hits,
         unused_turns=unused,
+        nudges=nudged + nudges(transport) if scripted else None,
         seconds=round(time.perf_counter() - started, 3),
         run_id=result.run_id,
         answer=result.answer,

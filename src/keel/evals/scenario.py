@@ -282,6 +282,9 @@ class Expect(_Strict):
     answer_contains: list[str] = []
     """Texts the answer must contain (case-insensitive)."""
     answer_excludes: list[str] = []
+    nudges: Count | None = None
+    """Requests that carried the nudge (`limits.nudge`, docs/adr/0050), counted with the
+    scripted model: the note is never stored, so only its requests show it."""
     unused_turns: int = Field(default=0, ge=0)
     """Scripted turns the run must leave unused: what the model would have done next had the
     rule under test not stopped it (the twin that breaks the rule uses them)."""

@@ -3,10 +3,16 @@ names them without importing the scenario loader (ADR 0042)."""
 
 __all__ = ["DEFAULT_SUITE", "SUITES"]
 
-SUITES = {"rules": "scenarios", "repo-questions": "repo_questions", "evidence": "evidence"}
+SUITES = {
+    "rules": "scenarios",
+    "repo-questions": "repo_questions",
+    "evidence": "evidence",
+    "loop-tiers": "loop_tiers",
+}
 """Built-in suites and their folders: `rules` (the default) checks the runtime's rules with
 scripted models and pages; `repo-questions` asks a real model five questions about the
 repository it runs in and grades the answers against the code (`keel.evals.facts`);
 `evidence` checks answers against the record (ADR 0053) with scripted models: a wrong quote,
-an unknown id, a quote from a result that was elided."""
+an unknown id, a quote from a result that was elided; `loop-tiers` shows each repeat tier
+and the nudge at work (ADR 0050) with scripted models."""
 DEFAULT_SUITE = "rules"

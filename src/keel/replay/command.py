@@ -2,7 +2,9 @@
 
 Registered by the command line in one line, ``app.command("replay")(replay_command)``.
 Inputs: files in the `shared/trajectories` format (JSON lines, gzipped or not), OpenAI Chat
-Completions message lists, or Keel's own stored runs (`--store`, with `--run` ids or all).
+Completions message lists, OpenTelemetry GenAI or OpenAI Agents SDK traces, Claude Code sessions,
+OpenHands event logs (told apart by their content, or named with `--format`), or Keel's own
+stored runs (`--store`, with `--run` ids or all).
 Exit codes: 0 when everything given was replayed, 2 for bad usage or a file that cannot be
 opened; lines that cannot be read are reported with their line number and skipped.
 """
@@ -24,7 +26,7 @@ from keel.limits import LOOP_POLICIES, REPEAT_TIERS, Limits
 if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
     from keel.limits import LoopPolicy, RepeatTier
     from keel.replay.playback import EffectChoice, Replayed
-    from keel.replay.recordings import Recording, Skipped
+    from keel.replay.recordings import Format, Recording, Skipped
     from keel.store import RunStore
 
 __all__ = ["replay_command"]
@@ -38,11 +40,20 @@ def replay_command(
         list[Path] | None,
         typer.Argument(
             metavar="[FILE]...",
-            help="Recorded runs: trajectories JSON lines (.jsonl, .jsonl.gz) or OpenAI chat "
-            "message lists (.json, .jsonl) [default: the runs of --store].",
+            help="Recorded runs: trajectories JSON lines (.jsonl, .jsonl.gz), OpenAI chat "
+            "message lists, OTel GenAI / OpenAI Agents SDK traces, Claude Code sessions or "
+            "OpenHands event logs (.json, .jsonl) [default: the runs of --store].",
             show_default=False,
         ),
     ] = None,
+    file_format: Annotated[
+        str,
+        typer.Option(
+            "--format",
+            help="The files' format: auto (told apart by their content), trajectories, chat, "
+            "otel, claude-code or openhands.",
+        ),
+    ] = "auto",
     store: Annotated[
         str | None,
         typer.Option(help="Replay Keel's own stored runs from this SQLite file or URL."),
@@ -90,6 +101,7 @@ def replay_command(
     import asyncio
 
     from keel.replay.playback import EFFECT_CHOICES
+    from keel.replay.recordings import FORMATS
     from keel.replay.report import rows, table
 
     if not files and store is None:
@@ -98,6 +110,7 @@ def replay_command(
         _usage("--run picks runs of a store: give --store too")
     policy = _choice(loop_policy, LOOP_POLICIES, "--loop-policy")
     effect = _choice(effects, EFFECT_CHOICES, "--effects")
+    chosen_format = _choice(file_format, FORMATS, "--format")
     chosen = _tiers(tiers)
     try:
         Limits(loop_threshold=threshold, evidence_reset_cap=reset_cap, loop_policy=policy)
@@ -108,7 +121,7 @@ def replay_command(
     try:
         if store is not None:
             opened = _open(store)
-        recordings = list(_recordings(files or [], opened, run, skipped))
+        recordings = list(_recordings(files or [], opened, run, skipped, chosen_format))
         replayed = asyncio.run(
             _replay_all(
                 recordings, threshold, policy, effect, reset_cap, chosen, nudge, not as_json
@@ -140,14 +153,18 @@ def replay_command(
 
 
 def _recordings(
-    files: list[Path], store: RunStore | None, run_ids: list[str] | None, skipped: list[Skipped]
+    files: list[Path],
+    store: RunStore | None,
+    run_ids: list[str] | None,
+    skipped: list[Skipped],
+    file_format: Format,
 ) -> Iterator[Recording]:
     from keel.replay.recordings import read_file, read_store
 
     for path in files:
         if not path.is_file():
             raise ConfigError(f"no such file: {path}")
-        yield from read_file(path, skipped)
+        yield from read_file(path, skipped, format=file_format)
     if store is not None:
         yield from read_store(store, run_ids)
 

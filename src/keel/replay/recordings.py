@@ -1,12 +1,19 @@
-"""Recorded runs to replay, from three sources, as one shape: `Recording`.
+"""Recorded runs to replay, from many sources, as one shape: `Recording`.
 
     trajectories   JSON lines (optionally gzipped) in the `shared/trajectories` format: one
                    run per line, `turns` a list of turns, each a list of calls with `tool`,
                    `arguments`, `result_digest`, `kind` and `source_write`
     chat           OpenAI Chat Completions message lists: a JSON file or JSON lines of
                    `{"messages": [...]}` (or a bare list of messages), what logging tools export
+    otel           OpenTelemetry GenAI spans and OpenAI Agents SDK traces (`keel.replay.otel`)
+    claude-code    Claude Code session JSON lines (`keel.replay.claude_code`)
+    openhands      OpenHands event logs and SDK events (`keel.replay.openhands`)
     store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
                    digests of the results they got
+
+A file's format is told by its first value (`read_file` with `format` auto): a line with
+`turns` or `messages` is read line by line as before (each line's keys decide); OpenHands
+events, spans and Claude Code lines pick their reader for the whole file.
 
 A line that cannot be read (not JSON, wrong types, nested too deep, longer than its cap: see
 `keel.replay.lines`) is reported with its file and line number and skipped; nothing here raises
@@ -15,12 +22,12 @@ on bad input except `ConfigError` for a file that cannot be opened at all.
 
 from __future__ import annotations
 
-import hashlib
+import itertools
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from keel.errors import ConfigError
 from keel.records import (
@@ -29,57 +36,48 @@ from keel.records import (
     ToolDispatched,
     ToolResultRecorded,
 )
+from keel.replay import openhands
+from keel.replay.claude_code import is_entry, read_entries
 from keel.replay.lines import Bounds, Overlong, TooDeep, lines, loads, text
+from keel.replay.otel import is_spans, read_spans
+from keel.replay.recorded import (
+    WRONG,
+    Recorded,
+    Recording,
+    Skipped,
+    content_text,
+    digest,
+    parse_arguments,
+)
 from keel.store import RunStore
 
-__all__ = ["Recorded", "Recording", "Skipped", "read_chat", "read_file", "read_store"]
+__all__ = [
+    "FORMATS",
+    "Format",
+    "Recorded",
+    "Recording",
+    "Skipped",
+    "read_chat",
+    "read_file",
+    "read_store",
+]
+
+Format = Literal["auto", "trajectories", "chat", "otel", "claude-code", "openhands"]
 
 
-@dataclass(frozen=True, slots=True)
-class Recorded:
-    """One recorded tool call and what it got back."""
-
-    tool: str
-    arguments: Any
-    result: str | None
-    """A digest (or the text) of the result; None where the recording has none."""
-    kind: str | None = None
-    """read, nav, run, write, submit or other, where the recording says so."""
-    source_write: bool = False
-    effect: str | None = None
-    """The effect Keel's own record declares (read_only, side_effecting, observation)."""
-    empty: bool = False
-    """The result was empty (no characters), where the recording says so."""
-    error: bool = False
-    """The call failed (an error result), where the recording says so."""
-
-
-@dataclass(frozen=True, slots=True)
-class Recording:
-    id: str
-    turns: tuple[tuple[Recorded, ...], ...]
-    corpus: str = ""
-    model: str = ""
-    resolved: bool | None = None
-    """Whether the run's outcome was judged right, where the source says so."""
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A line or record that could not be read, and why."""
-
-    where: str
-    reason: str
+FORMATS: tuple[Format, ...] = ("auto", "trajectories", "chat", "otel", "claude-code", "openhands")
+"""`keel replay --format`: auto tells them apart by the first value of the file."""
 
 
 def read_file(
-    path: Path, skipped: list[Skipped], bounds: Bounds | None = None
+    path: Path, skipped: list[Skipped], bounds: Bounds | None = None, format: Format = "auto"
 ) -> Iterator[Recording]:
-    """Recordings from a file in either format, told apart by each line's keys. At most
-    MAX_REPORTED lines of one file are reported; the rest are counted in one more report."""
+    """Recordings from a file in any of the formats, told apart by the file's first value
+    (`format` auto) or as `format` says. At most MAX_REPORTED lines of one file are reported;
+    the rest are counted in one more report."""
     reports = _Capped()
     try:
-        yield from _read_file(path, reports, bounds or Bounds())
+        yield from _read_file(path, reports, bounds or Bounds(), format)
     finally:
         skipped.extend(reports)
         if reports.dropped:
@@ -103,7 +101,9 @@ class _Capped(list[Skipped]):
             self.dropped += 1
 
 
-def _read_file(path: Path, skipped: list[Skipped], bounds: Bounds) -> Iterator[Recording]:
+def _read_file(
+    path: Path, skipped: list[Skipped], bounds: Bounds, fmt: Format
+) -> Iterator[Recording]:
     try:
         read = lines(path, bounds)
         first = next(read, None)
@@ -111,29 +111,64 @@ def _read_file(path: Path, skipped: list[Skipped], bounds: Bounds) -> Iterator[R
         raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
     if first is None:
         return
-    number, line = first
+    _, line = first
     if isinstance(line, str):
         stripped = line.lstrip()
         if stripped.startswith("[") or (stripped.startswith("{") and not _is_one_line(line)):
             read.close()
-            yield from read_chat(path, skipped, bounds)
+            yield from _read_document(path, skipped, bounds, fmt)
             return
-    for number, line in _chain(first, read, path, skipped):
+    values = _values(_chain(first, read, path, skipped), path, skipped, bounds)
+    head = next(values, None)
+    if head is None:
+        return
+    chosen = _sniff(head[1]) if fmt == "auto" else fmt
+    values = itertools.chain([head], values)
+    if chosen == "otel":
+        yield from read_spans(values, skipped, bounds)
+    elif chosen == "claude-code":
+        yield from read_entries(values, skipped, bounds)
+    elif chosen == "openhands" and not openhands.is_log(head[1]):  # one event per line
+        events = (event for _, event in values)
+        yield openhands.from_events(events, str(path), str(path), skipped, bounds)
+    else:  # one run per line; unless named, each line's keys tell its format
+        for where, data in values:
+            recording = _from_object(data, where, skipped, bounds, fmt)
+            if recording is not None:
+                yield recording
+
+
+def _values(
+    numbered: Iterator[tuple[int, str | Overlong]],
+    path: Path,
+    skipped: list[Skipped],
+    bounds: Bounds,
+) -> Iterator[tuple[str, Any]]:
+    """Each line's JSON value with where it is; a line that cannot be read is reported."""
+    for number, line in numbered:
         where = f"{path}:{number}"
         if isinstance(line, Overlong):
             skipped.append(Skipped(where, line.reason))
             continue
         try:
-            data = loads(line, bounds)
+            yield where, loads(line, bounds)
         except TooDeep as exc:
             skipped.append(Skipped(where, str(exc)))
-            continue
         except json.JSONDecodeError as exc:
             skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
-            continue
-        recording = _from_object(data, where, skipped, bounds)
-        if recording is not None:
-            yield recording
+
+
+def _sniff(data: Any) -> Format:
+    """The format a file's first value is in; auto for none of them."""
+    if isinstance(data, dict) and ("turns" in data or "messages" in data):
+        return "trajectories" if "turns" in data else "chat"
+    if openhands.is_log(data) or openhands.is_event(data):
+        return "openhands"
+    if is_spans(data):
+        return "otel"
+    if is_entry(data):
+        return "claude-code"
+    return "auto"  # neither: the line readers say what it lacks
 
 
 def _chain(
@@ -150,15 +185,34 @@ def _chain(
 
 
 def _from_object(
-    data: Any, where: str, skipped: list[Skipped], bounds: Bounds
+    data: Any, where: str, skipped: list[Skipped], bounds: Bounds, fmt: Format = "auto"
 ) -> Recording | None:
-    if isinstance(data, dict) and "messages" in data and "turns" not in data:
+    if fmt in ("auto", "openhands") and openhands.is_log(data):
+        return _from_openhands(data, where, skipped, bounds)
+    if fmt == "openhands":
+        skipped.append(Skipped(where, "not an OpenHands log (no `history` list of events)"))
+        return None
+    if fmt == "chat" and not isinstance(data, list) and not isinstance(data, dict):
+        skipped.append(Skipped(where, "no `messages` list"))
+        return None
+    if (
+        fmt != "trajectories"
+        and isinstance(data, dict)
+        and "messages" in data
+        and "turns" not in data
+    ):
         run_id = str(data.get("id") or where)
         return _from_messages(data["messages"], run_id, where, skipped, bounds)
-    if isinstance(data, list):
+    if isinstance(data, list) and fmt != "trajectories":
         return _from_messages(data, where, where, skipped, bounds)
+    if fmt == "chat":
+        skipped.append(Skipped(where, "no `messages` list"))
+        return None
     if not isinstance(data, dict) or not isinstance(data.get("turns"), list):
-        skipped.append(Skipped(where, "no `turns` list (and no `messages`)"))
+        missing = (
+            "no `turns` list" if fmt == "trajectories" else "no `turns` list (and no `messages`)"
+        )
+        skipped.append(Skipped(where, missing))
         return None
     turns = []
     for t, turn in enumerate(data["turns"]):
@@ -197,7 +251,14 @@ def read_chat(
     path: Path, skipped: list[Skipped], bounds: Bounds | None = None
 ) -> Iterator[Recording]:
     """A JSON file holding one message list, `{"messages": [...]}`, or a list of those."""
-    bounds = bounds or Bounds()
+    yield from _read_document(path, skipped, bounds or Bounds(), "chat")
+
+
+def _read_document(
+    path: Path, skipped: list[Skipped], bounds: Bounds, fmt: Format
+) -> Iterator[Recording]:
+    """A file that is one JSON document: a chat message list (or a list of them), a trace
+    export, an OpenHands log, or a list of any of the line formats' values."""
     try:
         whole = text(path, bounds)
     except (OSError, EOFError) as exc:
@@ -213,13 +274,42 @@ def read_chat(
     except json.JSONDecodeError as exc:
         skipped.append(Skipped(f"{path}:{exc.lineno}", f"not JSON ({exc.msg})"))
         return
+    if fmt == "otel" or (fmt == "auto" and is_spans(data)):
+        yield from read_spans([(str(path), data)], skipped, bounds)
+        return
+    if fmt == "claude-code" or (
+        fmt == "auto" and isinstance(data, list) and data and is_entry(data[0])
+    ):
+        entries = data if isinstance(data, list) else [data]
+        yield from read_entries(
+            ((f"{path}#{n}", e) for n, e in enumerate(entries, 1)), skipped, bounds
+        )
+        return
+    if fmt in ("auto", "openhands") and openhands.is_log(data):
+        yield _from_openhands(data, str(path), skipped, bounds)
+        return
     items = data if isinstance(data, list) and data and isinstance(data[0], dict | list) else [data]
     if isinstance(data, list) and data and isinstance(data[0], dict) and "role" in data[0]:
         items = [data]  # one bare message list
     for n, item in enumerate(items, start=1):
-        recording = _from_object(item, f"{path}#{n}", skipped, bounds)
+        recording = _from_object(item, f"{path}#{n}", skipped, bounds, fmt)
         if recording is not None:
             yield recording
+
+
+def _from_openhands(data: Any, where: str, skipped: list[Skipped], bounds: Bounds) -> Recording:
+    """An OpenHands log: a list of events, or `{"instance_id", "history", "metadata"}`."""
+    if isinstance(data, list):
+        return openhands.from_events(data, where, where, skipped, bounds)
+    metadata = data.get("metadata")
+    config = metadata.get("llm_config") if isinstance(metadata, dict) else None
+    model = config.get("model") if isinstance(config, dict) else None
+    run_id = str(data.get("instance_id") or data.get("id") or where)
+    recording = openhands.from_events(
+        data["history"], run_id, where, skipped, bounds, str(model or "")
+    )
+    resolved = data.get("resolved")
+    return replace(recording, resolved=resolved) if isinstance(resolved, bool) else recording
 
 
 def _from_messages(
@@ -234,8 +324,8 @@ def _from_messages(
     empty: set[str] = set()
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "tool":
-            content = _content_text(message.get("content"))
-            results[str(message.get("tool_call_id"))] = _digest(content)
+            content = content_text(message.get("content"))
+            results[str(message.get("tool_call_id"))] = digest(content)
             if not content.strip():
                 empty.add(str(message.get("tool_call_id")))
     turns = []
@@ -252,8 +342,8 @@ def _from_messages(
             if not isinstance(function, dict) or not isinstance(function.get("name"), str):
                 skipped.append(Skipped(where, f"message {m}: a tool call without a function name"))
                 return None
-            arguments = _arguments(function.get("arguments"), bounds)
-            if arguments is _WRONG:
+            arguments = parse_arguments(function.get("arguments"), bounds)
+            if arguments is WRONG:
                 skipped.append(
                     Skipped(
                         where,
@@ -264,33 +354,11 @@ def _from_messages(
                 return None
             call_id = str(call.get("id"))
             calls.append(
-                Recorded(
-                    function["name"], arguments, results.get(call_id), empty=call_id in empty
-                )
+                Recorded(function["name"], arguments, results.get(call_id), empty=call_id in empty)
             )
         if calls:
             turns.append(tuple(calls))
     return Recording(id=run_id, turns=tuple(turns))
-
-
-_WRONG = object()
-
-
-def _arguments(raw: Any, bounds: Bounds) -> Any:
-    """A chat call's arguments: JSON text parsed (text that is not JSON kept as it is, so the
-    call key keeps it), an object as it is, none as {}; anything else is `_WRONG`."""
-    if raw is None or raw == "":
-        return {}
-    if isinstance(raw, dict):
-        return raw
-    if not isinstance(raw, str):
-        return _WRONG
-    try:
-        return loads(raw, bounds)
-    except TooDeep:
-        return _WRONG
-    except ValueError:
-        return raw
 
 
 def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording]:
@@ -345,17 +413,3 @@ def _is_one_line(line: str) -> bool:
     except ValueError:
         return False
     return True
-
-
-def _content_text(content: Any) -> str:
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return "".join(
-            str(part.get("text", "")) for part in content if isinstance(part, dict)
-        )
-    return "" if content is None else str(content)
-
-
-def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8", "replace")).hexdigest()[:16]
