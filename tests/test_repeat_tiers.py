@@ -3,6 +3,7 @@ model, real tools, a store) and through `keel replay` (the same loop, recorded t
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -82,13 +83,22 @@ async def test_same_result_restarts_when_a_side_effect_runs_in_between() -> None
     assert out.synthesis_after is None
 
 
-async def test_same_result_never_chains_writes_that_took() -> None:
-    """Writes of one tool with different arguments and the same result ("wrote 8 bytes",
-    "sent"): each one that took changed something, so it is work, not a loop; the tier counts
-    no successful side effect (the fault suite's log of appends was cut by it)."""
-    turns = [("append", f"append entry {n}", "wrote 8 bytes", "write") for n in range(8)]
-    out = await replay(calls(*turns), tiers=("same_result",))
-    assert out.synthesis_after is None
+async def test_same_result_does_not_cut_a_log_of_appends(tmp_path: Path) -> None:
+    """Keel's write_file appending entries (the fault suite's run): each append says what the
+    file now holds, so no two results are the same and the tier sees work, not a loop. Before,
+    every append answered "appended 8 characters to log.txt" and the fourth brought the
+    synthesis turn."""
+    from keel.tools.writes import write_tools
+
+    appends = [
+        call("write_file", path="log.txt", content=f"entry {n}\n", append=True) for n in range(6)
+    ]
+    script = {"turns": [*appends, {"text": "Logged."}], "on_synthesis": {"text": "Cut."}}
+    (write,) = write_tools(tmp_path)
+    unasked = dataclasses.replace(write, requires_approval=False)  # approved, as in the suite
+    out = await run_script(script, [unasked], repeat_same_result=True)
+    assert out.result.synthesized is None and out.result.answer == "Logged."
+    assert (tmp_path / "log.txt").read_text().count("entry") == 6
 
 
 async def test_same_result_restarts_when_another_call_s_result_changed() -> None:

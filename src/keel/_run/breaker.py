@@ -202,17 +202,19 @@ class IdenticalCallBreaker:
         differs from its key's last one, moves `repeats.writes`: what happened since may have
         changed what a chain's calls would see."""
         changed, self._changed = self._changed and not error, False
-        wrote = side_effect and not error
+        chained = None
         if changed:  # evidence that something changed: every chain restarts
             self.repeats = replace(self.repeats, writes=self.repeats.writes + 1)
-        if "same_result" in self.tiers and not error and not empty and not wrote:
-            self._chain(f"{TIER_PREFIX}same_result {tool}", digest)
+        if "same_result" in self.tiers and not error and not empty:
+            chained = self._chain(f"{TIER_PREFIX}same_result {tool}", digest)
         if "same_error" in self.tiers and error:
             self._chain(f"{TIER_PREFIX}same_error {tool}", digest)
         if "alternation" in self.tiers:
             self._alternate(key, digest)
-        if wrote:  # a write that took: what it changed may be what later calls see
+        if side_effect and not error:
             self.repeats = replace(self.repeats, writes=self.repeats.writes + 1)
+            if chained is not None:  # its own side effect is in the chain, not between
+                chained.world = self.repeats.writes
 
     def observe(self, key: str, digest: str) -> bool:
         """An observation's result (the ADR's evidence reset): True when it restarted."""

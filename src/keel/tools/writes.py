@@ -57,6 +57,9 @@ def _write(base: Root, path: str, content: str, append: bool) -> str:
         if not append:
             handle.truncate(0)  # only now that the descriptor is known to be a regular file
         handle.write(content.encode("utf-8"))
+        handle.flush()
+        size = os.fstat(handle.fileno()).st_size
     failpoint("inside_side_effect")
-    verb = "appended" if append else "wrote"
-    return f"{verb} {len(content)} characters to {opened.rel}"
+    if append:  # what changed, so a log of appends never reads as one result again and again
+        return f"appended {len(content)} characters to {opened.rel} (it now holds {size} bytes)"
+    return f"wrote {len(content)} characters to {opened.rel}"
