@@ -1,6 +1,6 @@
-"""The documents stay true: the README's layout table names exactly the modules of `src/keel`,
-every test an ADR names as its guard exists, and every document the code, tests and docs point
-at (an ADR by number, a `docs/` page) is in the repository."""
+"""The documents stay true: the layout table (`docs/layout.md`) names exactly the modules of
+`src/keel`, every test an ADR names as its guard exists, and every document the code, tests and
+docs point at (an ADR by number, a `docs/` page) is in the repository."""
 
 from __future__ import annotations
 
@@ -16,9 +16,8 @@ GUARD = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 
 
 def layout_table() -> list[str]:
-    """The first cell of every row of the table under "## Layout": one module each."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    """The first cell of every row of the table of `docs/layout.md`: one module each."""
+    section = (ROOT / "docs" / "layout.md").read_text()
     rows = [line for line in section.splitlines() if line.startswith("|")]
     cells = [row.split("|")[1].strip() for row in rows[2:]]  # past the header and the rule
     return [cell.strip("`") for cell in cells]
