@@ -197,7 +197,7 @@ def test_which_llama_cpp_chat_formats_carry_tool_results(
 ) -> None:
     """A tool result 600 words longer makes a longer prompt only where the format renders
     tool messages: chatml-function-calling and chatml have no tool role (they drop them), the
-    model's own template (Qwen2.5's ``<tool_response>``) keeps them. README "Tested against"
+    model's own template (Qwen2.5's ``<tool_response>``) keeps them. docs/tested-against.md
     says so."""
     base_url = request.getfixturevalue(server)
     short, long = prompt_tokens(base_url, "8421"), prompt_tokens(base_url, "port 8421 " * 200)

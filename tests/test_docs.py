@@ -1,6 +1,8 @@
-"""The documents stay true: the README's layout table names exactly the modules of `src/keel`,
-every test an ADR names as its guard exists, and every document the code, tests and docs point
-at (an ADR by number, a `docs/` page) is in the repository."""
+"""The documents stay true: the layout table (`docs/layout.md`) names exactly the modules of
+`src/keel`, every test an ADR names as its guard exists, every document the code, tests and docs
+point at (an ADR by number, a `docs/` page) is in the repository, and the README stays a short
+guide: under 260 lines, its first screen the two commands, its map linking every `docs/` page
+(issue 31), every link of it and of the pages leading to a file and a heading that exist."""
 
 from __future__ import annotations
 
@@ -16,9 +18,8 @@ GUARD = re.compile(r"`(tests/[\w/]+\.py)::(\w+)`")
 
 
 def layout_table() -> list[str]:
-    """The first cell of every row of the table under "## Layout": one module each."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    """The first cell of every row of the table of `docs/layout.md`: one module each."""
+    section = (ROOT / "docs" / "layout.md").read_text()
     rows = [line for line in section.splitlines() if line.startswith("|")]
     cells = [row.split("|")[1].strip() for row in rows[2:]]  # past the header and the rule
     return [cell.strip("`") for cell in cells]
@@ -128,3 +129,56 @@ def test_every_document_the_code_and_docs_point_at_is_in_the_repository() -> Non
         if ref not in adrs and not (ref.startswith("docs/") and (ROOT / ref).is_file())
     )
     assert missing == []
+
+
+README = ROOT / "README.md"
+PAGES = sorted((ROOT / "docs").glob("*.md"))
+LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+FENCE = re.compile(r"^```.*?^```", re.S | re.M)
+
+
+def links(path: Path) -> list[str]:
+    """The targets of a document's markdown links, outside its code blocks."""
+    return LINK.findall(FENCE.sub("", path.read_text()))
+
+
+def anchors(path: Path) -> set[str]:
+    """The anchors a page's headings get where it is read (GitHub's rule: lower case, spaces
+    to hyphens, punctuation but hyphens and underscores dropped)."""
+    found = set()
+    for line in FENCE.sub("", path.read_text()).splitlines():
+        if line.startswith("#"):
+            title = line.lstrip("#").strip().lower()
+            found.add(re.sub(r"[^\w\- ]", "", title).replace(" ", "-"))
+    return found
+
+
+def test_every_page_the_readme_links_exists() -> None:
+    linked = [target.split("#")[0] for target in links(README) if "://" not in target]
+    assert linked, "the README links no page"
+    assert [target for target in linked if not (ROOT / target).exists()] == []
+
+
+def test_every_docs_page_is_on_the_readme_map() -> None:
+    mapped = {(ROOT / target.split("#")[0]).resolve() for target in links(README)}
+    assert [page.name for page in PAGES if page.resolve() not in mapped] == []
+
+
+def test_every_link_of_the_readme_and_the_pages_leads_to_a_file_and_a_heading() -> None:
+    broken = []
+    for path in [README, *PAGES]:
+        for target in links(path):
+            if "://" in target:
+                continue
+            file, _, anchor = target.partition("#")
+            found = (path.parent / file).resolve() if file else path
+            if not found.exists() or (anchor and anchor not in anchors(found)):
+                broken.append(f"{path.relative_to(ROOT)}: {target}")
+    assert broken == []
+
+
+def test_the_readme_stays_a_short_guide() -> None:
+    lines = README.read_text().splitlines()
+    assert len(lines) < 260
+    first_screen = "\n".join(lines[:25])
+    assert "make run" in first_screen and "make test" in first_screen

@@ -3,8 +3,8 @@ installed into a fresh virtual environment, gives a working `keel` command.
 
 What it proves: the distribution is named `keel-runtime` (not PyPI's unrelated `keel`), the
 wheel holds the whole package with its data files (scenarios, templates, `py.typed`), declares
-the extras the README's install lines name, and its console script starts from outside the
-clone. What it does not: that the dependencies resolve from the registry. To stay offline and
+the extras the install lines of docs/install.md name, and its console script starts from outside
+the clone. What it does not: that the dependencies resolve from the registry. To stay offline and
 fast, the wheel is installed with `--no-deps`, and the new environment reaches the
 dependencies already installed beside this interpreter through a `.pth` line (a path only, so
 that environment's own `keel` is never imported: the check asserts where `keel` came from).
