@@ -214,7 +214,7 @@ def _detail(event: Event) -> str:
             return f"{event.call_id} {verdict} by {event.by}{reason}"
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
-            cut = " · cut off at the output limit" if event.cut_off else ""
+            cut = " · cut off at the output limit or the model timeout" if event.cut_off else ""
             shaped = ""
             if event.output is not None:
                 shaped = " · structured output" + (", partial" if event.partial else "")

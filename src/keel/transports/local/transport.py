@@ -66,6 +66,7 @@ from typing import Any
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, Usage
+from keel.transports import liveness
 from keel.transports.base import LocalModel, PinnedSampling, SteersFirstCall
 from keel.transports.local.answers import SHORT_ANSWER_RULE, NoRepeats
 from keel.transports.local.grammar import turn_grammar
@@ -328,6 +329,10 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
             stop_when(cancel, llama.token_eos()),
         )
         processors = [p for p in steps if p is not None]
+        live = liveness.current()  # the gateway's, carried into this thread by to_thread
+        if live is not None:
+            live.started(len(tokens))
+        calling = False
         llama.set_seed(self.seed)
         out: list[int] = []
         started = time.perf_counter()
@@ -356,6 +361,9 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
                     if mask is not None and starts_a_call(llama, token):
                         # The grammar bounds a call; let it finish inside the window.
                         limit = max(limit, self.n_ctx - len(tokens) - 1)
+                        calling = True
+                if live is not None:  # the timeout measures silence; an answer is kept
+                    live.token(len(out), None if calling else _decoded(llama, out))
                 if self.on_tokens is not None:
                     self.on_tokens(len(out), now - first)
                 if pieces is not None:
@@ -418,3 +426,9 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         if not path.is_file():
             raise ConfigError(f"local model file not found: {path}")
         return path
+
+
+def _decoded(llama: Any, out: list[int]) -> str:
+    """The text of the tokens so far (a character cut at the end waits for the next)."""
+    data: bytes = llama.detokenize(out, special=False)
+    return data.decode("utf-8", "ignore")
