@@ -132,13 +132,15 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         seed: int = int(SAMPLING["seed"]),
         prompt_cache: bool = True,
         logits_processor: Callable[[Any, Any], Any] | None = None,
+        steering: bool = True,
     ) -> None:
         """`model_path` loads that GGUF file as it is (no digest check); without it the shipped
         model named `model` (a key of `keel.transports.local.weights.MODELS`: "0.5b", "1.5b")
         is used, joined and verified. `n_threads` defaults to the machine's CPU count.
         `logits_processor` (``(input_ids, scores) -> scores``) runs before the grammar, which has
         the last word: it can steer what the model prefers, never what the grammar forbids (the
-        tests use it to make the model want a call). Nothing is loaded here."""
+        tests use it to make the model want a call). `steering=False` names no first call
+        (`first_call`), for measuring what the steering is worth. Nothing is loaded here."""
         if n_ctx < 256 or max_tokens < 1 or max_tokens >= n_ctx:
             raise ConfigError(
                 f"local model: need 256 <= n_ctx and 1 <= max_tokens < n_ctx "
@@ -168,6 +170,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.repeat_penalty, self.seed = repeat_penalty, seed
         self.prompt_cache = prompt_cache
+        self.steering = steering
         self.logits_processor = logits_processor
         self.on_tokens: ProgressCallback | None = None
         """Called from the worker thread after each token: (tokens so far, seconds since the
@@ -209,7 +212,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
     def first_call(self, question: str, tools: Collection[str]) -> str | None:
         """The call a required first turn starts with (`keel.transports.local.steering`): the
         0.5B model follows a call it is shown, and little else (`SteersFirstCall`)."""
-        return first_call(question, tools)
+        return first_call(question, tools) if self.steering else None
 
     def token_counter(self) -> LlamaTokenCounter:
         """A counter using this model's tokenizer (loads the model if needed)."""
