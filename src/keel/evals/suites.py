@@ -3,8 +3,14 @@ names them without importing the scenario loader (ADR 0042)."""
 
 __all__ = ["DEFAULT_SUITE", "SUITES"]
 
-SUITES = {"rules": "scenarios", "repo-questions": "repo_questions"}
+SUITES = {
+    "rules": "scenarios",
+    "repo-questions": "repo_questions",
+    "repo-questions-20": "repo_questions_20",
+}
 """Built-in suites and their folders: `rules` (the default) checks the runtime's rules with
 scripted models and pages; `repo-questions` asks a real model five questions about the
-repository it runs in and grades the answers against the code (`keel.evals.facts`)."""
+repository it runs in and grades the answers against the code (`keel.evals.facts`);
+`repo-questions-20` asks twenty of many shapes, written before any model was measured on
+them (issue 39, `keel.evals.code_facts`)."""
 DEFAULT_SUITE = "rules"
