@@ -4,6 +4,8 @@
   then reused by every later session). Skips only when the model's part packages are not
   installed (``pip install 'keel-runtime[local]'``); any other problem (a digest mismatch, llama.cpp
   missing) fails, so a broken install is never silently skipped.
+- `local_15b_path`: the same for the 1.5B model (``keel-runtime[local-1-5b]``), skipping, with
+  the reason, when its 22 part packages are not installed.
 - `local_transport`: one `LocalTransport` on that file (4096-token window, 64 output tokens),
   loaded once and shared by every test that generates, so the model loads once per session.
 - `llama_server`: ``python -m llama_cpp.server`` over that file on a free loopback port, started
@@ -30,7 +32,12 @@ import pytest
 
 from keel.errors import ConfigError
 from keel.transports.local import LocalTransport
-from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model, find_parts
+from keel.transports.local.weights import (
+    QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
+    ensure_model,
+    find_parts,
+)
 
 SERVER_START_TIMEOUT = 120.0
 
@@ -47,6 +54,18 @@ def local_model_path() -> Path:
     started = time.perf_counter()
     path = ensure_model(QWEN25_CODER_05B)
     timings["ensure_model"] = time.perf_counter() - started
+    return path
+
+
+@pytest.fixture(scope="session")
+def local_15b_path() -> Path:
+    try:
+        find_parts(QWEN25_CODER_15B)
+    except ConfigError as exc:
+        pytest.skip(f"the 1.5B local model is not installed: {exc}")
+    started = time.perf_counter()
+    path = ensure_model(QWEN25_CODER_15B)
+    timings["ensure_model_15b"] = time.perf_counter() - started
     return path
 
 

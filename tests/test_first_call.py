@@ -49,9 +49,26 @@ def test_a_question_naming_only_a_code_name_starts_by_searching_for_it() -> None
     assert first_call(question, TOOLS) == 'search_files {"pattern": "MAX_READ_LINES"}'
 
 
-def test_nothing_is_named_without_something_to_look_at_or_the_tool_for_it() -> None:
-    assert first_call("How does the run loop stop a repeating call?", TOOLS) is None
+def test_a_question_naming_no_file_starts_by_searching_for_its_words() -> None:
+    """Issue 39: the 1.5B model began such a question with ``read_file example.txt``, a path
+    it invented; the first call looks at what exists instead."""
+    question = "Which exception does a tool request in a synthesis-only turn fail the run with?"
+    assert first_call(question, TOOLS) == 'search_files {"pattern": "(?i)synthesis-only"}'
+    question = "How does the run loop stop a repeating call?"
+    assert first_call(question, TOOLS) == 'search_files {"pattern": "(?i)repeating"}'
+    assert first_call("Which exceptions are there?", TOOLS) == (
+        'search_files {"pattern": "(?i)exception"}'
+    )
+
+
+def test_a_question_of_common_words_only_starts_by_listing_the_root() -> None:
+    assert first_call("What is in here?", TOOLS) == 'list_files {"path": "."}'
+    assert first_call("What is in here?", {"read_file"}) is None
+
+
+def test_nothing_is_named_without_the_tool_for_it() -> None:
     assert first_call("Read src/keel/agent.py.", {"fetch"}) is None
+    assert first_call("How does the run loop stop a repeating call?", {"fetch"}) is None
 
 
 async def test_the_first_turns_control_names_the_call(tmp_path: Path) -> None:
@@ -61,3 +78,12 @@ async def test_the_first_turns_control_names_the_call(tmp_path: Path) -> None:
     out = await run_script(script, files, first_turn_tool=True, question="What is in loop.py?")
     (control,) = out.requests[0].volatile
     assert control == f'{FIRST_CALL_CONTROL} Here that is: read_file {{"path": "loop.py"}}'
+
+
+def test_the_local_transport_can_be_asked_to_name_no_first_call() -> None:
+    """For measuring the steering (issue 39): nothing is loaded to answer."""
+    from keel.transports.local import LocalTransport
+
+    question = "In which file is the constant MAX_READ_LINES defined?"
+    assert LocalTransport().first_call(question, TOOLS) == first_call(question, TOOLS)
+    assert LocalTransport(steering=False).first_call(question, TOOLS) is None

@@ -4,6 +4,7 @@ question is refused, `keel models` says where the model file is, `keel run` name
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -13,8 +14,14 @@ import pytest
 from typer.testing import CliRunner
 
 from keel.cli.app import app
-from keel.models import model_file_line, resolve_model
-from keel.transports.local import LocalTransport
+from keel.models import choose_model, model_file_line, resolve_model
+from keel.transports.local import DEFAULT_NAME, LocalTransport
+from keel.transports.local.weights import (
+    QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
+    install_hint,
+    is_installed,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 runner = CliRunner()
@@ -84,6 +91,48 @@ def test_keel_models_names_the_file_a_local_path_spec_points_at(tmp_path: Path) 
     assert model_file_line(f"local:{gguf}") == f"{gguf} (1,024 bytes, 0 MiB)"
     result = runner.invoke(app, ["models"], env={"KEEL_MODEL": f"local:{gguf}"})
     assert f"local model file: {gguf} (1,024 bytes" in result.stdout
+
+
+def test_keel_models_lists_both_shipped_models_with_file_size_and_state(tmp_path: Path) -> None:
+    """Issue 39: `keel models` names the 0.5B and the 1.5B, each with its file, its size and
+    whether its parts are installed; `local:1.5b` as the default names the 1.5B's file."""
+    cache = tmp_path / "cache"
+    result = runner.invoke(app, ["models"], env={"XDG_CACHE_HOME": str(cache)})
+    assert result.exit_code == 0, result.stderr
+    lines = result.stdout.splitlines()
+    small = next(line for line in lines if line[5:].startswith("local "))
+    large = next(line for line in lines if line[5:].startswith("local:1.5b "))
+    assert "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (469 MiB)" in small
+    assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (1,066 MiB)" in large
+    for line, model in ((small, QWEN25_CODER_05B), (large, QWEN25_CODER_15B)):
+        installed = is_installed(model) and importlib.util.find_spec("llama_cpp") is not None
+        assert line.startswith("yes" if installed else "no ")
+        assert ("; installed" if installed else install_hint(model)) in line
+    result = runner.invoke(
+        app, ["models"], env={"XDG_CACHE_HOME": str(cache), "KEEL_MODEL": "local:1.5b"}
+    )
+    expected = cache / "keel" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    assert f"local model file: {expected} (not joined yet" in result.stdout
+
+
+@pytest.mark.parametrize("spec", ["local:1.5b", "local:1.5B"])
+def test_local_15b_spec_picks_the_shipped_15b_model(spec: str) -> None:
+    transport = resolve_model(spec)
+    assert isinstance(transport, LocalTransport)
+    assert transport.model == "1.5b" and transport.model_path is None
+    assert transport.name == "local:qwen2.5-coder-1.5b"
+    assert resolve_model("local").name == resolve_model("local:0.5b").name == DEFAULT_NAME
+
+
+def test_keel_toml_can_choose_the_15b_model(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    (tmp_path / "config" / "keel").mkdir(parents=True)
+    (tmp_path / "config" / "keel" / "keel.toml").write_text('model = "local:1.5b"\n')
+    choice = choose_model(env={}, cwd=tmp_path)
+    assert choice.spec == "local:1.5b"
+    assert resolve_model(choice.spec).name == "local:qwen2.5-coder-1.5b"
 
 
 def test_local_path_spec_loads_that_gguf_file(tmp_path: Path) -> None:

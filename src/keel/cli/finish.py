@@ -99,7 +99,7 @@ def print_result(
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"
     if result.cut_off:
-        status += " (the answer was cut off at the model's output limit)"
+        status += " (the answer was cut off at the model's output limit or by its timeout)"
     if result.partial:
         gaps = "; ".join(result.gaps) or "none named"
         status += f" (partial structured answer; gaps: {gaps})"

@@ -20,10 +20,25 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from keel.errors import ConfigError
+from keel.evals import code_facts
 
 __all__ = ["Expected", "FactKind", "RepoFact", "invented", "missing"]
 
-FactKind = Literal["imports", "parameters", "defined_in", "exports", "default"]
+FactKind = Literal[
+    "imports",
+    "parameters",
+    "defined_in",
+    "exports",
+    "default",
+    # issue 39 (keel.evals.code_facts)
+    "raises",
+    "prints",
+    "tested_by",
+    "methods",
+    "subclasses",
+    "compared_in",
+    "parameter_default",
+]
 _PATH = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.py)\b")
 _DOTTED = re.compile(r"(?<![\w.])([A-Za-z_]\w*(?:\.[A-Za-z_]\w*)+)")
 _SKIP_DIRS = frozenset({".git", ".venv", "node_modules", "__pycache__", "build", "dist"})
@@ -50,14 +65,30 @@ class RepoFact(BaseModel):
     """The module the fact is about (relative to the repository); for "defined_in", the folder
     searched for the definition (default: the whole repository)."""
     name: str | None = None
-    """The function ("parameters"; "Class.method" for a method), the constant ("defined_in")
-    or "Class.field" ("default")."""
+    """The function ("parameters", "raises", "prints", "parameter_default"; "Class.method" for
+    a method), the constant ("defined_in"), "Class.field" ("default"), the name a test or a
+    comparison mentions ("tested_by", "compared_in"), the class ("methods") or the base class
+    ("subclasses")."""
+    item: str | None = None
+    """The parameter ("parameter_default") or the word in a method's name ("methods")."""
 
     def expected(self, repo: Path) -> Expected:
         """Read the fact from the repository now; a ConfigError says what could not be found."""
         if self.kind == "defined_in":
             return _defined_in(repo, self.path or ".", self._name())
+        if self.kind == "tested_by":
+            return Expected(code_facts.tested_by(repo, self._name()))
+        if self.kind == "compared_in":
+            return Expected(code_facts.compared_in(repo, self.path or ".", self._name()))
         tree = _parse(repo, self._path())
+        if self.kind in ("raises", "prints", "subclasses"):
+            reader = getattr(code_facts, self.kind)
+            return Expected(reader(tree, self._path(), self._name()))
+        if self.kind == "methods":
+            return Expected(code_facts.methods(tree, self._path(), self._name(), self._item()))
+        if self.kind == "parameter_default":
+            found = code_facts.parameter_default(tree, self._path(), self._name(), self._item())
+            return Expected(found)
         if self.kind == "imports":
             return _imports(tree, self._path())
         if self.kind == "parameters":
@@ -75,6 +106,11 @@ class RepoFact(BaseModel):
         if not self.name:
             raise ConfigError(f"a {self.kind!r} fact needs a name")
         return self.name
+
+    def _item(self) -> str:
+        if not self.item:
+            raise ConfigError(f"a {self.kind!r} fact needs an item")
+        return self.item
 
 
 def missing(expected: Expected, answer: str) -> list[str]:
@@ -197,7 +233,10 @@ def _default(tree: ast.Module, rel: str, name: str) -> Expected:
                     and item.value is not None
                 ):
                     value = ast.literal_eval(_field_default(item.value))
-                    return Expected(((f"{field} = {value!r}", (repr(value), str(value))),))
+                    shown: tuple[str, ...] = (repr(value), str(value))
+                    if isinstance(value, float) and value.is_integer():
+                        shown += (str(int(value)),)  # 600.0 also as 600
+                    return Expected(((f"{field} = {value!r}", shown),))
     raise ConfigError(f"{rel} has no class field {name} with a default")
 
 

@@ -134,5 +134,5 @@ class ProgressPrinter:
             case ResultElided():
                 return f"{at} elided an old result to save context ({event.size} chars)"
             case RunCompleted(cut_off=True):
-                return f"{at} the answer was cut off at the model's output limit"
+                return f"{at} the answer was cut off at the model's output limit or by its timeout"
         return None

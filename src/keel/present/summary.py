@@ -34,7 +34,7 @@ def one_line(result: RunResult, events: Iterable[Event]) -> str:
             else "answer: not synthesized"
         )
         if result.cut_off:
-            end += ", cut off at the output limit"
+            end += ", cut off at the output limit or the model timeout"
     elif result.failure is not None:
         end = f"failed: {result.failure.kind}"
     elif result.status == "cancelled":

@@ -244,7 +244,7 @@ def _detail(event: Event) -> str:
             return decision_text(event)
         case RunCompleted():
             how = f" (synthesized: {event.synthesized})" if event.synthesized else ""
-            cut = " · cut off at the output limit" if event.cut_off else ""
+            cut = " · cut off at the output limit or the model timeout" if event.cut_off else ""
             shaped = ""
             if event.output is not None:
                 shaped = " · structured output" + (", partial" if event.partial else "")

@@ -18,10 +18,15 @@ chosen by the question's words, among the tools the run offers:
   whose result likewise shows the names listed after it;
 - any other file: `read_file` on it, the path as the question writes it;
 - no file, but a name in code style (``MAX_READ_LINES``, ``decide_mode``): `search_files` for
-  it.
+  it;
+- nothing of the kind (issue 39): `search_files` for the question's most specific word (a
+  hyphenated one first, else the longest that is not a common word, a plural's ``s`` dropped,
+  case ignored), else `list_files` of the root. Told only to start with a tool, the models
+  started such questions with a path they invented (``/path/to/file.txt``,
+  ``/keel/replay.txt``, ``example.txt``), got "no such file", and answered from that; the first
+  call has to look at what exists. This rule reads no question shape, only its words.
 
-Nothing is forced: the grammar still allows any tool, and the model may choose another. A
-question that names nothing gets the general control only.
+Nothing is forced: the grammar still allows any tool, and the model may choose another.
 """
 
 from __future__ import annotations
@@ -64,7 +69,36 @@ def first_call(question: str, tools: Collection[str]) -> str | None:
     names = _CODE_NAME.findall(question)
     if names and "search_files" in tools:
         return _call("search_files", pattern=names[0])
-    return None
+    word = _specific_word(question)
+    if word is not None and "search_files" in tools:
+        return _call("search_files", pattern=f"(?i){word}")  # letters, digits, "-"
+    return _call("list_files", path=".") if "list_files" in tools else None
+
+
+_WORD = re.compile(r"[A-Za-z][A-Za-z0-9]*(?:-[A-Za-z0-9]+)*")
+_COMMON_WORDS = """
+    about above after again against also answer answers before being below between both
+    could does doing done during each every file files from have having here itself just
+    keel many more most much name named names other over same should some such than that
+    their them then there these they this those through under until very were what when
+    where which while whom whose with within without would your code value values does
+    happen happens return returns work works used uses using make makes made give gives
+"""
+_COMMON = frozenset(_COMMON_WORDS.split())
+
+
+def _specific_word(question: str) -> str | None:
+    """The question's most specific word: a hyphenated one first, else the longest word of
+    four letters or more that is not a common one; a plural's final ``s`` dropped."""
+    found: list[str] = _WORD.findall(question)
+    words = [w for w in found if len(w) >= 4 and w.lower() not in _COMMON]
+    if not words:
+        return None
+    joined = [w for w in words if "-" in w]
+    word = joined[0] if joined else max(words, key=len)
+    if len(word) > 5 and word.endswith("s") and not word.endswith("ss"):
+        word = word[:-1]
+    return word.lower()
 
 
 def _function_named(question: str, path: str) -> str | None:

@@ -66,6 +66,7 @@ from typing import Any
 
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, Usage
+from keel.transports import liveness
 from keel.transports.base import LocalModel, PinnedSampling, SteersFirstCall
 from keel.transports.local.answers import SHORT_ANSWER_RULE, NoRepeats
 from keel.transports.local.grammar import turn_grammar
@@ -83,7 +84,7 @@ from keel.transports.local.llama_hooks import (
 from keel.transports.local.qwen_format import highest_call_number, read_output, render_prompt
 from keel.transports.local.steering import first_call
 from keel.transports.local.stream import Pieces
-from keel.transports.local.weights import QWEN25_CODER_05B, ensure_model
+from keel.transports.local.weights import DEFAULT_MODEL, MODELS, ensure_model
 from keel.transports.policy import attempt
 from keel.transports.streaming import OnText
 
@@ -120,6 +121,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         self,
         *,
         model_path: str | None = None,
+        model: str = DEFAULT_MODEL,
         n_ctx: int = 8192,
         n_threads: int | None = None,
         max_tokens: int = 512,
@@ -130,12 +132,15 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         seed: int = int(SAMPLING["seed"]),
         prompt_cache: bool = True,
         logits_processor: Callable[[Any, Any], Any] | None = None,
+        steering: bool = True,
     ) -> None:
         """`model_path` loads that GGUF file as it is (no digest check); without it the shipped
-        model is used. `n_threads` defaults to the machine's CPU count. `logits_processor`
-        (``(input_ids, scores) -> scores``) runs before the grammar, which has the last word:
-        it can steer what the model prefers, never what the grammar forbids (the tests use it
-        to make the model want a call). Nothing is loaded here."""
+        model named `model` (a key of `keel.transports.local.weights.MODELS`: "0.5b", "1.5b")
+        is used, joined and verified. `n_threads` defaults to the machine's CPU count.
+        `logits_processor` (``(input_ids, scores) -> scores``) runs before the grammar, which has
+        the last word: it can steer what the model prefers, never what the grammar forbids (the
+        tests use it to make the model want a call). `steering=False` names no first call
+        (`first_call`), for measuring what the steering is worth. Nothing is loaded here."""
         if n_ctx < 256 or max_tokens < 1 or max_tokens >= n_ctx:
             raise ConfigError(
                 f"local model: need 256 <= n_ctx and 1 <= max_tokens < n_ctx "
@@ -146,7 +151,18 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
                 "local model: need temperature >= 0, 0 < top_p <= 1, top_k >= 1 and "
                 "0 <= seed < 4294967295"
             )
-        self.name = f"local:{Path(model_path).stem}" if model_path else DEFAULT_NAME
+        if model not in MODELS:
+            raise ConfigError(
+                f"local model: no shipped model {model!r}; known: {', '.join(MODELS)}"
+            )
+        self.model = model
+        """The shipped model's name in `MODELS` (unused when `model_path` is given)."""
+        if model_path:
+            self.name = f"local:{Path(model_path).stem}"
+        elif model == DEFAULT_MODEL:
+            self.name = DEFAULT_NAME
+        else:
+            self.name = f"local:qwen2.5-coder-{model}"
         self.model_path = model_path
         self.n_ctx = n_ctx
         self.n_threads = n_threads or os.cpu_count() or 1
@@ -154,6 +170,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         self.temperature, self.top_p, self.top_k = temperature, top_p, top_k
         self.repeat_penalty, self.seed = repeat_penalty, seed
         self.prompt_cache = prompt_cache
+        self.steering = steering
         self.logits_processor = logits_processor
         self.on_tokens: ProgressCallback | None = None
         """Called from the worker thread after each token: (tokens so far, seconds since the
@@ -195,7 +212,7 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
     def first_call(self, question: str, tools: Collection[str]) -> str | None:
         """The call a required first turn starts with (`keel.transports.local.steering`): the
         0.5B model follows a call it is shown, and little else (`SteersFirstCall`)."""
-        return first_call(question, tools)
+        return first_call(question, tools) if self.steering else None
 
     def token_counter(self) -> LlamaTokenCounter:
         """A counter using this model's tokenizer (loads the model if needed)."""
@@ -315,6 +332,10 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
             stop_when(cancel, llama.token_eos()),
         )
         processors = [p for p in steps if p is not None]
+        live = liveness.current()  # the gateway's, carried into this thread by to_thread
+        if live is not None:
+            live.started(len(tokens))
+        calling = False
         llama.set_seed(self.seed)
         out: list[int] = []
         started = time.perf_counter()
@@ -343,6 +364,9 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
                     if mask is not None and starts_a_call(llama, token):
                         # The grammar bounds a call; let it finish inside the window.
                         limit = max(limit, self.n_ctx - len(tokens) - 1)
+                        calling = True
+                if live is not None:  # the timeout measures silence; an answer is kept
+                    live.token(len(out), None if calling else _decoded(llama, out))
                 if self.on_tokens is not None:
                     self.on_tokens(len(out), now - first)
                 if pieces is not None:
@@ -400,8 +424,14 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
 
     def _resolve_path(self) -> Path:
         if self.model_path is None:
-            return ensure_model(QWEN25_CODER_05B)
+            return ensure_model(MODELS[self.model])
         path = Path(self.model_path)
         if not path.is_file():
             raise ConfigError(f"local model file not found: {path}")
         return path
+
+
+def _decoded(llama: Any, out: list[int]) -> str:
+    """The text of the tokens so far (a character cut at the end waits for the next)."""
+    data: bytes = llama.detokenize(out, special=False)
+    return data.decode("utf-8", "ignore")

