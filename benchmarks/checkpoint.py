@@ -83,7 +83,8 @@ def agent(store: keel.RunStore, turns: int, size_kb: int) -> keel.Agent:
     @keel.tool
     async def read_chunk(n: int) -> str:
         """Return chunk n."""
-        return payload
+        # each chunk its own, as a real file's are: the repeat tiers see no loop
+        return f"{n:08d}{payload[8:]}"
 
     script = {
         "turns": [

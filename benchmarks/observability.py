@@ -74,7 +74,8 @@ PAYLOAD = ("Lorem ipsum dolor sit amet, consectetur adipiscing elit. " * 40)[:10
 @keel.tool(effect="read_only")
 async def read_chunk(n: int) -> str:
     """Return chunk number n of the benchmark corpus."""
-    return PAYLOAD
+    # each chunk its own, as a real file's are: the repeat tiers see no loop
+    return f"{n:08d}{PAYLOAD[8:]}"
 
 
 def make_agent(store: keel.Store, turns: int) -> keel.Agent:

@@ -64,7 +64,8 @@ def chunk_tool(size_kb: int) -> keel.Tool:
     @keel.tool(effect="read_only")
     async def read_chunk(n: int) -> str:
         """Return chunk number n of the benchmark corpus."""
-        return payload
+        # each chunk its own, as a real file's are: the repeat tiers see no loop
+        return f"{n:08d}{payload[8:]}"
 
     return read_chunk
 
