@@ -20,7 +20,7 @@ from typing import Protocol
 from keel._run.parts import StepParts
 from keel.canonical import call_key, canonical_json
 from keel.messages import ToolCall, ToolResult, digest_text
-from keel.records import ApprovalDecided, Decision, ToolResultRecorded
+from keel.records import ApprovalDecided, Decision
 from keel.store.protocol import expired_denial
 
 __all__ = ["answered", "apply", "expire", "rekey", "with_arguments"]
@@ -126,16 +126,5 @@ def answered(parts: StepParts, call: ToolCall, decision: Decision) -> ToolResult
     result = ToolResult(
         call.id, call.name, call.key, text, size=len(text), digest=digest_text(text)
     )
-    parts.recorder.emit(
-        ToolResultRecorded(
-            step=parts.state.step,
-            call_id=call.id,
-            call_key=call.key,
-            name=call.name,
-            content=text,
-            size=result.size,
-            digest=result.digest,
-            answered_by=decision.by,
-        )
-    )
+    parts.recorder.tool_result(result, answered_by=decision.by)
     return result

@@ -49,7 +49,10 @@ class StepRecorder:
         for listener in self.listeners:
             listener(event)
 
-    def tool_result(self, result: ToolResult, duration_ms: float = 0.0) -> None:
+    def tool_result(
+        self, result: ToolResult, duration_ms: float = 0.0, *, answered_by: str | None = None
+    ) -> None:
+        """`answered_by`: the person whose text is the result (an answer instead, ADR 0052)."""
         self.emit(
             ToolResultRecorded(
                 step=self.state.step,
@@ -63,6 +66,7 @@ class StepRecorder:
                 truncated=result.truncated,
                 uncertain=result.uncertain,
                 duration_ms=round(duration_ms, 3),
+                answered_by=answered_by,
             )
         )
 
