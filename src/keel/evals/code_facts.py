@@ -27,6 +27,7 @@ from keel.errors import ConfigError
 __all__ = [
     "Required",
     "compared_in",
+    "function_node",
     "methods",
     "parameter_default",
     "prints",
@@ -45,7 +46,10 @@ def _where(rel: str) -> tuple[str, ...]:
     return (rel, rel.removeprefix("src/"))
 
 
-def _function(tree: ast.Module, rel: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
+def function_node(
+    tree: ast.Module, rel: str, name: str
+) -> ast.FunctionDef | ast.AsyncFunctionDef:
+    """The function `name` (or `Class.method`) defined at the top of `rel`'s module."""
     owner, _, func = name.rpartition(".")
     body: list[ast.stmt] = tree.body
     if owner:
@@ -59,7 +63,7 @@ def _function(tree: ast.Module, rel: str, name: str) -> ast.FunctionDef | ast.As
 
 def raises(tree: ast.Module, rel: str, name: str) -> Required:
     found: list[str] = []
-    for node in ast.walk(_function(tree, rel, name)):
+    for node in ast.walk(function_node(tree, rel, name)):
         if isinstance(node, ast.Raise) and node.exc is not None:
             target = node.exc.func if isinstance(node.exc, ast.Call) else node.exc
             label = target.id if isinstance(target, ast.Name) else getattr(target, "attr", None)
@@ -84,7 +88,7 @@ def _constant_pieces(node: ast.expr) -> list[str]:
 
 def prints(tree: ast.Module, rel: str, name: str) -> Required:
     required: list[str] = []
-    for node in ast.walk(_function(tree, rel, name)):
+    for node in ast.walk(function_node(tree, rel, name)):
         if not (isinstance(node, ast.Call) and node.args):
             continue
         called = node.func
@@ -168,7 +172,7 @@ def compared_in(repo: Path, under: str, name: str) -> Required:
 
 
 def parameter_default(tree: ast.Module, rel: str, name: str, parameter: str) -> Required:
-    args = _function(tree, rel, name).args
+    args = function_node(tree, rel, name).args
     positional = [*args.posonlyargs, *args.args]
     defaulted = positional[len(positional) - len(args.defaults) :]
     pairs: list[tuple[ast.arg, ast.expr | None]] = list(zip(defaulted, args.defaults, strict=True))

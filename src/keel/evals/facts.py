@@ -193,20 +193,8 @@ def _absolute(node: ast.ImportFrom, rel: str) -> str:
     return ".".join([*base, *([node.module] if node.module else [])])
 
 
-def _function(tree: ast.Module, rel: str, name: str) -> ast.FunctionDef | ast.AsyncFunctionDef:
-    owner, _, func = name.rpartition(".")
-    body: list[ast.stmt] = tree.body
-    if owner:
-        cls = next((n for n in body if isinstance(n, ast.ClassDef) and n.name == owner), None)
-        body = cls.body if cls is not None else []
-    for node in body:
-        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == func:
-            return node
-    raise ConfigError(f"{rel} defines no function {name}")
-
-
 def _parameters(tree: ast.Module, rel: str, name: str) -> Expected:
-    args = _function(tree, rel, name).args
+    args = code_facts.function_node(tree, rel, name).args
     every = [*args.posonlyargs, *args.args, *args.kwonlyargs]
     every += [a for a in (args.vararg, args.kwarg) if a is not None]
     names = [a.arg for a in every if a.arg not in ("self", "cls")]
