@@ -97,4 +97,5 @@ bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/subagents.py
 
 clean:
-	rm -rf $(VENV) .venv-litellm .venv-fasta2a .venv-adk .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+	@echo "keel: the interop tests' own venvs and npm client stay in $${KEEL_TEST_CACHE:-$${XDG_CACHE_HOME:-$$HOME/.cache}/keel-tests} (tests/side_installs.py)"

@@ -17,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-import pytest
 from a2a.client import Client, ClientConfig, create_client
 from a2a.helpers.proto_helpers import get_data_parts, new_data_part
 from a2a.types import (
@@ -209,31 +208,3 @@ async def paused(client: Client) -> tuple[str, dict[str, Any]]:
     [pending] = [d["keel_pending"] for d in get_data_parts(status.message.parts)]
     [call] = pending
     return task_id_of(events), call
-
-
-def pip_error(stderr: str) -> str:
-    lines = [line for line in stderr.splitlines() if line and not line.startswith("WARNING")]
-    return " | ".join(lines[-4:]) or "no output"
-
-
-def private_venv(venv: Path, packages: tuple[str, ...]) -> Path:
-    """The python of a venv of its own with `packages` (made once: a stamp names the first);
-    skips the test with pip's error when they cannot be installed."""
-    stamp = venv / f".installed-{packages[0].replace('==', '-')}"
-    if not stamp.exists():
-        try:
-            made = subprocess.run([sys.executable, "-m", "venv", "--clear", str(venv)],
-                                  capture_output=True, text=True, timeout=120)  # fmt: skip
-            if made.returncode != 0:
-                pytest.skip(f"no venv for {packages[0]}: {pip_error(made.stderr)}")
-            pip = subprocess.run(
-                [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-                 "--disable-pip-version-check", *packages],
-                capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired as timeout:
-            pytest.skip(f"{packages[0]} did not install within {timeout.timeout:.0f} s")
-        if pip.returncode != 0:
-            pytest.skip(f"pip could not install {' '.join(packages)}: {pip_error(pip.stderr)}")
-        stamp.touch()
-    return venv / "bin" / "python"

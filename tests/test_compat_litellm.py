@@ -1,9 +1,9 @@
 """Keel through LiteLLM's proxy in front of llama-cpp-python's server (issue 23, ADR 0035).
 
-LiteLLM is installed from PyPI into its own virtual environment, ``.venv-litellm`` at the
-repository root (pinned below; built once, a stamp file makes later sessions reuse it), never
-into ``.venv``: its pins would move openai, httpx and pydantic under Keel. If pip cannot
-install it (a registry outage), the tests skip with pip's error.
+LiteLLM is installed from PyPI into its own virtual environment, once per machine in the test
+cache (tests/side_installs.py; pinned below), never into ``.venv``: its pins would move openai,
+httpx and pydantic under Keel. If pip cannot install it (a registry outage), the tests skip
+with pip's error.
 
 The proxy routes the model name to the upstream with LiteLLM's ``hosted_vllm/`` provider (an
 OpenAI-compatible server), which is what a user of a local server configures. What each of
@@ -26,7 +26,6 @@ from __future__ import annotations
 import os
 import secrets
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Iterator
@@ -42,63 +41,22 @@ from keel.transports.anthropic import AnthropicTransport
 from keel.transports.openai_chat import OpenAIChatTransport
 from keel.transports.openai_responses import OpenAIResponsesTransport
 from local_model import _free_port
+from side_installs import install_venv, private_venv
 from support import call
 
 pytest_plugins = ["local_model"]
 
 LITELLM = "litellm[proxy]==1.108.7"
 """The version these tests were written against (ADR 0035)."""
-LITELLM_VENV = Path(__file__).resolve().parents[1] / ".venv-litellm"
-INSTALL_TIMEOUT = 900.0
 PROXY_START_TIMEOUT = 120.0
 MODEL = "qwen"
 PORT_NOTE = "The widget listens on port 8421 by default; set WIDGET_PORT to change it.\n"
 
 
-def pip_error(stderr: str) -> str:
-    """pip's own error lines, without its warnings about index locations."""
-    lines = [line for line in stderr.splitlines() if line and not line.startswith("WARNING")]
-    return " | ".join(lines[-4:]) or "no output"
-
-
-def install(venv: Path, spec: str, env: dict[str, str] | None = None) -> str | None:
-    """A fresh venv at `venv` with `spec` installed: None, or why not (pip's own error)."""
-    try:
-        made = subprocess.run(
-            [sys.executable, "-m", "venv", "--clear", str(venv)],
-            capture_output=True, text=True, timeout=120,
-        )  # fmt: skip
-        if made.returncode != 0:
-            return f"no venv for {spec}: {pip_error(made.stderr)}"
-        pip = subprocess.run(
-            [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet",
-             "--disable-pip-version-check", spec],
-            capture_output=True, text=True, timeout=INSTALL_TIMEOUT, env=env,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as timeout:
-        return f"{spec} did not install within {timeout.timeout:.0f} s"
-    if pip.returncode != 0:
-        return f"pip could not install {spec}: {pip_error(pip.stderr)}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def litellm_bin(pytestconfig: pytest.Config) -> Path:
-    """``.venv-litellm/bin``, with LiteLLM installed there once (63 to 92 s cold, 118 packages)."""
-    stamp = LITELLM_VENV / f".installed-{LITELLM.replace('[proxy]==', '-')}"
-    if not stamp.exists():
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
-        if reporter is not None and capture is not None:  # one line, shown past the capture
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(
-                    f"installing {LITELLM} into {LITELLM_VENV} (its own venv, once)"
-                )
-        failed = install(LITELLM_VENV, LITELLM)
-        if failed:
-            pytest.skip(failed)
-        stamp.touch()
-    return LITELLM_VENV / "bin"
+    """The bin folder of LiteLLM's venv (made once per machine: 63 to 92 s cold, 118 packages)."""
+    return private_venv(pytestconfig, "litellm", (LITELLM,)).parent
 
 
 def test_a_registry_outage_skips_with_pips_error(tmp_path: Path) -> None:
@@ -111,7 +69,7 @@ def test_a_registry_outage_skips_with_pips_error(tmp_path: Path) -> None:
     }  # fmt: skip
     env.pop("PIP_FIND_LINKS", None)
     env.pop("PIP_EXTRA_INDEX_URL", None)
-    reason = install(tmp_path / "venv", LITELLM, env)
+    reason = install_venv(tmp_path / "venv", (LITELLM,), env)
     assert reason is not None
     assert reason.startswith(f"pip could not install {LITELLM}: "), reason
     assert "No matching distribution found for litellm" in reason, reason

@@ -147,6 +147,7 @@ def test_the_readme_question_on_the_local_model_invents_no_module(
     repo = Path(__file__).resolve().parents[1]
     question = "Which modules does the run loop in src/keel/_run/loop.py depend on?"
     args = ["run", question, "--model", "local", "--repo", str(repo), "--max-model-calls", "8"]
+    args.append("--first-turn-tool")
     result = CliRunner().invoke(app, [*args, "--store", str(tmp_path / "r.sqlite"), "--json"])
     assert result.exit_code == 0, result.output
     answer = json.loads(result.stdout)["answer"]

@@ -34,6 +34,7 @@ from keel.messages import (
     AssistantMessage,
     ModelRequest,
     ModelResponse,
+    SynthesisReason,
     ToolCall,
     ToolResult,
     UserMessage,
@@ -582,7 +583,8 @@ def test_an_agent_run_on_the_local_model_ends_classified(
     assert result.status in ("completed", "failed"), result
     if result.status == "completed":
         assert result.answer and result.answer.strip()
-        assert result.synthesized in (None, "repeated_tool", "budget")
+        # Any limit may bring the synthesis turn: on a loaded machine the 100 s deadline does.
+        assert result.synthesized in (None, *SynthesisReason)
     else:
         assert result.failure is not None and result.failure.kind in FAILURE_KINDS
         assert result.failure.message

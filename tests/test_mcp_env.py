@@ -5,26 +5,22 @@ NAME=VALUE` and an `[[mcp]]` table's `env = {NAME = "value"}` point it at its fi
 are never stored (only the names), and `keel resume` reads a flag's value again from Keel's
 environment, or refuses, naming the variable, when it is not there.
 
-npm installs the server into ``.mcp-memory-server`` at the repository root (gitignored; once, a
-stamp named after the package file makes later sessions reuse it); if npm cannot install it,
-these tests skip with npm's own error."""
+npm installs the server once per machine into the test cache (tests/side_installs.py), in a
+folder named after the package file; if npm cannot install it, these tests skip with npm's own
+error."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shlex
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
 
+from side_installs import npm_package
 from test_mcp_cli import Keel, outcome
-from test_serve_ag_ui import npm_error
 
 SOURCE = Path(__file__).resolve().parent / "mcp_memory_server"
-TARGET = Path(__file__).resolve().parent.parent / ".mcp-memory-server"
 PACKAGE = "@modelcontextprotocol/server-memory"
 MARKER = "secret-7f3a9"
 """In every value given: it must not appear anywhere in the store."""
@@ -34,26 +30,10 @@ ANSWER = {"text": "Noted: a lease is held by one process."}
 
 
 @pytest.fixture(scope="session")
-def memory_server() -> str:
+def memory_server(pytestconfig: pytest.Config) -> str:
     """The command that starts the memory server over stdio (installed once, ~5 s)."""
-    if shutil.which("npm") is None or shutil.which("node") is None:
-        pytest.skip("node and npm are not installed: the official memory server cannot run")
-    digest = hashlib.sha256((SOURCE / "package.json").read_bytes()).hexdigest()[:12]
-    stamp = TARGET / f".installed-{digest}"
-    if not stamp.exists():
-        TARGET.mkdir(exist_ok=True)
-        shutil.copy(SOURCE / "package.json", TARGET / "package.json")
-        try:
-            npm = subprocess.run(
-                ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
-                cwd=TARGET, capture_output=True, text=True, timeout=300,
-            )  # fmt: skip
-        except subprocess.TimeoutExpired:
-            pytest.skip(f"npm did not install {PACKAGE} within 300 s")
-        if npm.returncode != 0:
-            pytest.skip(f"npm could not install {PACKAGE}: {npm_error(npm.stderr)}")
-        stamp.touch()
-    script = TARGET / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist"
+    folder = npm_package(pytestconfig, "mcp-memory-server", SOURCE, PACKAGE)
+    script = folder / "node_modules" / "@modelcontextprotocol" / "server-memory" / "dist"
     return shlex.join(["node", str(script / "index.js")])
 
 

@@ -8,8 +8,8 @@ ADK process asks three times (its import alone takes seconds).
 ADK 2 sends a response `{"result": TEXT}` as the text itself and any other as its JSON text;
 the data-part form of ADK 1.x is sent by hand in tests/test_serve_a2a_interop.py.
 
-google-adk is installed from PyPI into its own venv, ``.venv-adk`` at the repository root
-(gitignored; once, a stamp names the version; about 20 s), so its pins cannot move Keel's; if
+google-adk is installed from PyPI into its own venv, once per machine in the test cache
+(tests/side_installs.py; about 20 s with pip's cache warm), so its pins cannot move Keel's; if
 pip cannot install it, the tests skip with pip's error."""
 
 from __future__ import annotations
@@ -20,18 +20,17 @@ from pathlib import Path
 
 import pytest
 
-from a2a_serving import WRITE, keel_serve, pip_error, private_venv, runs_in
+from a2a_serving import WRITE, keel_serve, runs_in
+from side_installs import pip_error, private_venv
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv-adk"
 PACKAGES = ("google-adk[a2a]==2.13.0", "a2a-sdk==1.3.0")
 CLIENT = Path(__file__).resolve().parent / "adk_client" / "run.py"
 ADK_CALL = "mock_function_call_for_required_user_input"
 
 
 @pytest.fixture(scope="session")
-def adk_python() -> Path:
-    return private_venv(VENV, PACKAGES)
+def adk_python(pytestconfig: pytest.Config) -> Path:
+    return private_venv(pytestconfig, "adk", PACKAGES)
 
 
 CASES = [({"result": "approve"}, True), ({"approved": True}, True), ({"result": "deny: no"}, False)]

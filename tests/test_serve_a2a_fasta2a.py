@@ -4,9 +4,9 @@ for its `message/send`. Its card check, its request serializer and its URL are u
 are (`tests/fasta2a_client/run.py`): the card validates, a question runs, a paused task is
 approved by the text "approve" on its task id, and the write happens once.
 
-fasta2a is installed from PyPI into its own venv, ``.venv-fasta2a`` at the repository root
-(gitignored; once, a stamp names the version), so its pins cannot move Keel's; if pip cannot
-install it, the test skips with pip's error."""
+fasta2a is installed from PyPI into its own venv, once per machine in the test cache
+(tests/side_installs.py), so its pins cannot move Keel's; if pip cannot install it, the test
+skips with pip's error."""
 
 from __future__ import annotations
 
@@ -17,17 +17,16 @@ from typing import Any
 
 import pytest
 
-from a2a_serving import WRITE, keel_serve, private_venv
+from a2a_serving import WRITE, keel_serve
+from side_installs import private_venv
 
-ROOT = Path(__file__).resolve().parents[1]
-VENV = ROOT / ".venv-fasta2a"
 PACKAGES = ("fasta2a==2.1.1", "httpx>=0.27")
 CLIENT = Path(__file__).resolve().parent / "fasta2a_client" / "run.py"
 
 
 @pytest.fixture(scope="session")
-def fasta2a_python() -> Path:
-    return private_venv(VENV, PACKAGES)
+def fasta2a_python(pytestconfig: pytest.Config) -> Path:
+    return private_venv(pytestconfig, "fasta2a", PACKAGES)
 
 
 def test_fasta2a_reads_the_card_asks_and_approves_a_paused_task_by_text(

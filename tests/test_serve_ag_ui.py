@@ -2,9 +2,9 @@
 
 The client is `@ag-ui/client` from npm (its `HttpAgent`, which verifies the event sequence it
 receives and refuses a stream that breaks the protocol's rules), run by the small Node script
-in ``tests/ag_ui_client/``. npm installs it into ``.ag-ui-client`` at the repository root
-(gitignored; once, a stamp named after the package file makes later sessions reuse it). If npm
-cannot install it (a registry outage), the client's tests skip with npm's own error.
+in ``tests/ag_ui_client/``. npm installs it once per machine into the test cache
+(tests/side_installs.py), in a folder named after the package file. If npm cannot install it
+(a registry outage), the client's tests skip with npm's own error.
 
 Each test serves a scripted Keel agent from a process of its own (this file run as a script:
 ``python tests/test_serve_ag_ui.py --serve ...``), so a server can be killed with SIGKILL and
@@ -14,7 +14,6 @@ another started on the same store, as a crash and restart would.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import shutil
@@ -32,11 +31,11 @@ import httpx
 import pydantic
 import pytest
 
+from side_installs import npm_install, npm_package
+
 ROOT = Path(__file__).resolve().parents[1]
 CLIENT_SOURCE = Path(__file__).resolve().parent / "ag_ui_client"
-CLIENT_DIR = ROOT / ".ag-ui-client"
 CLIENT_PACKAGE = "@ag-ui/client@1.0.0"
-INSTALL_TIMEOUT = 300.0
 SERVER_START_TIMEOUT = 30.0
 CLIENT_TIMEOUT = 60.0
 JSON_BODY = {"content-type": "application/json"}
@@ -131,48 +130,11 @@ def _wait_listening(url: str) -> None:
 # -- the official client ---------------------------------------------------------------------
 
 
-def npm_error(stderr: str) -> str:
-    """npm's own error, its code and message lines (``npm error code ECONNREFUSED``, ...),
-    without the stack, the object dump and the advice that follow."""
-    said = [line.removeprefix("npm error").strip() for line in stderr.splitlines()]
-    lines = [line for line in said if line and not line.startswith(("at ", "}"))]
-    return " | ".join(lines[:4]) or stderr.strip()[-400:] or "no output"
-
-
-def npm_install(target: Path, env: dict[str, str] | None = None) -> str | None:
-    """`tests/ag_ui_client` installed into `target` by npm: None, or why not (npm's error)."""
-    if shutil.which("npm") is None:
-        return "npm is not installed: the official AG-UI client cannot be installed"
-    target.mkdir(parents=True, exist_ok=True)
-    shutil.copy(CLIENT_SOURCE / "package.json", target / "package.json")
-    try:
-        npm = subprocess.run(
-            ["npm", "install", "--no-audit", "--no-fund", "--no-package-lock"],
-            cwd=target, capture_output=True, text=True, timeout=INSTALL_TIMEOUT, env=env,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as timeout:
-        return f"npm did not install {CLIENT_PACKAGE} within {timeout.timeout:.0f} s"
-    if npm.returncode != 0:
-        return f"npm could not install {CLIENT_PACKAGE}: {npm_error(npm.stderr)}"
-    return None
-
-
 @pytest.fixture(scope="session")
 def ag_ui_client(pytestconfig: pytest.Config) -> Path:
     """The client's script, beside its installed `node_modules` (installed once, ~6 s)."""
-    digest = hashlib.sha256((CLIENT_SOURCE / "package.json").read_bytes()).hexdigest()[:12]
-    stamp = CLIENT_DIR / f".installed-{digest}"
-    if not stamp.exists():
-        reporter = pytestconfig.pluginmanager.get_plugin("terminalreporter")
-        capture = pytestconfig.pluginmanager.get_plugin("capturemanager")
-        if reporter is not None and capture is not None:
-            with capture.global_and_fixture_disabled():
-                reporter.write_line(f"installing {CLIENT_PACKAGE} into {CLIENT_DIR} (once)")
-        failed = npm_install(CLIENT_DIR)
-        if failed:
-            pytest.skip(failed)
-        stamp.touch()
-    script = CLIENT_DIR / "run.mjs"  # copied each session: the script may change, not the deps
+    folder = npm_package(pytestconfig, "ag-ui-client", CLIENT_SOURCE, CLIENT_PACKAGE)
+    script = folder / "run.mjs"  # copied each session: the script may change, not the deps
     shutil.copy(CLIENT_SOURCE / "run.mjs", script)
     return script
 
@@ -749,7 +711,7 @@ def test_a_registry_outage_skips_with_npms_error(tmp_path: Path) -> None:
         "npm_config_fetch_retries": "0", "npm_config_fetch_timeout": "2000",
         "npm_config_userconfig": os.devnull,
     }  # fmt: skip
-    reason = npm_install(tmp_path / "client", env)
+    reason = npm_install(CLIENT_SOURCE, tmp_path / "client", CLIENT_PACKAGE, env)
     assert reason is not None
     assert reason.startswith(f"npm could not install {CLIENT_PACKAGE}: "), reason
     assert "ECONNREFUSED" in reason, reason

@@ -79,16 +79,7 @@ async def _call(
 
 
 def _ended(parts: StepParts, name: str, point: str, end: EndRun, call: str | None) -> EndedByHook:
-    parts.recorder.emit(
-        HookApplied(
-            step=parts.state.step,
-            hook=name,
-            point=point,
-            action="end_run",
-            call_id=call,
-            detail=end.reason,
-        )
-    )
+    _emit(parts, name, point, "end_run", end.reason, call)
     return EndedByHook(
         f"the hook {name}.{point} ended the run: {end.reason}",
         step=parts.state.step,
