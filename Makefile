@@ -80,8 +80,13 @@ lint: $(STAMP_DEV)
 	$(BIN)/ruff check --no-cache src tests benchmarks scripts
 	$(BIN)/mypy
 
+# The suite in two parts: the tests that share the machine well on every core (pytest-xdist,
+# a file to a worker), then the `solo` ones one at a time: the embedded model's, which use every
+# core, and those timed in seconds of this machine (tests/conftest.py). Serially the whole took
+# 21 to 41 min on 2 cores, depending on the machine's day.
 test: lint
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(NPROC) --dist loadfile -m "not solo"
+	$(BIN)/pytest -m solo
 
 bench: $(STAMP_DEV)
 	$(BIN)/python benchmarks/overhead.py

@@ -19,6 +19,23 @@ pytest_plugins = ["local_model", "postgres"]  # the embedded model, llama.cpp, a
 settings.register_profile("keel", deadline=None)
 settings.load_profile("keel")
 
+MODEL_FIXTURES = {"local_model_path", "local_15b_path"}
+"""A test that runs the embedded model (in process or behind llama.cpp's server) uses every
+core the machine has: two of them at once each take twice as long, and the ones timed by the
+model's silence time out (a prompt of a thousand tokens is seconds of silence)."""
+TIMED_BY_THE_MACHINE = {"test_serve_hostile.py", "test_ui_live_bounds.py", "test_fault_suite.py"}
+"""Files whose bounds are seconds of this machine's time, measured beside nothing else."""
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` selects on the marks
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`solo`: the tests `make test` runs after the others, one at a time (the rest run on
+    every core, pytest-xdist): the embedded model's and the timed ones."""
+    for item in items:
+        fixtures = set(getattr(item, "fixturenames", ()))
+        if fixtures & MODEL_FIXTURES or item.path.name in TIMED_BY_THE_MACHINE:
+            item.add_marker(pytest.mark.solo)
+
 
 @pytest.fixture
 def page_server() -> Iterator[PageServer]:

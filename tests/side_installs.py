@@ -12,11 +12,14 @@ installed, the tests skip with pip's or npm's own error.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import hashlib
 import os
 import shutil
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,6 +48,19 @@ def cache_folder(name: str, *contents: str) -> Path:
         base = base / "keel-tests"
     identity = "\n".join([sys.version, *contents]).encode()
     return base / f"{name}-{hashlib.sha256(identity).hexdigest()[:12]}"
+
+
+@contextlib.contextmanager
+def held(folder: Path) -> Iterator[None]:
+    """The folder to oneself while it is made: a second test process (pytest-xdist's other
+    worker) waits, then finds the stamp."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def announce(config: pytest.Config, line: str) -> None:
@@ -90,12 +106,13 @@ def private_venv(config: pytest.Config, name: str, packages: tuple[str, ...]) ->
     """The python of the venv `name` with `packages`, made when the cache lacks it; skips the
     test with pip's error when they cannot be installed."""
     venv = cache_folder(name, *packages)
-    if not (venv / STAMP).exists():
-        announce(config, f"installing {' '.join(packages)} into {venv} (once per machine)")
-        failed = install_venv(venv, packages)
-        if failed:
-            pytest.skip(failed)
-        (venv / STAMP).touch()
+    with held(venv):
+        if not (venv / STAMP).exists():
+            announce(config, f"installing {' '.join(packages)} into {venv} (once per machine)")
+            failed = install_venv(venv, packages)
+            if failed:
+                pytest.skip(failed)
+            (venv / STAMP).touch()
     return venv / "bin" / "python"
 
 
@@ -133,10 +150,11 @@ def npm_package(config: pytest.Config, name: str, source: Path, package: str) ->
     when the cache lacks it; skips the test with npm's error when it cannot be installed."""
     digest = hashlib.sha256((source / "package.json").read_bytes()).hexdigest()
     folder = cache_folder(name, digest)
-    if not (folder / STAMP).exists():
-        announce(config, f"installing {package} into {folder} (once per machine)")
-        failed = npm_install(source, folder, package)
-        if failed:
-            pytest.skip(failed)
-        (folder / STAMP).touch()
+    with held(folder):
+        if not (folder / STAMP).exists():
+            announce(config, f"installing {package} into {folder} (once per machine)")
+            failed = npm_install(source, folder, package)
+            if failed:
+                pytest.skip(failed)
+            (folder / STAMP).touch()
     return folder

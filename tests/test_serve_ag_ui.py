@@ -134,8 +134,12 @@ def _wait_listening(url: str) -> None:
 def ag_ui_client(pytestconfig: pytest.Config) -> Path:
     """The client's script, beside its installed `node_modules` (installed once, ~6 s)."""
     folder = npm_package(pytestconfig, "ag-ui-client", CLIENT_SOURCE, CLIENT_PACKAGE)
-    script = folder / "run.mjs"  # copied each session: the script may change, not the deps
-    shutil.copy(CLIENT_SOURCE / "run.mjs", script)
+    script = folder / "run.mjs"  # the script may change without the deps: copied when it did
+    wanted = (CLIENT_SOURCE / "run.mjs").read_bytes()
+    if not script.exists() or script.read_bytes() != wanted:
+        written = folder / f"run.{os.getpid()}.tmp"
+        written.write_bytes(wanted)
+        written.replace(script)  # whole or not at all: another worker's node may be reading it
     return script
 
 

@@ -373,8 +373,10 @@ async def test_concurrent_follow_ups_on_one_conversation_do_not_branch_it(
 
 def test_keel_uis_index_answers_while_100_live_streams_are_open(tmp_path: Path) -> None:
     """100 streams opened at once on a big run's live endpoint, without `after` (each then
-    reads and draws the run whole): the index waited 7 to 9 s behind them; now a few streams
-    work at a time, off the event loop."""
+    reads and draws the run whole): the index waited 7 to 9 s behind them (all 100 draws);
+    now a few streams work at a time, off the event loop. The bound is counted in draws, timed
+    on this machine (the run's page, alone, reads and draws the run whole): a slow machine
+    took 2.5 to 3.5 s, 3 to 4 draws of 0.85 s."""
     from big_runs import paused_run
 
     path = tmp_path / "runs.sqlite"
@@ -385,9 +387,15 @@ def test_keel_uis_index_answers_while_100_live_streams_are_open(tmp_path: Path) 
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env,
     )  # fmt: skip
 
-    async def probe(base: str) -> list[float]:
+    async def probe(base: str) -> tuple[float, list[float]]:
         limits = httpx.Limits(max_connections=120)
         async with httpx.AsyncClient(timeout=60, limits=limits) as http:
+            draws = []
+            for _ in range(2):
+                started = time.monotonic()
+                page = await http.get(f"{base}runs/{run_id}")
+                draws.append(time.monotonic() - started)
+                assert page.status_code == 200
             live = http.build_request("GET", f"{base}runs/{run_id}/live")
             streams = await asyncio.gather(*(http.send(live, stream=True) for _ in range(100)))
             assert {s.status_code for s in streams} == {200}
@@ -400,15 +408,17 @@ def test_keel_uis_index_answers_while_100_live_streams_are_open(tmp_path: Path) 
                     assert index.status_code == 200 and run_id in index.text
             for stream in streams:
                 await stream.aclose()
-        return took
+        return min(draws), took
 
     try:
         assert server.stdout is not None
         base = server.stdout.readline().strip()
-        took = asyncio.run(probe(base))
+        draw, took = asyncio.run(probe(base))
     finally:
         server.terminate()
         server.wait(30)
         if server.stdout is not None:
             server.stdout.close()
-    assert max(took) < 3.0, f"the index took {[round(t, 2) for t in took]} s"
+    bound = max(3.0, 6 * draw)  # 100 streams' worth of draws is what the index waited before
+    shown = [round(t, 2) for t in took]
+    assert max(took) < bound, f"the index took {shown} s; one draw of the run {draw:.2f} s"

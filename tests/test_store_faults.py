@@ -78,6 +78,15 @@ SLOW_SCRIPT = {
 }
 
 
+def stopped(pid: int) -> None:
+    """Return once the process is stopped: SIGSTOP is sent at once, obeyed a moment later."""
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+        if time.monotonic() > deadline:
+            pytest.fail(f"process {pid} did not stop within 10 s of SIGSTOP")
+        time.sleep(0.005)
+
+
 def test_keel_run_paused_past_its_lease_and_taken_over_exits_2_with_one_line(
     tmp_path: Path,
 ) -> None:
@@ -101,6 +110,7 @@ def test_keel_run_paused_past_its_lease_and_taken_over_exits_2_with_one_line(
         else:
             pytest.fail("the run never checkpointed its question")
         proc.send_signal(signal.SIGSTOP)
+        stopped(proc.pid)  # a step it was committing as the signal came is in the file now
         with sqlite3.connect(db, timeout=10) as other:
             run_id, seq = other.execute(
                 "SELECT run_id, max(seq) + 1 FROM events GROUP BY run_id"
