@@ -42,10 +42,9 @@ STAMP = ".installed"
 
 def cache_folder(name: str, *contents: str) -> Path:
     """The folder of `name` holding `contents` (package specs, a manifest's digest)."""
-    root = os.environ.get("KEEL_TEST_CACHE") or os.environ.get("XDG_CACHE_HOME")
-    base = Path(root) if root else Path.home() / ".cache"
-    if not os.environ.get("KEEL_TEST_CACHE"):
-        base = base / "keel-tests"
+    chosen = os.environ.get("KEEL_TEST_CACHE")
+    cache = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    base = Path(chosen) if chosen else Path(cache) / "keel-tests"
     identity = "\n".join([sys.version, *contents]).encode()
     return base / f"{name}-{hashlib.sha256(identity).hexdigest()[:12]}"
 
