@@ -167,8 +167,8 @@ def test_observers_never_import_the_run_loop() -> None:
 
 
 ROOMS = (
-    "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "tokens",
-    "trace_hooks", "failpoints", "config", "durability", "options", "schema_checks",
+    "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "ledger",
+    "tokens", "trace_hooks", "failpoints", "config", "durability", "options", "schema_checks",
     "structured", "evidence", "transports", "inbound", "pricing", "tools", "store", "approvals",
     "hooks", "live_file", "telemetry", "_run", "events", "subagents", "models", "agent", "replay",
     "run_options", "assemble", "evals", "present", "pool", "ui", "serve", "cli", "__main__", "keel",

@@ -140,6 +140,9 @@ class ModelResponseReceived(_EventBase):
     when there is some."""
     cost: float | None = None
     """US dollars the call cost, priced from `usage` (keel/pricing.py); None: no known price."""
+    took: float | None = field(default=None, metadata=OMIT_EMPTY)
+    """Seconds the attempt took, as the loop timed it (what the deadline reserve is estimated
+    from, keel.ledger); None in runs recorded before it was kept."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -192,6 +195,9 @@ class ToolResultRecorded(_EventBase):
     answered_by: str | None = None
     """Who answered the call in place of its tool (a person's "answer instead"): nothing ran,
     `content` is their text."""
+    spent: bool | None = field(default=None, metadata=OMIT_EMPTY)
+    """The call counted against the tool-call budget: it ran, or was dispatched before a crash
+    (keel.ledger); None in runs recorded before it was kept."""
     elided: bool = False
     """Read back only: the result was elided in the last request sent (never written)."""
 

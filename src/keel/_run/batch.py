@@ -99,9 +99,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         if text is None:
             to_run.append(call)
             continue
-        uncertain = call.id in batch.journaled
-        if uncertain:  # dispatched before the crash: spent, though its effect is unknown
-            state.tool_calls += 1
+        uncertain = call.id in batch.journaled  # dispatched before the crash: spent
         results[call.id] = _record(
             parts,
             ToolResult(
@@ -329,17 +327,18 @@ def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
 
 def _record_executed(parts: StepParts, executed: ExecutedCall) -> ToolResult:
     """A call the executor answered: it counts against the tool-call budget."""
-    parts.state.tool_calls += 1
     result = executed.result
     if executed.full_content is not None:
         parts.recorder.whole_text(result.digest, executed.full_content)
-    return _record(parts, result, executed.duration_ms)
+    return _record(parts, result, executed.duration_ms, spent=True)
 
 
-def _record(parts: StepParts, result: ToolResult, duration_ms: float = 0.0) -> ToolResult:
-    if result.uncertain:  # an identical call from here on waits for a person
-        parts.state.unknown_effects.setdefault(result.call_key, result.call_id)
-    parts.recorder.tool_result(result, duration_ms)
+def _record(
+    parts: StepParts, result: ToolResult, duration_ms: float = 0.0, *, spent: bool = False
+) -> ToolResult:
+    """`spent`: the call counts against the tool-call budget (keel.ledger folds it, and a
+    result left unknown, when the event is recorded)."""
+    parts.recorder.tool_result(result, duration_ms, spent=spent or result.uncertain)
     return result
 
 

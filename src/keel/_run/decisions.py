@@ -47,11 +47,8 @@ def expire(parts: StepParts, batch: _Batch) -> None:
             continue
         if asked.call_id in state.decisions:
             continue
-        denial = replace(
-            expired_denial(asked.expires_at), at=now, name=asked.name, call_key=asked.call_key
-        )
-        state.decisions[asked.call_id] = denial
-        parts.recorder.emit(
+        denial = expired_denial(asked.expires_at)
+        parts.recorder.emit(  # the ledger records the denial in the state
             ApprovalDecided(
                 step=state.step,
                 call_id=asked.call_id,

@@ -12,10 +12,10 @@ events is re-computed from the copied events, by the loop's own code where there
                  (each result `answered` too), exactly as `step._accept_batch` and
                  `batch._apply_evidence_resets` call them (a result saved before a crash was
                  never settled, and is not here either)
-    state        step, model calls (every attempt sent), tool calls (every call that ran, or
-                 whose effect is unknown), usage, cost, the longest call, output retries,
-                 decisions and denials, the world version, the effects left unknown, and
-                 the children answered (their spend, as the original folded it)
+    state        each event folded by the ledger (keel.ledger: spend, calls, retries,
+                 decisions, effects left unknown) and each answered child's spend with
+                 `ledger.fold_child`, as the loop folds them; then the step, the denials by
+                 key and the world version
     elisions     the `result_elided` events of the prefix
 
 The same function takes a recording from another runtime (`keel/replay/forks.py` turns
@@ -29,14 +29,13 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from keel import ledger
 from keel._run import history
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.resume import ResumePoint, rebuild_items
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.records import (
-    ApprovalDecided,
-    Decision,
     Event,
     JsonObject,
     KeyCounter,
@@ -51,6 +50,7 @@ from keel.records import (
     RunResumed,
     RunState,
     ToolCallRequested,
+    ToolDispatched,
     ToolResultRecorded,
 )
 from keel.result import ChildRun
@@ -60,9 +60,6 @@ __all__ = ["ForkPrefix", "derive", "forked_from", "prefix_of_run", "resume_point
 
 _NOT_COPIED = (RunResumed, RunCompleted, RunFailed, RunCancelled)
 """Marks of the original's processes and its end: not steps, so not part of any prefix."""
-
-_BUDGET_REFUSAL = "not run: the run's tool-call budget is spent"
-_NOT_RUN_ENDING = "The call was not run."
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,12 +162,14 @@ def _count(
     breaker: IdenticalCallBreaker,
     children: dict[str, ChildRun],
 ) -> None:
-    """Walk the original's events as its loop made them, and count as it counted."""
+    """Walk the original's events as its loop made them: the ledger folds each (spend,
+    decisions, effects left unknown), the breaker counts as the loop counted."""
     requested_at: float | None = None
     effects: dict[str, str | None] = {}
     order: dict[str, int] = {}
-    decisions: dict[str, Decision] = {}
     settle: list[ToolResultRecorded] = []
+    dispatched: set[str] = set()
+    journaled: set[str] = set()
     batch_step = -1
     requested = {
         (e.step, e.call_id): e.call_key for e in events if isinstance(e, ToolCallRequested)
@@ -181,6 +180,8 @@ def _count(
         `batch._apply_evidence_resets` settles): results of a process that died before the
         batch ended were never settled, and a denied, refused or unknown call never ran."""
         for result in sorted(settle, key=lambda r: order.get(r.call_id, 0)):
+            if result.call_id in journaled or not ledger.spent_by(result, state.decisions):
+                continue  # it never ran in the batch's last process
             effect = effects.get(result.call_id)
             if not result.is_error:
                 breaker.settle(
@@ -202,16 +203,11 @@ def _count(
 
     for event in events:
         if isinstance(event, ModelRequestSent):
-            state.model_calls += 1
             requested_at = event.at
         elif isinstance(event, ModelResponseReceived):
             settle_batch()
-            state.usage = state.usage + event.usage
-            if event.cost is not None:
-                state.cost = (state.cost or 0.0) + event.cost
-                state.costliest_call = max(state.costliest_call, event.cost)
-            if requested_at is not None and event.at >= requested_at:
-                state.longest_model_call = max(state.longest_model_call, event.at - requested_at)
+            if event.took is None and requested_at is not None and event.at >= requested_at:
+                event = replace(event, took=event.at - requested_at)  # stored before `took`
             requested_at = None
             order = {c.id: n for n, c in enumerate(event.tool_calls)}
             batch_step = event.step
@@ -220,45 +216,26 @@ def _count(
                 breaker.record([k for k in keys if k is not None])  # as `_accept_batch` does
         elif isinstance(event, ToolCallRequested):
             effects[event.call_id] = event.effect
-        elif isinstance(event, RunResumed) and event.step == batch_step:
-            settle.clear()  # the process before this one died before the batch settled
+        elif isinstance(event, ToolDispatched):
+            dispatched.add(event.call_id)
+        elif isinstance(event, RunResumed):
+            journaled |= dispatched  # dispatched, no result: answered "effect unknown"
+            if event.step == batch_step:
+                settle.clear()  # the process before this one died before the batch settled
         elif isinstance(event, ToolResultRecorded):
+            dispatched.discard(event.call_id)
             settle.append(event)
-            if event.uncertain:
-                state.unknown_effects.setdefault(event.call_key, event.call_id)
-            if _ran(event, decisions):
-                state.tool_calls += 1
-            child = children.get(event.call_id)
-            if child is not None and event.call_id not in state.children:
-                state.model_calls += child.model_calls
-                state.tool_calls += child.tool_calls
-                state.usage = state.usage + child.usage
-                if child.cost is not None:
-                    state.cost = (state.cost or 0.0) + child.cost
-                state.children[event.call_id] = child
-            decision = decisions.get(event.call_id)
-            if decision is not None and not decision.approved:
-                state.denied.setdefault(event.call_key, decision)
-        elif isinstance(event, ApprovalDecided):
-            decisions[event.call_id] = Decision(event.approved, event.by, event.reason, event.at)
         elif isinstance(event, OutputRejected):
             settle_batch()
-            state.output_retries += 1
+        ledger.apply(state, event)
+        if isinstance(event, ToolResultRecorded):
+            child = children.get(event.call_id)
+            if child is not None:
+                ledger.fold_child(state, event.call_id, child)
+            decision = state.decisions.get(event.call_id)
+            if decision is not None and not decision.approved:
+                state.denied.setdefault(event.call_key, decision)
     settle_batch()
-    state.decisions = decisions
-
-
-def _ran(result: ToolResultRecorded, decisions: dict[str, Decision]) -> bool:
-    """Whether the call counted against the tool-call budget: it ran (even into an error), or
-    it was dispatched before a crash (its effect unknown). A denial, a refusal and a call the
-    budget left unrun spent nothing (keel._run.batch)."""
-    if result.uncertain or not result.is_error:
-        return True
-    decision = decisions.get(result.call_id)
-    text = result.content
-    if (decision is not None and not decision.approved) or text.startswith("Denied "):
-        return False
-    return not (text.startswith(_BUDGET_REFUSAL) or text.endswith(_NOT_RUN_ENDING))
 
 
 def _check_step(record: RunRecord, events: Sequence[Event], at: int) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from keel import ledger
 from keel._run.breaker import Restart
 from keel.messages import ToolResult
 from keel.records import (
@@ -41,18 +42,27 @@ class StepRecorder:
         self._blobs: list[tuple[str, str]] = []
 
     def emit(self, event: Event) -> None:
-        """Log an event for this step's checkpoint and show it to listeners."""
+        """Log an event for this step's checkpoint, fold it into the run's state (the
+        ledger), and show it to listeners."""
         event.seq = self.state.next_seq
         event.at = time.time()
         self.state.next_seq += 1
         self._events.append(event)
+        ledger.apply(self.state, event)
         for listener in self.listeners:
             listener(event)
 
     def tool_result(
-        self, result: ToolResult, duration_ms: float = 0.0, *, answered_by: str | None = None
+        self,
+        result: ToolResult,
+        duration_ms: float = 0.0,
+        *,
+        answered_by: str | None = None,
+        spent: bool = False,
     ) -> None:
-        """`answered_by`: the person whose text is the result (an answer instead, ADR 0052)."""
+        """`answered_by`: the person whose text is the result (an answer instead, ADR 0052);
+        `spent`: the call counts against the tool-call budget (it ran, or its effect is
+        unknown)."""
         self.emit(
             ToolResultRecorded(
                 step=self.state.step,
@@ -67,6 +77,7 @@ class StepRecorder:
                 uncertain=result.uncertain,
                 duration_ms=round(duration_ms, 3),
                 answered_by=answered_by,
+                spent=spent,
             )
         )
 

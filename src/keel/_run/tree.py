@@ -23,6 +23,7 @@ from contextvars import ContextVar
 from dataclasses import dataclass, field
 from typing import Any
 
+from keel import ledger
 from keel._run.budgets import Clock, deadline_reserve
 from keel.limits import Limits
 from keel.records import RunState
@@ -144,16 +145,9 @@ class Delegations:
     def fold(self) -> None:
         """Add what this batch's children spent to the parent's own counters (once: the
         record of each child's answer and its spend are saved in the same step)."""
-        state = self.state
         for call_id, child in self.answered.items():
-            if call_id in state.children or call_id in self.paused:
-                continue
-            state.model_calls += child.model_calls
-            state.tool_calls += child.tool_calls
-            state.usage = state.usage + child.usage
-            if child.cost is not None:
-                state.cost = (state.cost or 0.0) + child.cost
-            state.children[call_id] = child
+            if call_id not in self.paused:
+                ledger.fold_child(self.state, call_id, child)
         self.answered.clear()
 
     def take_paused(self) -> dict[str, tuple[PendingApproval, ...]]:

@@ -88,7 +88,6 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             request = replace(request, output=parts.output.request(synthesis))
         request = await hooks.before_model(parts, request, synthesis)
         parts.recorder.elided(newly_elided)
-        state.model_calls += 1
         number = errors + empty + 1
         parts.recorder.emit(
             ModelRequestSent(
@@ -119,18 +118,13 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             continue
         _remember_transport(parts)
         took = time.monotonic() - started  # what the deadline reserve is estimated from
-        state.longest_model_call = max(state.longest_model_call, took)
         response = with_keel_ids(response, state.step)  # before anything records its calls
         if parts.hooks is not None:  # what the run records and acts on, its calls Keel's
             response = with_keel_ids(
                 await hooks.after_model(parts, response, synthesis), state.step
             )
-        state.usage = state.usage + response.usage
         cost = None if parts.price is None else call_cost(response.usage, parts.price)
-        if cost is not None:
-            state.cost = (state.cost or 0.0) + cost
-            state.costliest_call = max(state.costliest_call, cost)
-        parts.recorder.emit(_response_event(state.step, response, cost))
+        parts.recorder.emit(_response_event(state.step, response, cost, took))  # spend: ledger
         failpoint("after_model_response")
         if not response.is_empty:
             state.evidence_feedback = None  # the turn it was for is answered
@@ -195,7 +189,7 @@ async def _after_error(
 
 
 def _response_event(
-    step: int, response: ModelResponse, cost: float | None
+    step: int, response: ModelResponse, cost: float | None, took: float
 ) -> ModelResponseReceived:
     return ModelResponseReceived(
         step=step,
@@ -208,4 +202,5 @@ def _response_event(
         empty=response.is_empty,
         provider_details=response.provider_details,
         cost=cost,
+        took=round(took, 6),
     )

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Protocol, runtime_checkable
 
+from keel import ledger
 from keel.errors import AlreadyDecided, ConfigError
 from keel.inbound import clean_text
 from keel.records import (
@@ -263,7 +264,7 @@ def decide_pending(
         for_run=decision.for_run,
         expired=decision.expired,
     )
-    state.decisions[call_id] = decision
+    ledger.apply(state, event)  # the decision, as the event records it
     if decision.for_run and decision.approved and asked.run_id is None:  # a child's: its own
         state.approved_for_run.setdefault(asked.name, decision)
     state.next_seq = seq + 1
