@@ -18,7 +18,6 @@ import keel
 import keel._run.batch
 import keel._run.resume
 import keel._run.synthesis
-import keel.agent
 import keel.evals.scenario
 from keel._run.breaker import IdenticalCallBreaker
 from keel.evals import builtin_names
@@ -162,7 +161,7 @@ def resume_without_counters(monkeypatch: pytest.MonkeyPatch) -> None:
         point.counters.clear()
         return point
 
-    monkeypatch.setattr(keel.agent.resume, "load", load)
+    monkeypatch.setattr(keel._run.resume, "load", load)
 
 
 Breakage = Callable[[pytest.MonkeyPatch], None]

@@ -5,12 +5,14 @@ names the exact call, chosen from the question's words among the tools the run o
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 
 import keel
 from keel._run.synthesis import FIRST_CALL_CONTROL
 from keel.transports.local.steering import first_call
-from support import call, run_script
+from keel.transports.scripted import ScriptedTransport
+from support import call
 
 TOOLS = {"list_files", "read_file", "search_files"}
 
@@ -71,12 +73,22 @@ def test_nothing_is_named_without_the_tool_for_it() -> None:
     assert first_call("How does the run loop stop a repeating call?", {"fetch"}) is None
 
 
+class SteeredScript(ScriptedTransport):
+    """A script standing in for a model that steers its first call as the local one does (a
+    plain script steers nothing)."""
+
+    def first_call(self, question: str, tools: Collection[str]) -> str | None:
+        return first_call(question, tools)
+
+
 async def test_the_first_turns_control_names_the_call(tmp_path: Path) -> None:
     (tmp_path / "loop.py").write_text("import asyncio\n")
     files = keel.file_tools(tmp_path)
     script = {"turns": [call("read_file", path="loop.py"), {"text": "asyncio."}]}
-    out = await run_script(script, files, first_turn_tool=True, question="What is in loop.py?")
-    (control,) = out.requests[0].volatile
+    transport = SteeredScript.from_dict(script, record=True)
+    agent = keel.Agent(transport, tools=files, limits=keel.Limits(first_turn_tool=True))
+    await agent.arun("What is in loop.py?")
+    (control,) = transport.requests[0].volatile
     assert control == f'{FIRST_CALL_CONTROL} Here that is: read_file {{"path": "loop.py"}}'
 
 

@@ -214,3 +214,25 @@ def test_the_room_check_finds_an_upward_import() -> None:
         "keel.events -> keel.present.timeline",
         "keel.pool.worker -> keel.cli.agent",
     ]
+
+
+def _through_a_side_door(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of a run-core module from outside the run core (not its package face)."""
+    return [
+        f"{module} -> {dep}"
+        for module, deps in sorted(graph.items())
+        if module != "keel._run" and not module.startswith("keel._run.")
+        for dep in sorted(deps)
+        if dep.startswith("keel._run.")
+    ]
+
+
+def test_outside_the_run_core_modules_import_it_through_its_package_face_only() -> None:
+    """As trio keeps `_core`: `from keel._run import RunLoop`, never `keel._run.loop`, so the
+    run core's modules can move without an edit outside it (issue 43)."""
+    assert _through_a_side_door(_graph()) == []
+
+
+def test_the_face_check_finds_a_side_door() -> None:
+    graph = {"keel.agent": {"keel._run", "keel._run.loop"}, "keel._run.loop": {"keel._run.step"}}
+    assert _through_a_side_door(graph) == ["keel.agent -> keel._run.loop"]

@@ -151,7 +151,7 @@ def test_the_check_sees_a_heavy_module(tmp_path: Path) -> None:
     assert "httpx" in loaded("import keel.cli.app, httpx", tmp_path) & set(NOT_FOR_HELP)
 
 
-@pytest.mark.parametrize("package", ["keel", "keel.evals"])
+@pytest.mark.parametrize("package", ["keel", "keel.evals", "keel._run"])
 def test_the_lazy_names_are_the_type_checking_imports(package: str) -> None:
     """`_WHERE` (what runs) names the same modules as the TYPE_CHECKING imports (what type
     checkers read), and `__all__` lists exactly those names."""
@@ -177,9 +177,10 @@ def test_every_lazy_name_is_its_modules_object() -> None:
     import importlib
 
     import keel
+    import keel._run
     import keel.evals
 
-    for package in (keel, keel.evals):
+    for package in (keel, keel.evals, keel._run):
         for name in package.__all__:
             module = importlib.import_module(package._WHERE[name])  # type: ignore[attr-defined]
             assert getattr(package, name) is getattr(module, name), (package.__name__, name)

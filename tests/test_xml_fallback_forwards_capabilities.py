@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 import keel
+from keel._run import Opened
 from keel.messages import ModelRequest, ModelResponse
 from keel.models import resolve_model
 from keel.tokens import CalibratedCounter, EstimatingCounter, TokenCounter
@@ -150,7 +151,7 @@ def test_both_capabilities_are_forwarded_together() -> None:
 def test_xml_over_a_local_model_lends_the_run_its_tokenizer_and_window() -> None:
     limits = keel.Limits(context_tokens=100_000)
     with keel.Agent(XmlFallbackTransport(FakeLocal()), limits=limits, store=":memory:") as agent:
-        context = agent._setup().context
+        context = agent._setup(Opened("run_x", "q"), (), {}, ()).context
     assert isinstance(context.counter, Counter)
     assert context.budget == 3000 - keel.agent.WINDOW_MARGIN
 
@@ -159,9 +160,9 @@ def test_a_transport_without_a_local_model_keeps_the_estimate_and_the_budget() -
     """Over a server the XML fallback lends its calibrated estimate (ADR 0035), no window."""
     limits = keel.Limits(context_tokens=100_000)
     with keel.Agent(Plain(), limits=limits, store=":memory:") as agent:
-        plain = agent._setup().context
+        plain = agent._setup(Opened("run_x", "q"), (), {}, ()).context
     with keel.Agent(XmlFallbackTransport(Plain()), limits=limits, store=":memory:") as agent:
-        xml = agent._setup().context
+        xml = agent._setup(Opened("run_x", "q"), (), {}, ()).context
     assert isinstance(plain.counter, EstimatingCounter)
     assert isinstance(xml.counter, CalibratedCounter)
     assert plain.budget == xml.budget == 100_000

@@ -6,8 +6,7 @@ The command line is a thin layer over this class; both produce the same RunResul
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-import uuid
+import functools
 from collections.abc import Awaitable, Callable, Collection, Generator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -16,10 +15,21 @@ from typing import TYPE_CHECKING, Any, cast
 import pydantic
 
 from keel import approvals
-from keel._run import history, resume
-from keel._run.context import ContextBuilder
-from keel._run.loop import RunLoop, RunSetup
-from keel._run.recorder import Listener
+from keel._run import (
+    ContextBuilder,
+    FollowUp,
+    ForkOf,
+    Fresh,
+    Listener,
+    Opened,
+    Opening,
+    Resumed,
+    RunLoop,
+    RunSetup,
+    create_fork,
+    fork_point,
+    new_run_id,
+)
 from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, ToolError
 from keel.events import RunStream, TreeListener
@@ -48,7 +58,6 @@ from keel.transports.base import (
 from keel.transports.streaming import TextListener
 
 if TYPE_CHECKING:  # imported for a run that may be traced (`_begin_trace`)
-    from keel._run.fork import ForkPrefix
     from keel.telemetry import RunTrace
 
 __all__ = ["DEFAULT_SYSTEM_PROMPT", "Agent", "RunHandle", "default_store_path", "new_run_id"]
@@ -200,44 +209,24 @@ class Agent:
 
     def _setup(
         self,
-        limits: Limits | None = None,
-        listeners: Sequence[Listener] = (),
-        settings: JsonObject | None = None,
-        lease_owner: str | None = None,
-        output: OutputSpec | None = None,
-        follows: RunConfig | None = None,
-        text_listeners: Sequence[TextListener] = (),
-        store: RunStore | None = None,
-        parent: tuple[str, str, str] | None = None,
+        opened: Opened,
+        listeners: Sequence[Listener],
+        settings: JsonObject,
+        text_listeners: Sequence[TextListener],
     ) -> RunSetup:
-        """`limits`: a resumed run's own, saved with it; else this agent's. `listeners` and
-        `settings`: this run's own, beside the agent's. `lease_owner`: a lease the caller
-        already holds on the run (a worker). `follows`: a config whose conversation the run
-        belongs to (a follow-up's, or a resumed run's own). `store`: the run's store when not
-        this agent's (a child's is its parent's). `parent`: a child run's parent run id, call
-        id and agent name (keel/subagents.py)."""
-        limits = _with_model_defaults(limits or self.limits, self._model_name)
+        """What the run opened with, and this agent's parts: its model, tools, context builder
+        (sized to the model's window), the run's own limits or this agent's, its output shape
+        (a stored run keeps the one it started with), listeners and store."""
+        limits = _with_model_defaults(opened.limits or self.limits, self._model_name)
         transport = self._run_transport()
         _check_priced(limits, self.price, transport)
-        extra = dict(settings or {})
+        extra = dict(settings)
         if isinstance(transport, PinnedSampling):  # recorded, so `keel show` can say it
             extra["sampling"] = cast(JsonObject, dict(transport.sampling))
-        output = output or self.output
+        output = self.output if opened.stored is None else self._output_of(opened.stored)
         if output is not None:  # saved, so a resume in any process asks for the same shape
             extra.update(cast(JsonObject, output.settings()))
-        config = self.config(limits, extra)
-        if follows is not None:
-            config = dataclasses.replace(
-                config,
-                conversation_id=follows.conversation_id,
-                continues_from=follows.continues_from,
-                parent_run=follows.parent_run,
-                parent_call=follows.parent_call,
-                agent=follows.agent,
-            )
-        if parent is not None:
-            run, call, name = parent
-            config = dataclasses.replace(config, parent_run=run, parent_call=call, agent=name)
+        config = self.config(limits, extra).with_lineage(opened.lineage)
         counter, window = _model_window(transport)
         budget = limits.context_tokens
         result_cap = limits.max_result_chars
@@ -250,6 +239,9 @@ class Agent:
             self.token_counter or counter or EstimatingCounter(),
             budget=budget,
         )
+        if opened.follow is not None:  # a follow-up starts with the conversation so far
+            context.elided.update(opened.follow.elided)
+            context.extend(opened.follow.history)
         return RunSetup(
             transport=transport,
             executor=self.executor
@@ -257,12 +249,12 @@ class Agent:
             else ToolExecutor(self.tools, max_result_chars=result_cap),
             limits=limits,
             context=context,
-            store=store or self.store,
+            store=opened.store or self.store,
             listeners=(*self.listeners, *listeners),
             approve_tools=self.approve_tools,
             config=config,
             lease_ttl=self.lease_ttl,
-            lease_owner=lease_owner,
+            lease_owner=opened.lease_owner,
             price=self.price,
             output=output,
             text_listeners=(*self.text_listeners, *text_listeners),
@@ -282,6 +274,44 @@ class Agent:
             return self.transport
         return resolve_model(self.model_spec, base_url=self.base_url)
 
+    def launch(
+        self,
+        opening: Opening,
+        *,
+        listeners: Sequence[Listener] = (),
+        text_listeners: Sequence[TextListener] = (),
+    ) -> RunHandle:
+        """Open a run (`keel._run.openings`: Fresh, FollowUp, Resumed, Queued, Child, Forked,
+        ForkOf) and start it in the running event loop; returns at once. The only place a run
+        is traced, set up and started. `listeners` hear this run's events, beside the agent's
+        own; `text_listeners`, the model's text as it is written. Raises ConfigError for a run
+        that cannot be opened (unknown, ended, not queued), LeaseHeld when another live process
+        advances it."""
+        opened = opening.open(self.store)
+        traced = _begin_trace(
+            opened.run_id,
+            self._model_name,
+            opened.question,
+            settings=opened.trace_from,
+            content=self.trace_content,
+            server=server_of(self.transport),
+        )
+        settings = dict(opened.settings)
+        if traced is not None and opened.is_new:  # saved, so a resume continues the trace
+            settings.update(traced.settings())
+        setup = self._setup(
+            opened, (*listeners, *(() if traced is None else (traced,))), settings, text_listeners
+        )
+        point, before = opened.point, None
+        if opened.fork is not None:
+            point = fork_point(
+                setup.store, opened.run_id, self._model_name, setup.config, opened.fork
+            )
+        loop = RunLoop(opened.run_id, opened.question, setup, point, queued=opened.queued)
+        if opened.fork is not None:
+            before = functools.partial(create_fork, loop, opened.fork)
+        return _launch(loop, traced, before)
+
     def start(
         self,
         question: str,
@@ -290,212 +320,31 @@ class Agent:
         conversation: str | None = None,
         text_listeners: Sequence[TextListener] = (),
     ) -> RunHandle:
-        """Begin a run in the running event loop; returns at once. `listeners` hear this
-        run's events, beside the agent's own; `text_listeners`, the model's text as it is
-        written. `conversation`: a conversation's id (its first run's): the question is a
-        follow-up on its newest run (see `start_ask`)."""
-        follow = None
-        if conversation is not None:
-            latest = history.latest_run(self.store, conversation)
-            follow = history.continuation(self.store, latest)
-        return self._start(question, listeners, follow, text_listeners)
-
-    def start_ask(
-        self,
-        run_id: str,
-        question: str,
-        *,
-        fork: bool = False,
-        listeners: Sequence[Listener] = (),
-    ) -> RunHandle:
-        """A follow-up question on a run that has ended (completed or failed): a new run, with
-        its own id, limits and counters, whose history is the conversation so far as it was
-        recorded (elisions kept). `fork`: continue from a run the conversation has already
-        gone on from, as a new conversation. Raises ConfigError for a run that has not ended
-        (resume it first) or is unknown."""
-        follow = history.continuation(self.store, run_id, fork=fork)
-        return self._start(question, listeners, follow)
-
-    def _start(
-        self,
-        question: str,
-        listeners: Sequence[Listener],
-        follow: history.Continuation | None,
-        text_listeners: Sequence[TextListener] = (),
-    ) -> RunHandle:
-        try:
-            question.encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise ConfigError(
-                f"the question is not valid text: it holds {exc.object[exc.start : exc.end]!r} "
-                "(bytes that are not UTF-8?)"
-            ) from None
-        run_id = new_run_id()
-        traced = _begin_trace(
-            run_id,
-            self._model_name,
-            question,
-            content=self.trace_content,
-            server=server_of(self.transport),
-        )
-        extra = () if traced is None else (traced,)
-        follows = None
-        if follow is not None:
-            follows = RunConfig(
-                "", "", conversation_id=follow.conversation_id, continues_from=follow.continues_from
-            )
-        setup = self._setup(
-            listeners=(*listeners, *extra),
-            settings=traced.settings() if traced else None,
-            follows=follows,
-            text_listeners=text_listeners,
-        )
-        if follow is not None:
-            setup.context.elided.update(follow.elided)
-            setup.context.extend(follow.history)
-        return _launch(RunLoop(run_id, question, setup), traced)
+        """Begin a run in the running event loop; returns at once. `conversation`: a
+        conversation's id (its first run's): the question is a follow-up on its newest run."""
+        opening = Fresh(question, conversation)
+        return self.launch(opening, listeners=listeners, text_listeners=text_listeners)
 
     def start_resume(
         self,
         run_id: str,
         *,
         listeners: Sequence[Listener] = (),
-        lease_owner: str | None = None,
         text_listeners: Sequence[TextListener] = (),
-        store: RunStore | None = None,
     ) -> RunHandle:
         """Continue a stored run that has not ended (paused, or its process died), from its
-        last step: same counters, budgets spent and elisions. Raises ConfigError if the run is
-        unknown or finished, LeaseHeld if another live process is advancing it. `store`: the
-        run's store when not this agent's (a child run lives in its parent's)."""
-        store = store or self.store
-        point = history.resumed(store, resume.load(store, run_id))
-        record = point.record
-        traced = _begin_trace(
-            run_id,
-            self._model_name,
-            record.question,
-            settings=record.config.settings,
-            content=self.trace_content,
-            server=server_of(self.transport),
-        )
-        extra = () if traced is None else (traced,)
-        origin = record.config.settings.get("forked_from")  # a fork resumed says it still
-        setup = self._setup(
-            record.config.limits,
-            listeners=(*listeners, *extra),
-            settings={"forked_from": origin} if isinstance(origin, dict) else None,
-            lease_owner=lease_owner,
-            output=self._output_of(record.config.settings),
-            follows=record.config,
-            text_listeners=text_listeners,
-            store=store,
-        )
-        return _launch(RunLoop(run_id, record.question, setup, point), traced)
-
-    def start_child(
-        self,
-        task: str,
-        *,
-        run_id: str,
-        parent: tuple[str, str, str],
-        limits: Limits,
-        store: RunStore | None,
-        listeners: Sequence[Listener] = (),
-    ) -> RunHandle:
-        """A child run on `task` (keel/subagents.py): `run_id` named after its parent's call,
-        `parent` the parent's run id, call id and this agent's tool name, `limits` carved from
-        the parent's, in the parent's `store`; `listeners` hear it (its parent's stream)."""
-        traced = _begin_trace(
-            run_id,
-            self._model_name,
-            task,
-            content=self.trace_content,
-            server=server_of(self.transport),
-        )
-        setup = self._setup(
-            limits,
-            listeners=(*listeners, *(() if traced is None else (traced,))),
-            settings=traced.settings() if traced else None,
-            store=store,
-            parent=parent,
-        )
-        return _launch(RunLoop(run_id, task, setup), traced)
-
-    def start_fork(
-        self,
-        run_id: str,
-        *,
-        at: int,
-        listeners: Sequence[Listener] = (),
-        text_listeners: Sequence[TextListener] = (),
-    ) -> RunHandle:
-        """A fork of stored run `run_id` at step `at` (as `keel show` numbers steps): a new
-        run whose first `at` steps are the original's, copied from the store (no model call,
-        no tool run, counters and elisions as they stood), then live with this agent's model,
-        tools, limits and output shape (ADR 0051). The original is untouched. Raises
-        ConfigError for an unknown run or a step that cannot be forked at."""
-        from keel._run.fork import prefix_of_run
-
-        prefix = prefix_of_run(self.store, run_id, at)
-        return self.start_from_prefix(prefix, listeners=listeners, text_listeners=text_listeners)
-
-    def start_from_prefix(
-        self,
-        prefix: ForkPrefix,
-        *,
-        listeners: Sequence[Listener] = (),
-        text_listeners: Sequence[TextListener] = (),
-    ) -> RunHandle:
-        """A fork from a prefix already derived (`keel._run.fork`, or a recording's:
-        `keel.replay.forks`): the run is created with the prefix's events, counters
-        and elisions in one transaction, then continues as a resumed run does."""
-        from keel._run.fork import resume_point
-
-        run_id = new_run_id()
-        traced = _begin_trace(
-            run_id,
-            self._model_name,
-            prefix.question,
-            content=self.trace_content,
-            server=server_of(self.transport),
-        )
-        settings: JsonObject = {"forked_from": prefix.origin}
-        if traced is not None:
-            settings.update(traced.settings())
-        follows = RunConfig("", "", continues_from=prefix.continues_from)
-        setup = self._setup(
-            listeners=(*listeners, *(() if traced is None else (traced,))),
-            settings=settings,
-            follows=follows,
-            text_listeners=text_listeners,
-        )
-        store = setup.store
-        assert store is not None
-        point = resume_point(store, run_id, self._model_name, setup.config, prefix)
-        loop = RunLoop(run_id, prefix.question, setup, point)
-
-        async def create() -> None:
-            await store.create_run(
-                run_id,
-                prefix.question,
-                self._model_name,
-                setup.config,
-                prefix.state.copy(),
-                lease=loop.lease.owner,
-                lease_ttl=loop.lease.ttl,
-                events=prefix.events,
-                counters=prefix.counters,
-                elisions=prefix.elisions,
-            )
-
-        return _launch(loop, traced, before=create)
+        last step: same counters, budgets spent and elisions."""
+        return self.launch(Resumed(run_id), listeners=listeners, text_listeners=text_listeners)
 
     async def afork(self, run_id: str, *, at: int) -> RunResult:
-        return self._typed(await _drive(self.start_fork(run_id, at=at)))
+        return self._typed(await _drive(self.launch(ForkOf(run_id, at))))
 
     def fork(self, run_id: str, *, at: int) -> RunResult:
-        """Fork stored run `run_id` at step `at` onto this agent (see `start_fork`)."""
+        """Fork stored run `run_id` at step `at` (as `keel show` numbers steps) onto this agent:
+        a new run whose first `at` steps are the original's, copied from the store (no model
+        call, no tool run), then live with this agent's model, tools, limits and output shape
+        (ADR 0051). The original is untouched."""
+        _outside_a_loop("fork", "afork")
         return asyncio.run(self.afork(run_id, at=at))
 
     def as_tool(self, name: str, description: str) -> Tool:
@@ -517,28 +366,6 @@ class Agent:
             return self.output
         return saved
 
-    def start_queued(self, run_id: str, *, lease_owner: str | None = None) -> RunHandle:
-        """Start a run that `keel submit` recorded (status `queued`, nothing done yet)."""
-        record = self.store.get_run(run_id)
-        if record is None or record.status != "queued":
-            found = record.status if record else "no such run"
-            raise ConfigError(f"run {run_id} is not waiting to start ({found})")
-        traced = _begin_trace(
-            run_id,
-            self._model_name,
-            record.question,
-            content=self.trace_content,
-            server=server_of(self.transport),
-        )
-        extra = () if traced is None else (traced,)
-        setup = self._setup(
-            record.config.limits,
-            listeners=extra,
-            lease_owner=lease_owner,
-            output=self._output_of(record.config.settings),
-        )
-        return _launch(RunLoop(run_id, record.question, setup, queued=True), traced)
-
     def stream(
         self, question: str, *, conversation: str | None = None, text: bool = True
     ) -> RunStream:
@@ -557,8 +384,10 @@ class Agent:
     def stream_resume(self, run_id: str) -> RunStream:
         """`start_resume`, streamed: the events the resumed run records from here on."""
         stream = RunStream()
-        handle = self.start_resume(
-            run_id, listeners=(TreeListener(stream.listener),), text_listeners=(stream.listener,)
+        handle = self.launch(
+            Resumed(run_id),
+            listeners=(TreeListener(stream.listener),),
+            text_listeners=(stream.listener,),
         )
         return stream.follow(handle, handle._task)
 
@@ -576,7 +405,7 @@ class Agent:
         return asyncio.run(self.arun(question, conversation=conversation))
 
     async def aask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
-        return self._typed(await _drive(self.start_ask(run_id, question, fork=fork)))
+        return self._typed(await _drive(self.launch(FollowUp(run_id, question, fork))))
 
     def ask(self, run_id: str, question: str, *, fork: bool = False) -> RunResult:
         """A follow-up question on an ended run (see `start_ask`)."""
@@ -584,7 +413,7 @@ class Agent:
         return asyncio.run(self.aask(run_id, question, fork=fork))
 
     async def aresume(self, run_id: str) -> RunResult:
-        return self._typed(await _drive(self.start_resume(run_id)))
+        return self._typed(await _drive(self.launch(Resumed(run_id))))
 
     def _typed(self, result: RunResult) -> RunResult:
         """The result with its structured answer as this agent's pydantic model."""
@@ -687,7 +516,7 @@ def _begin_trace(
 def _launch(
     loop: RunLoop,
     traced: RunTrace | None,
-    before: Callable[[], Awaitable[None]] | None = None,
+    before: Callable[[], Awaitable[None]] | None,
 ) -> RunHandle:
     """`before`: what must be stored before the loop takes the run over (a fork's prefix)."""
     origin = loop.setup.config.settings.get("forked_from")
@@ -752,10 +581,6 @@ def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> 
         "add its price under [prices.PROVIDER] in keel.toml or pass Agent(prices=...), or run "
         "without the cost limit"
     )
-
-
-def new_run_id() -> str:
-    return "run_" + uuid.uuid4().hex[:16]
 
 
 def _outside_a_loop(blocking: str, awaitable: str) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Collection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
-from keel._run.recorder import Listener
+from keel._run import Listener
 from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
 from keel.config import config_files
 from keel.durability import Durability
@@ -154,9 +154,7 @@ def agent_from_options(**options: Any) -> Agent:
     return agent_from_resolved(resolve(options), None, [])
 
 
-def agent_from_resolved(
-    resolved: Resolved, plugins: Plugins | None, mcp: list[JsonValue]
-) -> Agent:
+def agent_from_resolved(resolved: Resolved, plugins: Plugins | None, mcp: list[JsonValue]) -> Agent:
     """The agent the resolved options describe; `mcp`: the MCP servers' saved form."""
     from keel.options import check_hosts
     from keel.run_options import read_schema

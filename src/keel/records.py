@@ -14,7 +14,7 @@ becomes an `UnknownEvent` that is shown, never dropped.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
@@ -36,6 +36,7 @@ __all__ = [
     "JsonObject",
     "JsonValue",
     "KeyCounter",
+    "Lineage",
     "ModelErrorSeen",
     "ModelRequestSent",
     "ModelResponseReceived",
@@ -638,9 +639,7 @@ class RunState:
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
 _CONTAINER_FIELDS: tuple[tuple[str, Any], ...] = tuple(
-    (f.name, f.default_factory)
-    for f in fields(RunState)
-    if f.default_factory in (dict, list, set)
+    (f.name, f.default_factory) for f in fields(RunState) if f.default_factory in (dict, list, set)
 )
 """The fields holding a mutable container, each with the type that copies it (`copy`)."""
 
@@ -724,6 +723,18 @@ def _named(source: Any, event: type[Any]) -> dict[str, Any]:
 
 
 @dataclass(frozen=True, slots=True)
+class Lineage:
+    """Where a run stands among others: the conversation it belongs to and the run it
+    continues, or the parent whose call started it (a child)."""
+
+    conversation_id: str | None = None
+    continues_from: str | None = None
+    parent_run: str | None = None
+    parent_call: str | None = None
+    agent: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class RunConfig:
     """What `keel resume` needs to rebuild a run in another process. Never a secret."""
 
@@ -747,6 +758,22 @@ class RunConfig:
     """The parent's call (Keel's id) that started this child."""
     agent: str | None = field(default=None, metadata=OMIT_EMPTY)
     """A child's agent name: the delegation tool it was started through."""
+
+    @property
+    def lineage(self) -> Lineage:
+        return Lineage(
+            self.conversation_id, self.continues_from, self.parent_run, self.parent_call, self.agent
+        )
+
+    def with_lineage(self, lineage: Lineage) -> RunConfig:
+        return replace(
+            self,
+            conversation_id=lineage.conversation_id,
+            continues_from=lineage.continues_from,
+            parent_run=lineage.parent_run,
+            parent_call=lineage.parent_call,
+            agent=lineage.agent,
+        )
 
     def encode(self) -> JsonObject:
         """Derived from the fields (keel.codec): the settings flat at the top level, the

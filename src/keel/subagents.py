@@ -31,7 +31,7 @@ from typing import Protocol
 
 import pydantic
 
-from keel._run.tree import CURRENT, Delegations, qualified
+from keel._run import CURRENT, Child, Delegations, Opening, Resumed, qualified
 from keel.errors import LeaseHeld, ToolError
 from keel.events import TreeListener
 from keel.limits import Limits
@@ -57,23 +57,8 @@ class ChildAgent(Protocol):
 
     async def arun(self, question: str) -> RunResult: ...
 
-    def start_child(
-        self,
-        task: str,
-        *,
-        run_id: str,
-        parent: tuple[str, str, str],
-        limits: Limits,
-        store: RunStore | None,
-        listeners: Sequence[TreeListener] = (),
-    ) -> Awaitable[RunResult]: ...
-
-    def start_resume(
-        self,
-        run_id: str,
-        *,
-        store: RunStore | None = None,
-        listeners: Sequence[TreeListener] = (),
+    def launch(
+        self, opening: Opening, *, listeners: Sequence[TreeListener] = ()
     ) -> Awaitable[RunResult]: ...
 
 
@@ -126,13 +111,8 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
             carved = tree.carve(call.id, agent.limits)
             if isinstance(carved, str):
                 raise ToolError(f"Error: {name} was not started: {carved}.")
-            parent = (tree.run_id, call.id, name)
-            result = await _held(
-                tree, call.id, agent.start_child(
-                    task, run_id=child_id, parent=parent, limits=carved, store=store,
-                    listeners=heard,
-                ),
-            )  # fmt: skip
+            child = Child(task, child_id, tree.run_id, call.id, name, carved, store)
+            result = await _held(tree, call.id, agent.launch(child, listeners=heard))
         else:  # running (its process died), cancelled or paused: on from its last step
             tree.hold(call.id, record.config.limits)
             result = await _held(tree, call.id, _resumed(agent, child_id, store, heard))
@@ -161,7 +141,7 @@ async def _resumed(
     waited = 0.0
     while True:
         try:
-            return await agent.start_resume(child_id, store=store, listeners=heard)
+            return await agent.launch(Resumed(child_id, store), listeners=heard)
         except LeaseHeld:
             if waited >= LEASE_WAIT:
                 raise
@@ -201,7 +181,5 @@ def result_text(name: str, result: RunResult) -> str:
         gaps = f"; gaps: {'; '.join(result.gaps)}" if result.gaps else ""
         return f"[partial answer from {where}: {why}{gaps}]\n{answer}"
     if result.failure is not None:
-        raise ToolError(
-            f"Error: {where} failed: {result.failure.kind}: {result.failure.message}"
-        )
+        raise ToolError(f"Error: {where} failed: {result.failure.kind}: {result.failure.message}")
     raise ToolError(f"Error: {where} ended {result.status} without an answer.")

@@ -273,9 +273,7 @@ def ask_approvals(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]
         try:
             if tool is not None and _needs_approval(parts, tool, call):
                 waiting.append(
-                    PendingApproval(
-                        call.id, call.name, call.arguments, call.key, expires_at=until
-                    )
+                    PendingApproval(call.id, call.name, call.arguments, call.key, expires_at=until)
                 )
         except ToolError as error:  # the user's approval predicate failed: never run it
             batch.refused[call.id] = f"Error: {error} The call was not run."

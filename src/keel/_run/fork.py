@@ -20,7 +20,8 @@ events is re-computed from the copied events, by the loop's own code where there
 
 The same function takes a recording from another runtime (`keel/replay/forks.py` turns
 it into events first), so a fork of a Keel run and a fork of a recording are made alike.
-Nothing here writes: `Agent.start_fork` creates the run with the prefix in one transaction.
+Nothing here writes but `create_fork`, which `Agent.launch` calls to create the run with the
+prefix in one transaction.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, replace
 from keel import ledger
 from keel._run import history
 from keel._run.breaker import IdenticalCallBreaker
+from keel._run.loop import RunLoop
 from keel._run.resume import ResumePoint, rebuild_items
 from keel.errors import ConfigError
 from keel.limits import Limits
@@ -56,7 +58,7 @@ from keel.records import (
 from keel.result import ChildRun
 from keel.store import RunRecord, RunStore
 
-__all__ = ["ForkPrefix", "derive", "forked_from", "prefix_of_run", "resume_point"]
+__all__ = ["ForkPrefix", "create_fork", "derive", "fork_point", "forked_from", "prefix_of_run"]
 
 _NOT_COPIED = (RunResumed, RunCompleted, RunFailed, RunCancelled)
 """Marks of the original's processes and its end: not steps, so not part of any prefix."""
@@ -108,8 +110,8 @@ def prefix_of_run(store: RunStore, run_id: str, at: int) -> ForkPrefix:
     )
 
 
-def resume_point(
-    store: RunStore, run_id: str, model: str, config: RunConfig, prefix: ForkPrefix
+def fork_point(
+    store: RunStore | None, run_id: str, model: str, config: RunConfig, prefix: ForkPrefix
 ) -> ResumePoint:
     """Where the fork's loop takes over: the prefix's history rebuilt as `resume` rebuilds a
     stored run's (with the original's conversation before it, for a fork of a follow-up),
@@ -121,7 +123,27 @@ def resume_point(
     counters = {key: replace(counter) for key, counter in prefix.counters.items()}
     elided = {call_id for call_id, _ in prefix.elisions}
     point = ResumePoint(record, state, counters, elided, items, batch)
-    return history.resumed(store, point)
+    return point if store is None else history.resumed(store, point)
+
+
+async def create_fork(loop: RunLoop, prefix: ForkPrefix) -> None:
+    """Create the fork's run with the prefix's events, counters and elisions, in one
+    transaction, before its loop takes it over."""
+    setup = loop.setup
+    if setup.store is None:
+        return
+    await setup.store.create_run(
+        loop.run_id,
+        prefix.question,
+        setup.config.model,
+        setup.config,
+        prefix.state.copy(),
+        lease=loop.lease.owner,
+        lease_ttl=loop.lease.ttl,
+        events=prefix.events,
+        counters=prefix.counters,
+        elisions=prefix.elisions,
+    )
 
 
 def derive(

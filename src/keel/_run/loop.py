@@ -15,12 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import time
-from dataclasses import dataclass
 
 from keel._run.batch import Batch
 from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
-from keel._run.context import ContextBuilder
 from keel._run.lease import Lease
 from keel._run.live_text import LiveText, for_run
 from keel._run.parts import (
@@ -28,54 +26,21 @@ from keel._run.parts import (
     Continue,
     Failed,
     Paused,
+    RunSetup,
     RunView,
     StepOutcome,
     StepParts,
 )
-from keel._run.recorder import Listener, StepRecorder
+from keel._run.recorder import StepRecorder
 from keel._run.resume import ResumePoint
 from keel._run.step import take_step
 from keel.errors import StoreError, StoreUnavailable
-from keel.hooks import Hooks
-from keel.limits import Limits
 from keel.messages import UserMessage
-from keel.pricing import Price
-from keel.records import Ending, RunConfig, RunResumed, RunStarted, RunState
+from keel.records import Ending, RunResumed, RunStarted, RunState
 from keel.result import RunResult
-from keel.store import RunStore
-from keel.structured import OutputSpec
-from keel.tools.executor import ToolExecutor
-from keel.transports.base import Resumable, Transport
-from keel.transports.streaming import TextListener
+from keel.transports.base import Resumable
 
 __all__ = ["RunLoop", "RunSetup"]
-
-
-@dataclass(frozen=True, slots=True)
-class RunSetup:
-    """Everything a run needs besides its question: the same for a new run and a resumed one."""
-
-    transport: Transport
-    executor: ToolExecutor
-    limits: Limits
-    context: ContextBuilder
-    store: RunStore | None
-    config: RunConfig
-    """What `keel resume` needs to rebuild the run (no secrets)."""
-    listeners: tuple[Listener, ...] = ()
-    approve_tools: frozenset[str] = frozenset()
-    """Tools whose calls are pre-approved for this run."""
-    lease_ttl: float = 30.0
-    lease_owner: str | None = None
-    """A lease the caller already holds on the run (a worker takes it before loading)."""
-    price: Price | None = None
-    """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
-    output: OutputSpec | None = None
-    """The shape the answer must have (keel/structured.py); None: free text."""
-    text_listeners: tuple[TextListener, ...] = ()
-    """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
-    hooks: Hooks | None = None
-    """The application's hooks (keel/hooks.py); None: none."""
 
 
 class RunLoop:
@@ -112,20 +77,13 @@ class RunLoop:
             repeats=state.repeats,
         )
         self.parts = StepParts(
+            setup=setup,
             state=state,
             breaker=breaker,
-            context=setup.context,
             recorder=self.recorder,
-            transport=setup.transport,
-            executor=setup.executor,
-            limits=setup.limits,
             clock=Clock(),
-            approve_tools=setup.approve_tools,
             checkpoint=self.checkpoint,
-            price=setup.price,
-            output=setup.output,
             live=LiveText.for_run(setup.transport, text_listeners),
-            hooks=setup.hooks,
         )
         if setup.price is not None and state.cost is None:
             state.cost = 0.0  # priced from here on

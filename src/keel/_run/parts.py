@@ -16,23 +16,26 @@ from keel._run.breaker import IdenticalCallBreaker
 from keel._run.budgets import Clock
 from keel._run.context import ContextBuilder
 from keel._run.live_text import LiveText
-from keel._run.recorder import StepRecorder
+from keel._run.recorder import Listener, StepRecorder
 from keel.errors import RunFailure
 from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.messages import SynthesisReason
 from keel.pricing import Price
-from keel.records import RunState
+from keel.records import RunConfig, RunState
 from keel.result import PendingApproval
+from keel.store import RunStore
 from keel.structured import OutputSpec
 from keel.tools.executor import ToolExecutor
 from keel.transports.base import Keyed, Resumable, Transport
+from keel.transports.streaming import TextListener
 
 __all__ = [
     "Completed",
     "Continue",
     "Failed",
     "Paused",
+    "RunSetup",
     "RunView",
     "StepOutcome",
     "StepParts",
@@ -75,40 +78,94 @@ class Failed:
 StepOutcome = Continue | Completed | Paused | Failed
 
 
-@dataclass(slots=True)
-class StepParts:
-    """What a step works with: the run's state and the parts that act on it."""
+@dataclass(frozen=True, slots=True)
+class RunSetup:
+    """Everything a run needs besides its question: the same for a new run and a resumed one."""
 
-    state: RunState
-    breaker: IdenticalCallBreaker
-    context: ContextBuilder
-    recorder: StepRecorder
     transport: Transport
     executor: ToolExecutor
     limits: Limits
-    clock: Clock
-    approve_tools: frozenset[str]
+    context: ContextBuilder
+    store: RunStore | None
+    config: RunConfig
+    """What `keel resume` needs to rebuild the run (no secrets)."""
+    listeners: tuple[Listener, ...] = ()
+    approve_tools: frozenset[str] = frozenset()
     """Tools whose calls are pre-approved for this run."""
-    checkpoint: Callable[[], Awaitable[None]]
-    """Make the step so far durable (before a side effect, after one)."""
+    lease_ttl: float = 30.0
+    lease_owner: str | None = None
+    """A lease the caller already holds on the run (a worker takes it before loading)."""
+    price: Price | None = None
+    """What the model's calls cost (keel/pricing.py); None: no known price, no cost kept."""
     output: OutputSpec | None = None
     """The shape the answer must have (keel/structured.py); None: free text."""
-    price: Price | None = None
-    """What the model's calls cost; None when no price is known (then no cost is kept)."""
-    resumable: Resumable | None = None
-    """The transport, when its position is saved with each checkpoint (a script)."""
+    text_listeners: tuple[TextListener, ...] = ()
+    """Who hears the model's text as it is written (ADR 0039); none: the run does not stream."""
+    hooks: Hooks | None = None
+    """The application's hooks (keel/hooks.py); None: none."""
+
+
+@dataclass(slots=True)
+class StepParts:
+    """What a step works with: the run's setup (held, not copied), its state and the parts
+    that act on it."""
+
+    setup: RunSetup
+    state: RunState
+    breaker: IdenticalCallBreaker
+    recorder: StepRecorder
+    clock: Clock
+    checkpoint: Callable[[], Awaitable[None]]
+    """Make the step so far durable (before a side effect, after one)."""
     live: LiveText | None = None
     """Streams each attempt's text to the run's text listeners; None: nobody listens."""
+    resumable: Resumable | None = None
+    """The transport, when its position is saved with each checkpoint (a script)."""
     keyed: Keyed | None = None
     """The transport, when it sends an API key (scrubbed from its answers, ADR 0048)."""
-    hooks: Hooks | None = None
-    """The application's hooks (keel/hooks.py, ADR 0052); None: none."""
 
     def __post_init__(self) -> None:
-        if isinstance(self.transport, Resumable):  # asked once: a protocol check is not free
-            self.resumable = self.transport
-        if isinstance(self.transport, Keyed):  # once per run, not once per answer
-            self.keyed = self.transport
+        transport = self.setup.transport
+        if isinstance(transport, Resumable):  # asked once: a protocol check is not free
+            self.resumable = transport
+        if isinstance(transport, Keyed):  # once per run, not once per answer
+            self.keyed = transport
+
+    @property
+    def transport(self) -> Transport:
+        return self.setup.transport
+
+    @property
+    def executor(self) -> ToolExecutor:
+        return self.setup.executor
+
+    @property
+    def limits(self) -> Limits:
+        return self.setup.limits
+
+    @property
+    def context(self) -> ContextBuilder:
+        return self.setup.context
+
+    @property
+    def approve_tools(self) -> frozenset[str]:
+        """Tools whose calls are pre-approved for this run."""
+        return self.setup.approve_tools
+
+    @property
+    def output(self) -> OutputSpec | None:
+        """The shape the answer must have (keel/structured.py); None: free text."""
+        return self.setup.output
+
+    @property
+    def price(self) -> Price | None:
+        """What the model's calls cost; None when no price is known (no cost is kept)."""
+        return self.setup.price
+
+    @property
+    def hooks(self) -> Hooks | None:
+        """The application's hooks (keel/hooks.py, ADR 0052); None: none."""
+        return self.setup.hooks
 
 
 class RunView:

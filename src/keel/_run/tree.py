@@ -161,8 +161,6 @@ def qualified(child_run: str, pending: PendingApproval) -> PendingApproval:
     return dataclasses.replace(pending, call_id=f"{child_run}:{pending.call_id}", run_id=child_run)
 
 
-
-
 def _left(limit: int | None, spent: int, held: list[_Held], what: str) -> int | None:
     if limit is None:
         return None

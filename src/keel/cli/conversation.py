@@ -42,7 +42,7 @@ def ask(
 ) -> None:
     """Ask a follow-up QUESTION on run RUN_ID (completed or failed): a new run of the same
     conversation whose history is the conversation so far. Takes every `keel run` option."""
-    from keel._run.history import continuation
+    from keel._run import FollowUp, continuation
     from keel.cli.common import usage_error
 
     if not question.strip():
@@ -53,7 +53,7 @@ def ask(
     # refused here (one line), before the header and any model load
     guard(lambda: continuation(agent.store, run_id, fork=fork))
     announce(built)
-    finish(agent, lambda: agent.start_ask(run_id, question, fork=fork), built.extras)
+    finish(agent, lambda: agent.launch(FollowUp(run_id, question, fork)), built.extras)
 
 
 def continues_line(record: RunRecord) -> str | None:

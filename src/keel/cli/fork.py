@@ -68,7 +68,7 @@ def fork(
     """Fork RUN at step --at: a new run whose first steps are RUN's, copied from the store
     (nothing sent to a model, no tool run again, counters as they stood), then live with the
     options given. Takes every `keel run` option; RUN is left as it was."""
-    from keel._run.fork import prefix_of_run
+    from keel._run import Forked, prefix_of_run
     from keel.replay.forks import prefix_of_recording
 
     if at is None:
@@ -90,7 +90,7 @@ def fork(
             lambda: prefix_of_recording(recording, recording_id, at, question, agent.limits)
         )
     announce(built)
-    finish(agent, lambda: agent.start_from_prefix(prefix), built.extras)
+    finish(agent, lambda: agent.launch(Forked(prefix)), built.extras)
 
 
 def _model_of(run_id: str, store: str | None) -> str:
@@ -107,7 +107,7 @@ def _model_of(run_id: str, store: str | None) -> str:
 
 def forked_json(record: RunRecord) -> dict[str, Any] | None:
     """`keel show --json`'s `forked_from`: where the fork branched; None: not a fork."""
-    from keel._run.fork import forked_from
+    from keel._run import forked_from
 
     return forked_from(record.config.settings)
 

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from keel._run.recorder import Listener
+from keel._run import Listener
 from keel.cli.output import Stdout
 from keel.errors import ConfigError
 from keel.events import stream_lines

@@ -73,7 +73,7 @@ async def compare(
     store: RunStore, run_id: str, at: int, models: list[str], repeat: int
 ) -> Comparison:
     """Fork `run_id` at `at` `repeat` times under each of `models`, one after another."""
-    from keel._run.fork import prefix_of_run
+    from keel._run import Forked, prefix_of_run
     from keel.assemble import agent_for_record
     from keel.errors import ConfigError
 
@@ -86,7 +86,7 @@ async def compare(
         for _ in range(repeat):
             stored = replace(record, config=replace(record.config, model=model))
             agent = agent_for_record(stored, store)
-            result = await agent.start_from_prefix(prefix)
+            result = await agent.launch(Forked(prefix))
             runs.append(_row(model, result, prefix.state.model_calls, prefix.state.tool_calls,
                              prefix.state.usage.input_tokens, prefix.state.usage.output_tokens,
                              prefix.state.cost))  # fmt: skip

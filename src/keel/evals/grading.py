@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 from typing import Literal
 
-from keel._run.synthesis import CONTROLS
+from keel._run import CONTROLS
 from keel.evals.facts import Expected, invented, missing
 from keel.result import RunResult
 
@@ -60,9 +60,11 @@ def echoed_controls(answer: str | None) -> list[str]:
     for control in CONTROLS:
         for sentence in re.split(r"(?<=[.!?])\s+", control):
             words = _words(sentence)
-            runs = [words] if len(words) <= _ECHO_WORDS else [
-                words[i : i + _ECHO_WORDS] for i in range(len(words) - _ECHO_WORDS + 1)
-            ]
+            runs = (
+                [words]
+                if len(words) <= _ECHO_WORDS
+                else [words[i : i + _ECHO_WORDS] for i in range(len(words) - _ECHO_WORDS + 1)]
+            )
             if words and any(f" {' '.join(run)} " in said for run in runs):
                 echoed.append(sentence)
     return echoed

@@ -22,7 +22,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from keel._run.synthesis import NUDGE_PREFIX
+from keel._run import NUDGE_PREFIX
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError
 from keel.evals.grading import echoed_controls, grade, repo_problems

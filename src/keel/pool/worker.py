@@ -24,6 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 
+from keel._run import Queued, Resumed
 from keel.agent import RunHandle
 from keel.assemble import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
@@ -148,8 +149,8 @@ class PoolWorker:
             return record.status
         agent = agent_for_record(record, self.store)
         agent.lease_ttl = self.lease_ttl
-        start = agent.start_queued if record.status == "queued" else agent.start_resume
-        handle = start(run_id, lease_owner=owner)
+        queued = record.status == "queued"
+        handle = agent.launch(Queued(run_id, owner) if queued else Resumed(run_id, None, owner))
         with self._lock:
             self._active[run_id] = (asyncio.get_running_loop(), handle)
         try:

@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from keel._run.fork import ForkPrefix, derive
+from keel._run import Forked, ForkPrefix, derive
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.messages import ToolCall, digest_text
@@ -79,11 +79,11 @@ def fork_recording(
 ) -> RunResult:
     """Fork recording `id` of `path` after its turn `at` onto `agent` (its model, tools and
     limits): the recorded calls and results are the prefix, the rest runs live. Blocks, like
-    `Agent.run`; `agent.start_from_prefix(prefix_of_recording(...))` in a running loop."""
+    `Agent.run`; `agent.launch(Forked(prefix_of_recording(...)))` in a running loop."""
     prefix = prefix_of_recording(path, id, at, question, agent.limits)
 
     async def go() -> RunResult:
-        return await agent.start_from_prefix(prefix)
+        return await agent.launch(Forked(prefix))
 
     return asyncio.run(go())
 

@@ -23,11 +23,7 @@ from typing import Any, Literal
 
 import pydantic
 
-from keel._run.breaker import tier_of
-from keel._run.context import ContextBuilder
-from keel._run.loop import RunLoop, RunSetup
-from keel._run.recorder import Listener
-from keel._run.synthesis import NUDGE_PREFIX
+from keel._run import NUDGE_PREFIX, ContextBuilder, Listener, RunLoop, RunSetup, tier_of
 from keel.errors import ToolError
 from keel.limits import REPEAT_TIERS as REPEAT_TIER_NAMES
 from keel.limits import Limits, LoopPolicy, RepeatTier
@@ -315,9 +311,7 @@ def _tools(
 ) -> dict[tuple[str, Effect], Tool]:
     """One tool per recorded tool name and effect; a tool seen with two effects (an editor
     that views and writes) becomes two tools, `NAME` and `NAME~EFFECT`."""
-    pairs = {
-        (call.tool, effect_of(call, effects)) for turn in recording.turns for call in turn
-    }
+    pairs = {(call.tool, effect_of(call, effects)) for turn in recording.turns for call in turn}
     by_name: dict[str, set[Effect]] = defaultdict(set)
     for name, effect in pairs:
         by_name[name].add(effect)

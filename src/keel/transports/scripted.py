@@ -30,7 +30,6 @@ import json
 import os
 import re
 import stat
-from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -49,7 +48,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 from keel.canonical import canonical_json
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
-from keel.transports.base import Resumable, SteersFirstCall
+from keel.transports.base import Resumable
 from keel.transports.policy import is_retryable
 from keel.transports.streaming import OnText
 
@@ -261,12 +260,12 @@ def _read_script(path: str | Path) -> str:
 # --- the transport --------------------------------------------------------------------------
 
 
-class ScriptedTransport(Resumable, SteersFirstCall):
+class ScriptedTransport(Resumable):
     """Answers each model call with the script's next turn; see the module docstring.
 
-    `Resumable`: a resumed run continues at the turn its script stood at.
-    `SteersFirstCall`: a script stands in for a model, in tests and `keel eval`'s scenarios the
-    local one, so its required first turn names a call as the local model's does."""
+    `Resumable`: a resumed run continues at the turn its script stood at. It steers nothing:
+    a script's turns are what its author wrote (the embedded model's first-call steering lives
+    with that model, keel.transports.local.steering)."""
 
     def __init__(self, script: _Script, *, source: str, record: bool = False) -> None:
         """Use `from_file` or `from_dict`: they validate the script and name its source."""
@@ -320,12 +319,6 @@ class ScriptedTransport(Resumable, SteersFirstCall):
         except (ValueError, RecursionError) as exc:
             raise ConfigError(f"script {path}: not valid JSON: {exc}") from None
         return cls.from_dict(data, str(path), record=record)
-
-    def first_call(self, question: str, tools: Collection[str]) -> str | None:
-        """The local model's first call for `question` (`keel.transports.local.steering`)."""
-        from keel.transports.local.steering import first_call  # re and json only
-
-        return first_call(question, tools)
 
     def priced_as(self) -> str:
         """The model the script stands in for, when it names one; else its own (free) name."""
