@@ -206,3 +206,23 @@ def test_a_compatible_server_is_named_by_its_spec() -> None:
     """The name the run looks a window up by is the transport's, the spec it was made from."""
     transport = OpenAIChatTransport("qwen2.5-coder", base_url="http://127.0.0.1:8080/v1")
     assert window_for(transport.name) == UNKNOWN_WINDOW
+
+
+def test_keel_models_prints_each_known_models_window_and_the_defaults(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("KEEL_MODEL", "OPENAI_API_KEY", "ANTHROPIC_API_KEY", "KEEL_CONTEXT_WINDOW"):
+        monkeypatch.delenv(name, raising=False)
+    env = {"KEEL_MODEL": "openai-chat:qwen2.5-coder", "KEEL_CONTEXT_WINDOW": "32768"}
+    result = CliRunner().invoke(app, ["models"], env=env)
+    assert result.exit_code == 0, result.output
+    lines = [" ".join(line.split()) for line in result.stdout.splitlines()]
+    assert "its window: 32,768 tokens, 2,048 of them for the answer" in lines
+    assert "openai:gpt-4o 128,000 tokens, 16,384 of them for the answer" in lines
+    assert "anthropic:claude-3-5-haiku 200,000 tokens, 8,192 of them for the answer" in lines
+    assert "any model not listed 8,192 tokens, 2,048 of them for the answer" in lines

@@ -40,6 +40,7 @@ __all__ = [
     "context_budget",
     "local_window",
     "window_for",
+    "window_line",
 ]
 
 PROVIDERS = {"openai": "openai", "openai-chat": "openai", "anthropic": "anthropic"}
@@ -127,6 +128,14 @@ class WindowTable:
             }
         return cls(windows, date)
 
+    def rows(self) -> list[tuple[str, ModelWindow]]:
+        """Every model's spec (``openai:gpt-5``) and window, provider by provider."""
+        return [
+            (f"{provider}:{model}", window)
+            for provider, models in self.windows.items()
+            for model, window in models.items()
+        ]
+
     def lookup(self, name: str) -> ModelWindow | None:
         """The window of a provider model spec or transport name (``openai:gpt-5-mini``,
         ``anthropic:claude-sonnet-4-5-20250929``, ``xml:openai-chat:gpt-4o``), or None."""
@@ -147,6 +156,13 @@ def window_for(spec_or_transport_name: str, configured: int | None = None) -> Mo
         return known
     output = min(known.output, configured // CONFIGURED_OUTPUT_SHARE)
     return ModelWindow(configured, output, "the configured context window (--context-window)")
+
+
+def window_line(window: ModelWindow) -> str:
+    """A window for a person: ``128,000 tokens, 16,384 of them for the answer``."""
+    if window is SCRIPTED_WINDOW:
+        return "none (a scripted model)"
+    return f"{window.context:,} tokens, {window.output:,} of them for the answer"
 
 
 def local_window(model: LocalModel) -> ModelWindow:
