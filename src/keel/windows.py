@@ -1,4 +1,4 @@
-"""A model's context window, and the context budget that fits in it (issue 44).
+"""A model's context window, and the context budget that fits in it (issue 44, ADR 0056).
 
 A request larger than the window is refused by the provider, so the run's context budget
 (`Limits.context_tokens`) must stay below the window less the answer's room. The window comes

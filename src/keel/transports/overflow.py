@@ -8,7 +8,7 @@ provider's numbers when it gives them; `as_overflow` turns such a `ProviderError
 transport's attempt ends with (the SDKs' statuses, errors in a 200 body, errors in a stream, the
 embedded model's), and each transport's `map_error` applies it where it still holds the body.
 
-The wordings are data (`WORDINGS`, each with who sends it); docs/adr/0056 lists them. A status
+The wordings are data (`WORDINGS`, each with who sends it); ADR 0056 lists them. A status
 that means something else (a wrong key, an unknown model, a rate limit, a timeout) is never an
 overflow, whatever the message says. Pure: no I/O, never raises.
 """
