@@ -63,6 +63,7 @@ EXPORTED = {
     "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
+    "ContextOverflow",
     "DeadlineExceeded",
     "DecisionExpired",
     "EffectUnknown",

@@ -8,7 +8,9 @@
     │   └── DecisionExpired    the call's approval timed out first: it was denied
     ├── LeaseLost              this process's lease on a run was taken over: it must stop writing
     ├── ProviderError          one failed model attempt, mapped at the transport boundary;
-    │                          the gateway retries it or turns it into a ModelError failure
+    │   │                      the gateway retries it or turns it into a ModelError failure
+    │   └── ContextOverflow    the provider refused the request as longer than the model's
+    │                          context window: never retried as it is, sent again smaller
     ├── RunFailure             why a run failed; carried in RunResult.failure, never lost
     │   ├── ToolLoopDetected   an identical call would reach the threshold, or a tool was
     │   │                      requested in a repeated-tool synthesis turn
@@ -38,12 +40,13 @@ Constructors have no side effects; foreign exceptions are mapped once, where the
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, Self
 
 __all__ = [
     "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
+    "ContextOverflow",
     "DeadlineExceeded",
     "DecisionExpired",
     "EffectUnknown",
@@ -121,6 +124,39 @@ class ProviderError(KeelError):
         self.status = status
         self.retryable = retryable
         self.retry_after = retry_after
+
+    def with_message(self, message: str) -> Self:
+        """A fresh copy saying `message` instead: the same class and fields, so scrubbing a key
+        out of a message or shortening it never turns one kind of error into another. It has
+        not been raised, so it has no traceback and nothing chained to it."""
+        fresh = type(self).__new__(type(self))
+        fresh.__dict__.update(self.__dict__)
+        Exception.__init__(fresh, message)
+        fresh.message = message
+        return fresh
+
+
+class ContextOverflow(ProviderError):
+    """The provider refused the request as longer than the model's context window (OpenAI's
+    ``context_length_exceeded``, Anthropic's "prompt is too long", llama.cpp's "exceed context
+    window"; keel/transports/overflow.py recognises each wording).
+
+    Not retryable as it is: the same request meets the same window. It is a kind of its own so
+    that the run can send the turn again from a smaller context instead of failing.
+    `requested` (the tokens the request came to, as the provider counted them) and `limit` (the
+    window) are the provider's numbers when its message says them, else None."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        status: int | None = None,
+        requested: int | None = None,
+        limit: int | None = None,
+    ) -> None:
+        super().__init__(message, status=status, retryable=False)
+        self.requested = requested
+        self.limit = limit
 
 
 class RunFailure(KeelError):

@@ -1,5 +1,6 @@
-"""Limits of one run: the breaker's threshold, budgets, the deadline, the context budget, and how
-long one model attempt may take and how much of a provider's error message is kept."""
+"""Limits of one run: the breaker's threshold, budgets, the deadline, the context budget and the
+model's window, and how long one model attempt may take and how much of a provider's error
+message is kept."""
 
 from __future__ import annotations
 
@@ -98,6 +99,17 @@ class Limits:
         default=100_000, metadata=_help("Context budget; older large results are elided past it.")
     )
     """Over this, the oldest large tool results are elided into pointers."""
+    context_window: int | None = field(
+        default=None,
+        metadata=_help(
+            "The model's context window in tokens (prompt and answer), for a model Keel's "
+            "table does not know, such as an openai-chat: server.",
+            default_help="Keel's table, the loaded local model's, else 8192",
+        ),
+    )
+    """Overrides the window Keel knows for the model (keel/windows.py: the shipped table, the
+    embedded model's n_ctx, else a conservative 8,192): the context budget stays below it less
+    the answer's room. Saved with the run, so a resume keeps it."""
     max_result_chars: int = field(
         default=50_000,
         metadata=_help(
@@ -256,6 +268,11 @@ class Limits:
             raise ConfigError(f"deadline reserve must be 0 or more seconds (got {reserve})")
         if self.context_tokens < 256:
             raise ConfigError(f"context tokens must be at least 256 (got {self.context_tokens})")
+        if self.context_window is not None and self.context_window < 1024:
+            raise ConfigError(
+                f"context window must be at least 1024 tokens (got {self.context_window}): "
+                "no model worth running has a smaller one"
+            )
         if self.max_result_chars < 100:
             raise ConfigError("max result chars must be at least 100")
         if self.loop_policy not in LOOP_POLICIES:

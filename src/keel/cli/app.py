@@ -189,13 +189,24 @@ app.command("ui")(ui_command)
 
 @app.command()
 def models() -> None:
-    """List the model specs Keel can use here, and which one a run would use by default."""
+    """List the model specs Keel can use here, which one a run would use by default, and the
+    context window of each model Keel knows."""
+    from keel.windows import UNKNOWN_WINDOW, WindowTable, window_for, window_line
+
     choice = guard(lambda: choose_model())
     for spec, usable, note in available_models():
         mark = "yes" if usable else "no "
         typer.echo(f"{mark}  {spec:<22} {note}")
     typer.echo(f"\ndefault: {choice.spec} ({choice.source})")
+    configured = guard(lambda: resolve_one("context_window"))
+    typer.echo(f"its window: {window_line(window_for(choice.spec, configured))}")
     typer.echo(f"local model file: {model_file_line(choice.spec)}")
+    table = WindowTable.shipped()
+    typer.echo(f"\ncontext windows (keel/data/windows.toml, as of {table.date}):")
+    for spec, window in table.rows():
+        typer.echo(f"  {spec:<34} {window_line(window)}")
+    typer.echo(f"  {'any model not listed':<34} {window_line(UNKNOWN_WINDOW)}")
+    typer.echo("  (--context-window or context_window in keel.toml sets a model's window)")
 
 
 def main() -> None:

@@ -30,6 +30,7 @@ from keel.messages import ModelResponse, OutputSchema, ToolResult
 from keel.transports.base import address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
+from keel.transports.overflow import as_overflow
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.sse_readers import Events
 from keel.transports.streaming import OnText, cut_short, sse_events
@@ -205,8 +206,10 @@ def map_error(
     """One SDK exception as one ProviderError, classified for the gateway's retry decision.
 
     Statuses are classified by `keel.transports.policy.is_retryable` (an exhausted quota is a
-    429 that fails at once); timeouts and dropped connections are retryable; a response the SDK
-    could not read, or any other SDK failure, is not. `secret` is scrubbed from the message.
+    429 that fails at once; a request over the model's window is a `ContextOverflow`, by its
+    ``context_length_exceeded`` code or a compatible server's words); timeouts and dropped
+    connections are retryable; a response the SDK could not read, or any other SDK failure, is
+    not. `secret` is scrubbed from the message.
     """
     if isinstance(exc, openai.APITimeoutError):
         return ProviderError(f"{PROVIDER}: the request timed out", retryable=True)
@@ -219,12 +222,13 @@ def map_error(
     if isinstance(exc, openai.APIStatusError):
         status = exc.status_code
         message = f"OpenAI API error {status}: {_provider_message(exc)}"
-        return ProviderError(
+        error = ProviderError(
             scrub(message, secret),
             status=status,
             retryable=is_retryable(status, _error_code(exc)),
             retry_after=parse_retry_after(exc.response.headers, now),
         )
+        return as_overflow(error, exc.body)  # the code and llama.cpp's counts are in the body
     if isinstance(exc, openai.APIResponseValidationError):
         return ProviderError(
             f"OpenAI API: unreadable response ({exc.status_code})", status=exc.status_code

@@ -59,6 +59,7 @@ from keel.messages import (
 from keel.transports.base import ServerToolChoice, address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
 from keel.transports.keys import endpoint_key, sent_key
+from keel.transports.overflow import as_overflow
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.sse_readers import read_anthropic
 from keel.transports.streaming import OnText, cut_short, sse_events
@@ -340,11 +341,14 @@ def map_error(
         message = f"anthropic: HTTP {status} {kind}: {detail}"
         if exc.request_id:
             message += f" (request-id {exc.request_id})"
-        error = ProviderError(
-            scrub(message, secret),
-            status=status,
-            retryable=is_retryable(status, exc.type),
-            retry_after=parse_retry_after(exc.response.headers, now),
+        error = as_overflow(  # "prompt is too long: N tokens > M maximum"
+            ProviderError(
+                scrub(message, secret),
+                status=status,
+                retryable=is_retryable(status, exc.type),
+                retry_after=parse_retry_after(exc.response.headers, now),
+            ),
+            exc.body,
         )
     elif isinstance(exc, anthropic.APITimeoutError):
         message = f"anthropic: request timed out: {_root_cause(exc)}"

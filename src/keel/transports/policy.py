@@ -12,7 +12,11 @@ Three questions have one answer here, whatever wire protocol met the failure:
   it to a length a person can read and the store need not hold whole (the gateway applies
   `keel.limits.Limits.max_error_chars` to every attempt's error, after the scrub).
 
-And one rule about exception chaining, which `attempt` applies: **a ProviderError carries no
+And a fourth, **was the request too long for the model's window?**, has its own module
+(`keel.transports.overflow`); `attempt` applies it to every error, so an overflow leaves any
+transport as a `keel.errors.ContextOverflow`.
+
+One rule about exception chaining, which `attempt` applies: **a ProviderError carries no
 foreign exception**. An SDK exception holds the request it failed on, and the request's headers
 hold the key (``Authorization: Bearer ...``, ``x-api-key``), so chaining it (``raise ... from
 exc``) would put the key within reach of every traceback printer, log handler and debugger.
@@ -34,6 +38,7 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import TypeVar
 
 from keel.errors import ProviderError
+from keel.transports.overflow import as_overflow
 
 __all__ = [
     "MIN_SECRET_LENGTH",
@@ -148,14 +153,10 @@ def shorten(text: str, limit: int) -> str:
 
 
 def scrubbed(error: ProviderError, secret: str | None) -> ProviderError:
-    """A fresh copy of `error` with `secret` scrubbed from its message: never raised, so it has
-    no traceback and nothing chained to it yet."""
-    return ProviderError(
-        scrub(error.message, secret),
-        status=error.status,
-        retryable=error.retryable,
-        retry_after=error.retry_after,
-    )
+    """A fresh copy of `error` (its class and fields kept: a `ContextOverflow` stays one) with
+    `secret` scrubbed from its message: never raised, so it has no traceback and nothing
+    chained to it yet."""
+    return error.with_message(scrub(error.message, secret))
 
 
 async def attempt(
@@ -170,8 +171,10 @@ async def attempt(
     A `foreign` exception (the SDK's, llama.cpp's) becomes ``to_error(exc)``, unless it wraps a
     ProviderError Keel's own HTTP layer raised under the SDK (an answer past its size limit:
     ``anthropic`` reports any such failure as a connection error caused by it), which passes on
-    as it is, like one raised while reading the answer. Either way the message is scrubbed of
-    `secret` and the error is raised with nothing chained to it (see the module docstring).
+    as it is, like one raised while reading the answer. Either way a refusal of a request too
+    long for the model's window becomes a `ContextOverflow` (`as_overflow`), the message is
+    scrubbed of `secret` and the error is raised with nothing chained to it (see the module
+    docstring).
     """
     try:
         return await call()
@@ -179,7 +182,7 @@ async def attempt(
         error = exc
     except foreign as exc:
         error = _carried(exc) or to_error(exc)
-    raise scrubbed(error, secret) from None
+    raise scrubbed(as_overflow(error), secret) from None
 
 
 def _carried(exc: BaseException) -> ProviderError | None:

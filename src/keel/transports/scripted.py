@@ -11,7 +11,10 @@
          | {"error": {"status": 429, "message": "...", "retry_after"?: seconds}}
          | {"repeat": N, "turn": TURN}                      N copies (nesting allowed)
 
-Turns are consumed one per model call *attempt*, so retries are scripted too. ``on_synthesis``,
+An error whose message is a provider's context-length wording (``"prompt is too long: 9000
+tokens > 8192 maximum"``, keel/transports/overflow.py) is raised as a ContextOverflow, as the
+provider's would be. Turns are consumed one per model call *attempt*, so retries are scripted
+too. ``on_synthesis``,
 when given, answers every synthesis-only request (tool_choice "none") without consuming a turn.
 ``model``, when given, names the model the script stands in for (``openai:gpt-4o``): its calls
 are priced as that model's (keel/pricing.py), so a test can exercise a cost limit; without it a
@@ -49,6 +52,7 @@ from keel.canonical import canonical_json
 from keel.errors import ConfigError, ProviderError
 from keel.messages import ModelRequest, ModelResponse, ToolCall, Usage
 from keel.transports.base import Resumable
+from keel.transports.overflow import as_overflow
 from keel.transports.policy import is_retryable
 from keel.transports.streaming import OnText
 
@@ -382,11 +386,13 @@ class ScriptedTransport(Resumable):
             await asyncio.sleep(self._latency)
         if answer.error is not None:
             status = answer.error.status
-            raise ProviderError(
-                f"{self.name}: scripted error {status}: {answer.error.message}",
-                status=status,
-                retryable=is_retryable(status),
-                retry_after=answer.error.retry_after,
+            raise as_overflow(  # a provider's overflow wording makes it a ContextOverflow
+                ProviderError(
+                    f"{self.name}: scripted error {status}: {answer.error.message}",
+                    status=status,
+                    retryable=is_retryable(status),
+                    retry_after=answer.error.retry_after,
+                )
             )
         return ModelResponse(
             text=answer.text,

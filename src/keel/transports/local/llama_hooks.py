@@ -15,13 +15,13 @@ and the hooks that let a generation be cancelled (split from
 from __future__ import annotations
 
 import importlib
-import re
 import threading
 from dataclasses import dataclass
 from typing import Any
 
-from keel.errors import ConfigError, ProviderError
+from keel.errors import ConfigError, ContextOverflow, ProviderError
 from keel.transports.local.weights import INSTALL_HINT
+from keel.transports.overflow import find_overflow
 
 __all__ = [
     "Generation",
@@ -33,8 +33,6 @@ __all__ = [
     "starts_a_call",
     "stop_when",
 ]
-
-_CONTEXT_OVERFLOW = re.compile(r"Requested tokens \((\d+)\) exceed context window of (\d+)")
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,14 +63,19 @@ class Generation:
 
 
 def map_error(exc: Exception, *, n_ctx: int) -> ProviderError:
-    """An exception from llama.cpp as a ProviderError; nothing here is retryable."""
-    overflow = _CONTEXT_OVERFLOW.search(str(exc))
+    """An exception from llama.cpp as a ProviderError; nothing here is retryable. A prompt over
+    the window ("Requested tokens (N) exceed context window of M", recognised with every other
+    wire's wordings in `keel.transports.overflow`) is a `ContextOverflow` with both numbers."""
+    overflow = find_overflow(None, str(exc))
     if overflow is not None:
-        prompt, window = overflow.groups()
-        return ProviderError(
-            f"local model: the prompt is {prompt} tokens, more than its context window of "
-            f"{window} (n_ctx={n_ctx}); lower the run's context budget (--context-tokens) below "
-            "the window minus the output limit, or load the model with a larger n_ctx"
+        prompt, window = overflow.requested, overflow.limit or n_ctx
+        size = f"{prompt} tokens, more" if prompt is not None else "longer"
+        return ContextOverflow(
+            f"local model: the prompt is {size} than its context window of {window} "
+            f"(n_ctx={n_ctx}); lower the run's context budget (--context-tokens) below the "
+            "window minus the output limit, or load the model with a larger n_ctx",
+            requested=prompt,
+            limit=window,
         )
     if isinstance(exc, ConfigError):
         return ProviderError(f"local model unavailable: {exc}")
