@@ -63,6 +63,7 @@ EXPORTED = {
     "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
+    "ContextExhausted",
     "ContextOverflow",
     "DeadlineExceeded",
     "DecisionExpired",

@@ -31,7 +31,10 @@ ANSWERS: dict[str, tuple[str, str]] = {
         "It raises ValueError.",
     ),
     "q03_models_prints": (
-        "It prints `default: SPEC (source)` and then `local model file: PATH (size)`.",
+        "It prints `default: SPEC (source)`, then `its window: ...`, then `local model file: "
+        "PATH (size)`, then `context windows (keel/data/windows.toml, as of DATE):` with a row "
+        "per model and `any model not listed`, and `(--context-window or context_window in "
+        "keel.toml sets a model's window)`.",
         "It prints the default model.",
     ),
     "q04_eval_table_prints": (
@@ -63,8 +66,9 @@ ANSWERS: dict[str, tuple[str, str]] = {
         "Agent.resume and Agent.restart.",
     ),
     "q11_run_failure_kinds": (
-        "ToolLoopDetected, BudgetExhausted, DeadlineExceeded, ModelError, EmptyModelTurn, "
-        "InvalidOutput, RescuesExhausted, StoreUnavailable, HookFailed and EndedByHook.",
+        "ToolLoopDetected, BudgetExhausted, DeadlineExceeded, ContextExhausted, ModelError, "
+        "EmptyModelTurn, InvalidOutput, RescuesExhausted, StoreUnavailable, HookFailed and "
+        "EndedByHook.",
         "ToolLoopDetected, BudgetExhausted, DeadlineExceeded, ModelError and EmptyModelTurn.",
     ),
     "q12_loop_threshold_checked": (

@@ -22,6 +22,7 @@ from keel.transports.base import LocalModel, Resumable, Transport
 from keel.transports.local import LocalTransport
 from keel.transports.scripted import ScriptedTransport
 from keel.transports.xml_fallback import XmlFallbackTransport
+from keel.windows import UNKNOWN_WINDOW, context_budget
 
 WRITE = '<call name="write_file">{"path": "out.txt", "content": "hello\\n"}</call>'
 ANSWER = "Done: the note is written."
@@ -157,7 +158,8 @@ def test_xml_over_a_local_model_lends_the_run_its_tokenizer_and_window() -> None
 
 
 def test_a_transport_without_a_local_model_keeps_the_estimate_and_the_budget() -> None:
-    """Over a server the XML fallback lends its calibrated estimate (ADR 0035), no window."""
+    """Over a server the XML fallback lends its calibrated estimate (ADR 0035); the window is
+    the one Keel assumes for a model it does not know (ADR 0056), the same for both."""
     limits = keel.Limits(context_tokens=100_000)
     with keel.Agent(Plain(), limits=limits, store=":memory:") as agent:
         plain = agent._setup(Opened("run_x", "q"), (), {}, ()).context
@@ -165,4 +167,5 @@ def test_a_transport_without_a_local_model_keeps_the_estimate_and_the_budget() -
         xml = agent._setup(Opened("run_x", "q"), (), {}, ()).context
     assert isinstance(plain.counter, EstimatingCounter)
     assert isinstance(xml.counter, CalibratedCounter)
-    assert plain.budget == xml.budget == 100_000
+    unknown = context_budget(100_000, UNKNOWN_WINDOW, keel.agent.WINDOW_MARGIN)
+    assert plain.budget == xml.budget == unknown < 100_000

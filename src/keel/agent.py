@@ -46,6 +46,7 @@ from keel.structured import OutputSpec
 from keel.tokens import EstimatingCounter, TokenCounter
 from keel.tools.base import Tool, make_tool
 from keel.tools.executor import ToolExecutor
+from keel.tools.read_back import READ_BACK_NAME, read_back_tool
 from keel.trace_hooks import capture_content, tracing_possible
 from keel.transports.base import (
     CountsTokens,
@@ -56,6 +57,7 @@ from keel.transports.base import (
     server_of,
 )
 from keel.transports.streaming import TextListener
+from keel.windows import SCRIPTED_WINDOW, ModelWindow, context_budget, local_window, window_for
 
 if TYPE_CHECKING:  # imported for a run that may be traced (`_begin_trace`)
     from keel.telemetry import RunTrace
@@ -226,30 +228,38 @@ class Agent:
         output = self.output if opened.stored is None else self._output_of(opened.stored)
         if output is not None:  # saved, so a resume in any process asks for the same shape
             extra.update(cast(JsonObject, output.settings()))
+        window = _window(transport, limits)
+        budget = context_budget(limits.context_tokens, window, WINDOW_MARGIN)
+        extra["window"] = {"tokens": window.context, "answer": window.output, "budget": budget}
         config = self.config(limits, extra).with_lineage(opened.lineage)
-        counter, window = _model_window(transport)
-        budget = limits.context_tokens
         result_cap = limits.max_result_chars
-        if window is not None:  # a local model's window is small and hard: stay inside it
-            budget = max(256, min(budget, window - WINDOW_MARGIN))
+        limit = None
+        if window is not SCRIPTED_WINDOW:  # a window is hard: stay inside it (issue 44)
+            limit = max(budget, window.prompt_room - WINDOW_MARGIN)
             result_cap = min(result_cap, max(100, budget * CHARS_PER_TOKEN // RESULTS_PER_WINDOW))
+        store = opened.store or self.store
         context = ContextBuilder(
             self.system_prompt,
             self.executor.definitions,
-            self.token_counter or counter or EstimatingCounter(),
+            self.token_counter or _tokenizer(transport) or EstimatingCounter(),
             budget=budget,
+            limit=limit,
         )
+        tools = self.tools
+        if limits.read_back and self.executor.get(READ_BACK_NAME) is None:
+            read_back = read_back_tool(_reader(context, store), result_cap)
+            context.read_back, tools = read_back.definition(), [*tools, read_back]
         if opened.follow is not None:  # a follow-up starts with the conversation so far
             context.elided.update(opened.follow.elided)
             context.extend(opened.follow.history)
         return RunSetup(
             transport=transport,
             executor=self.executor
-            if result_cap == self.executor.max_result_chars
-            else ToolExecutor(self.tools, max_result_chars=result_cap),
+            if tools is self.tools and result_cap == self.executor.max_result_chars
+            else ToolExecutor(tools, max_result_chars=result_cap),
             limits=limits,
             context=context,
-            store=opened.store or self.store,
+            store=store,
             listeners=(*self.listeners, *listeners),
             approve_tools=self.approve_tools,
             config=config,
@@ -547,19 +557,42 @@ WINDOW_MARGIN = 700
 CHARS_PER_TOKEN = 3
 """A low estimate of characters per token in code and prose, for sizing results to a window."""
 RESULTS_PER_WINDOW = 4
-"""In a local model's small window, one tool result is cut to a quarter of the context budget:
-the newest result is never elided, so a result larger than the window would end the run with a
-context overflow instead of leaving room for the next turn."""
+"""Where a window binds, one tool result is cut to a quarter of the context budget (its whole
+text kept for `read_result`), so one batch rarely needs clamping to fit the window."""
 
 
-def _model_window(transport: Transport) -> tuple[TokenCounter | None, int | None]:
-    """A `LocalModel` transport (directly, or under the XML fallback, which forwards it) offers
-    its tokenizer and its input window. Loads the model: it is needed for the run anyway."""
+def _window(transport: Transport, limits: Limits) -> ModelWindow:
+    """The run's window (keel/windows.py): a loaded local model's own (directly, or under the
+    XML fallback, which forwards it; loading it now: the run needs it anyway), else the
+    configured, shipped or default one for the model."""
     if isinstance(transport, LocalModel):
-        return transport.token_counter(), transport.input_token_limit
-    if isinstance(transport, CountsTokens):  # the XML fallback over a server
-        return transport.token_counter(), None
-    return None, None
+        return local_window(transport)
+    return window_for(price_name(transport), limits.context_window)
+
+
+def _tokenizer(transport: Transport) -> TokenCounter | None:
+    """The model's own tokenizer when its transport offers one (a local model, the XML
+    fallback's calibrated estimate over a server)."""
+    if isinstance(transport, LocalModel | CountsTokens):
+        return transport.token_counter()
+    return None
+
+
+def _reader(context: ContextBuilder, store: RunStore) -> Callable[[str], str | None]:
+    """What `read_result` reads: a result of the run's history by its id, whole (a truncated
+    one's whole text from the store)."""
+
+    def find(ref: str) -> str | None:
+        result = context.result(ref)
+        if result is None:
+            return None
+        if result.truncated:
+            whole = store.blob(result.digest)
+            if whole is not None:
+                return whole
+        return result.content
+
+    return find
 
 
 def _with_model_defaults(limits: Limits, model: str) -> Limits:

@@ -16,6 +16,7 @@
     │   │                      requested in a repeated-tool synthesis turn
     │   ├── BudgetExhausted    model calls, tool calls or tokens ran out
     │   ├── DeadlineExceeded   the run's wall-clock deadline passed
+    │   ├── ContextExhausted   not even a synthesis turn fits the model's context window
     │   ├── ModelError         the provider refused, or retries ran out
     │   ├── EmptyModelTurn     a turn's attempts came back empty twice (no text, no tool calls)
     │   ├── InvalidOutput      the answer never matched the run's output schema, not even in a
@@ -46,6 +47,7 @@ __all__ = [
     "AlreadyDecided",
     "BudgetExhausted",
     "ConfigError",
+    "ContextExhausted",
     "ContextOverflow",
     "DeadlineExceeded",
     "DecisionExpired",
@@ -72,6 +74,7 @@ FailureKind = Literal[
     "ToolLoopDetected",
     "BudgetExhausted",
     "DeadlineExceeded",
+    "ContextExhausted",
     "ModelError",
     "EmptyModelTurn",
     "InvalidOutput",
@@ -184,6 +187,14 @@ class BudgetExhausted(RunFailure):
 
 class DeadlineExceeded(RunFailure):
     kind = "DeadlineExceeded"
+
+
+class ContextExhausted(RunFailure):
+    """Not even a synthesis turn fits the model's window: the question and the model's own
+    turns, with every result elided, are longer than it, or the provider refused the turn as
+    too long after it was sent again smaller (issue 44). `details` name the window."""
+
+    kind = "ContextExhausted"
 
 
 class ModelError(RunFailure):

@@ -22,6 +22,7 @@ from typing import Any
 from keel.records import (
     ApprovalDecided,
     ApprovalRequested,
+    ContextShrunk,
     Decision,
     Event,
     EvidenceRejected,
@@ -31,6 +32,7 @@ from keel.records import (
     ModelRequestSent,
     ModelResponseReceived,
     OutputRejected,
+    ResultClamped,
     ResultElided,
     RunCancelled,
     RunCompleted,
@@ -99,6 +101,8 @@ INERT: frozenset[type[Any]] = frozenset(
         ToolCallRequested,  # the breaker counts keys (keel._run.breaker)
         ToolDispatched,  # the journal: its result spends, or a resume records it unknown
         ResultElided,  # the context builder's (elisions are saved beside the state)
+        ResultClamped,  # what the request showed; the result is recorded whole
+        ContextShrunk,  # the attempt was counted when it was sent
         ToolChoiceIgnored,  # a mark for readers
         EvidenceReset,  # the breaker's counter restart
         ApprovalRequested,  # the pause: the ending records it

@@ -110,6 +110,16 @@ class Limits:
     """Overrides the window Keel knows for the model (keel/windows.py: the shipped table, the
     embedded model's n_ctx, else a conservative 8,192): the context budget stays below it less
     the answer's room. Saved with the run, so a resume keeps it."""
+    read_back: bool = field(
+        default=True,
+        metadata=_help(
+            "Offer read_result once a result is elided, truncated or clamped, to read it back "
+            "from the record instead of calling its tool again.",
+            flag="--read-back/--no-read-back",
+        ),
+    )
+    """The run may read back what it elided or cut (keel/tools/read_back.py, issue 44); off
+    only to measure what read-back saves (`keel eval --suite long-runs`)."""
     max_result_chars: int = field(
         default=50_000,
         metadata=_help(

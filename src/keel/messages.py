@@ -47,6 +47,9 @@ class SynthesisReason(StrEnum):
     BUDGET = "budget"
     DEADLINE = "deadline"
     """Less time is left before the run's deadline than one more turn is estimated to take."""
+    CONTEXT = "context"
+    """The next request would not fit the model's window even with every older result elided
+    and the latest batch clamped, or the provider refused it as too long twice (issue 44)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 __all__ = [
     "ApprovalDecided",
     "ApprovalRequested",
+    "ContextShrunk",
     "Decision",
     "Ending",
     "Event",
@@ -43,6 +44,7 @@ __all__ = [
     "OutputRejected",
     "RecordedCall",
     "RepeatState",
+    "ResultClamped",
     "ResultElided",
     "RunCancelled",
     "RunCompleted",
@@ -213,6 +215,33 @@ class ResultElided(_EventBase):
 
 
 @dataclass(slots=True, kw_only=True)
+class ResultClamped(_EventBase):
+    """A result of the latest batch shown as its head and tail, to fit the model's window; its
+    whole text stays in the record for `read_result` (issue 44)."""
+
+    type: ClassVar[str] = "result_clamped"
+    call_id: str
+    call_key: str
+    size: int
+    shown: int
+    """Characters shown, pointer included."""
+
+
+@dataclass(slots=True, kw_only=True)
+class ContextShrunk(_EventBase):
+    """The provider refused a request as longer than the model's window; the turn is sent
+    again from a smaller context (issue 44)."""
+
+    type: ClassVar[str] = "context_shrunk"
+    sent: int
+    """Tokens the refused request had, as Keel counted them."""
+    limit: int
+    """The most tokens a request may have from here on, as Keel counts them."""
+    window: int | None = None
+    """The window the provider said it has, when it said it."""
+
+
+@dataclass(slots=True, kw_only=True)
 class ToolChoiceIgnored(_EventBase):
     """The request insisted on a tool call (tool_choice "required") and the answer has none:
     the server ignored the setting. The run goes on with the answer, and says so (ADR 0036)."""
@@ -363,6 +392,8 @@ Event: TypeAlias = (
     | ToolDispatched
     | ToolResultRecorded
     | ResultElided
+    | ResultClamped
+    | ContextShrunk
     | EvidenceReset
     | ToolChoiceIgnored
     | ApprovalRequested
@@ -388,6 +419,8 @@ _KINDS: dict[str, type[Any]] = {
         ToolDispatched,
         ToolResultRecorded,
         ResultElided,
+        ResultClamped,
+        ContextShrunk,
         EvidenceReset,
         ToolChoiceIgnored,
         ApprovalRequested,

@@ -18,6 +18,14 @@ history, counted as results are appended, so the id follows from what is recorde
 resumed run, or a follow-up rebuilt from the store, numbers its results the same) and an elided
 result's pointer keeps it.
 
+The model's window is a hard limit (`limit`: the window less the answer's room, issue 44), the
+budget a soft one. A request still over the window after the usual elision is fitted, in this
+order: every result before the latest batch elided, whatever its size; then the latest batch's
+results clamped, largest first, to their head and tail around a pointer; and, for the synthesis
+turn that comes when even that does not fit (`squeeze`), the latest batch elided too. Once a run
+has elided, truncated or clamped a result it is offered `read_result` (keel/tools/read_back.py),
+and every pointer and marker names the exact call that reads the text back.
+
 Each request says how much of it repeats the previous request (`repeated_prefix_tokens`, an
 estimate for `keel show`) and how many of its leading items are settled for the rest of the run
 (`settled_items`: up to the last elided result, nothing will change again), where a transport
@@ -43,9 +51,11 @@ from keel.tokens import TokenCounter, item_tokens
 
 __all__ = [
     "ELIDE_TO",
+    "Clamp",
     "ContextBuilder",
     "labelled",
     "pointer_text",
+    "read_back_call",
     "result_ref",
 ]
 
@@ -60,14 +70,41 @@ _KEY_SHOWN = 160
 """Characters of a call key quoted in a pointer: enough to recognise the call."""
 
 
-def pointer_text(result: ToolResult) -> str:
+def pointer_text(result: ToolResult, ref: str | None = None) -> str:
+    """What an elided result is shown as; with `ref`, the call that reads it back."""
     key = result.call_key
     if len(key) > _KEY_SHOWN:
         key = key[: _KEY_SHOWN - 1] + "…"
+    back = "" if ref is None else f"; read it back with {read_back_call(ref)}"
     return (
         f"[elided to save context: the result of {key} ({result.size} characters, "
-        f"sha256:{result.digest[:16]}) was shown earlier and removed from this context]"
+        f"sha256:{result.digest[:16]}) was shown earlier and removed from this context{back}]"
     )
+
+
+def read_back_call(ref: str, offset: int = 0) -> str:
+    """The exact call that reads result `ref` back from `offset` (keel/tools/read_back.py)."""
+    return f'read_result(id="{ref}"' + (f", offset={offset})" if offset else ")")
+
+
+_TRUNCATED = "\n[truncated: showing "
+"""Where the executor's truncation marker starts (keel/tools/executor.py)."""
+
+SHRINK_TO = 0.75
+"""After a refusal as too long, the next request keeps to this share of the refused one (and of
+the window the provider named): Keel's count and the provider's differ by up to a fifth."""
+MIN_LIMIT = 256
+
+CLAMP_FLOOR = 48
+"""Tokens a clamped result keeps at least: its head, its pointer and its tail."""
+
+
+@dataclass(frozen=True, slots=True)
+class Clamp:
+    """A result of the latest batch shown as its head and tail to fit the model's window."""
+
+    result: ToolResult
+    shown_chars: int
 
 
 def result_ref(number: int) -> str:
@@ -99,7 +136,12 @@ class ContextBuilder:
         elide_min_tokens: int = 200,
         elided: Iterable[str] = (),
         elide_to: float = ELIDE_TO,
+        limit: int | None = None,
+        read_back: ToolDefinition | None = None,
     ) -> None:
+        """`limit`: the most tokens a request may have (the model's window less the answer's
+        room); None: no window binds. `read_back`: the tool offered once a result is elided,
+        truncated or clamped (None: read-back is off, and pointers name no call)."""
         if not 0 < elide_to <= 1:
             raise ValueError(f"elide_to must be in (0, 1], not {elide_to}")
         self.system = system
@@ -107,6 +149,7 @@ class ContextBuilder:
         self.counter = counter
         self.budget = budget
         self.elide_min_tokens = elide_min_tokens
+        self.elide_to = elide_to
         self.low_water = int(budget * elide_to)
         """Elision, once started, goes on until the context fits in this many tokens."""
         self.cache_key: str | None = None
@@ -138,6 +181,14 @@ class ContextBuilder:
         self.refs: dict[str, str] = {}
         """Each result's citable id (`r1`, ...) by its call id, in the order they came."""
         self._cited: list[tuple[str, ToolResult]] = []
+        self._by_ref: dict[str, ToolResult] = {}
+        self.limit = limit
+        self.read_back = read_back
+        self._truncated = False
+        self._prefix_changed = False
+        self._clamps: dict[str, Clamp] = {}
+        self.clamped: set[str] = set()
+        """Results clamped to fit the window so far (in this process), by call id."""
 
     @property
     def total_tokens(self) -> int:
@@ -153,12 +204,45 @@ class ContextBuilder:
         what an answer's citations are checked against (keel/evidence.py)."""
         return list(self._cited)
 
+    def result(self, ref: str) -> ToolResult | None:
+        """The result with citable id `ref`, as recorded: what `read_result` reads back."""
+        return self._by_ref.get(ref)
+
+    def fits(self, request: ModelRequest) -> bool:
+        """Whether `request` fits in the model's window as Keel counts it."""
+        return self.limit is None or request.estimated_input_tokens <= self.limit
+
+    def shrink(self, sent: int, window: int | None) -> int:
+        """After the provider refused a request of `sent` tokens as too long (its `window`
+        when it said it): the most tokens a request may have from here on, a quarter below
+        both, which the next build fits to. Returns the new limit."""
+        target = int(sent * SHRINK_TO)
+        if window is not None:
+            target = min(target, int(window * SHRINK_TO))
+        self.limit = max(MIN_LIMIT, target if self.limit is None else min(self.limit, target))
+        self.budget = min(self.budget, self.limit)
+        self.low_water = int(self.budget * self.elide_to)
+        return self.limit
+
+    def take_clamps(self) -> list[Clamp]:
+        """The results clamped since the last call (to record them)."""
+        clamps, self._clamps = list(self._clamps.values()), {}
+        self.clamped.update(c.result.call_id for c in clamps)
+        return clamps
+
     def append(self, item: Item) -> None:
         shown: Item = item
         if isinstance(item, ToolResult):
             ref = self.refs.setdefault(item.call_id, result_ref(len(self._cited) + 1))
             self._cited.append((ref, item))
+            self._by_ref.setdefault(ref, item)
             shown = labelled(item, ref)
+            if item.truncated and self.read_back is not None:  # the marker names the call
+                self._truncated = True
+                cut = item.content.rfind(_TRUNCATED)
+                offset = cut if cut >= 0 else len(item.content)
+                rest = f"\n[read the rest with {read_back_call(ref, offset)}]"
+                shown = dataclasses.replace(shown, content=shown.content + rest)
         tokens = shown_tokens = item_tokens(self.counter, shown)
         if isinstance(item, AssistantMessage):
             self._tail_start = len(self._entries) + 1
@@ -174,12 +258,18 @@ class ContextBuilder:
             self.append(item)
 
     def build(
-        self, tool_choice: ToolChoice = None, volatile: Sequence[str] = ()
+        self, tool_choice: ToolChoice = None, volatile: Sequence[str] = (), *, squeeze: bool = False
     ) -> tuple[ModelRequest, list[ToolResult]]:
-        """The next request, and the results this build newly elided (to record them)."""
+        """The next request, and the results this build newly elided (to record them).
+        `squeeze`: a synthesis turn from what fits: the latest batch may be elided too."""
         newly_elided = self._elide_to_budget()
         volatile_tokens = sum(self.counter.count(v) for v in volatile)
-        if self._sent < 0:
+        if self.limit is not None:  # room kept for read_result, which fitting may bring
+            room = self.limit - volatile_tokens - self._definition_tokens(self._unoffered())
+            if self._total > room:
+                newly_elided += self._fit(room, squeeze)
+        self._offer_read_back()
+        if self._sent < 0 or self._prefix_changed:
             repeated = 0
         elif self._kept_tokens is not None:
             repeated = self.prefix_tokens + self._kept_tokens
@@ -198,6 +288,7 @@ class ContextBuilder:
         )
         self._sent, self._sent_tokens = len(self._shown), self._total - self.prefix_tokens
         self._kept_tokens = None
+        self._prefix_changed = False
         return request, newly_elided
 
     def _elide_to_budget(self) -> list[ToolResult]:
@@ -217,15 +308,123 @@ class ContextBuilder:
                 if self._kept_tokens is None and index < self._sent:
                     self._kept_tokens = self._before_cursor  # the first item changed
                 self.elided.add(item.call_id)
+                shown_before = entry.shown_tokens  # less than its count once clamped
                 self._shown[index], entry.shown_tokens = self._pointer(item)
-                self._total += entry.shown_tokens - entry.tokens
+                self._total += entry.shown_tokens - shown_before
                 self._settled = index + 1
                 newly.append(item)
             self._before_cursor += entry.shown_tokens
             self._cursor += 1
         return newly
 
-    def _pointer(self, result: ToolResult) -> tuple[ToolResult, int]:
-        pointer = dataclasses.replace(result, content=pointer_text(result), elided=True)
-        pointer = labelled(pointer, self.refs[result.call_id])
+    def _pointer(self, result: ToolResult, *, compact: bool = False) -> tuple[ToolResult, int]:
+        """`compact`: without the call's key and digest, for a synthesis turn that must fit
+        (the latest batch, whose calls are just above it)."""
+        ref = self.refs[result.call_id]
+        text = pointer_text(result, None if self.read_back is None else ref)
+        if compact:
+            back = "" if self.read_back is None else f": {read_back_call(ref)}"
+            text = f"[left out to fit the model's window{back}]"
+        pointer = labelled(dataclasses.replace(result, content=text, elided=True), ref)
         return pointer, item_tokens(self.counter, pointer)
+
+    # -- fitting the window (issue 44) ---------------------------------------------------------
+
+    def _fit(self, target: int, squeeze: bool) -> list[ToolResult]:
+        """Over the window: elide every result before the latest batch, oldest first, whatever
+        its size; then clamp the latest batch's results; with `squeeze`, elide them instead."""
+        newly: list[ToolResult] = []
+        end = len(self._entries) if squeeze else self._tail_start
+        for index in range(end):
+            if self._total <= target:
+                break
+            item = self._entries[index].item
+            if isinstance(item, ToolResult) and item.call_id not in self.elided:
+                compact = squeeze and index >= self._tail_start
+                self._replace(index, *self._pointer(item, compact=compact))
+                self.elided.add(item.call_id)
+                newly.append(item)
+        if not squeeze:
+            self._clamp_latest(target)
+        return newly
+
+    def _clamp_latest(self, target: int) -> None:
+        """Clamp the latest batch's results, each by its share of what is too much, until the
+        request fits or each is down to its head, pointer and tail."""
+        for _ in range(3):  # a clamped text's count is estimated first, then checked
+            over = self._total - target
+            tail = [
+                i
+                for i in range(self._tail_start, len(self._entries))
+                if isinstance(self._entries[i].item, ToolResult)
+                and self._entries[i].item.call_id not in self.elided  # type: ignore[union-attr]
+            ]
+            room = sum(self._entries[i].shown_tokens for i in tail)
+            if over <= 0 or room <= CLAMP_FLOOR * len(tail):
+                return
+            for index in tail:
+                entry = self._entries[index]
+                share = -(-over * entry.shown_tokens // room)  # rounded up
+                keep = max(CLAMP_FLOOR, entry.shown_tokens - share)
+                if keep >= entry.shown_tokens:
+                    continue
+                result = entry.item
+                assert isinstance(result, ToolResult)
+                clamped = self._clamped(result, keep)
+                self._replace(index, clamped, item_tokens(self.counter, clamped))
+                self._clamps[result.call_id] = Clamp(result, len(clamped.content))
+
+    def _clamped(self, result: ToolResult, tokens: int) -> ToolResult:
+        """`result` shown as its head and tail in about `tokens` tokens, the middle replaced by
+        a pointer that names the call reading it back."""
+        ref = self.refs[result.call_id]
+        text = result.content
+
+        def pointer(head: int, left_out: int) -> str:
+            off = "none: read-back is off"
+            back = read_back_call(ref, head) if self.read_back is not None else off
+            return (
+                f"\n[clamped to fit the model's window: {left_out} of {result.size} characters "
+                f"left out here; read them with {back}]\n"
+            )
+
+        ratio = len(text) / max(1, self.counter.count(text))
+        room = tokens - self.counter.count(pointer(len(text), len(text))) - 4
+        chars = max(0, int(room * ratio * 0.9))
+        head, tail = chars * 2 // 3, chars // 3
+        middle = pointer(head, len(text) - head - tail)
+        shown = text[:head] + middle + (text[len(text) - tail :] if tail else "")
+        return labelled(dataclasses.replace(result, content=shown), ref)
+
+    def _replace(self, index: int, shown: Item, tokens: int) -> None:
+        """Show entry `index` as `shown` from now on (a pointer, or a clamped result)."""
+        entry = self._entries[index]
+        if self._kept_tokens is None and index < self._sent:  # the first item changed
+            self._kept_tokens = sum(e.shown_tokens for e in self._entries[:index])
+        if index < self._cursor:
+            self._before_cursor += tokens - entry.shown_tokens
+        self._total += tokens - entry.shown_tokens
+        self._shown[index], entry.shown_tokens = shown, tokens
+        self._settled = max(self._settled, index + 1)
+
+    def _unoffered(self) -> ToolDefinition | None:
+        tool = self.read_back
+        return None if tool is None or tool in self.tools else tool
+
+    def _definition_tokens(self, tool: ToolDefinition | None) -> int:
+        if tool is None:
+            return 0
+        count = self.counter.count
+        return count(tool.name) + count(tool.description) + count(str(tool.parameters))
+
+    def _offer_read_back(self) -> None:
+        """Add `read_result` to the tools once there is something to read back (a one-time
+        change of the frozen prefix)."""
+        tool = self._unoffered()
+        if tool is None or not (self.elided or self._truncated or self.clamped or self._clamps):
+            return
+        self.tools = (*self.tools, tool)
+        added = self._definition_tokens(tool)
+        self.prefix_tokens += added
+        self._total += added
+        self._prefix_changed = True  # the tools changed: nothing repeats the last request

@@ -138,12 +138,7 @@ class _Watch(liveness.Liveness):
 
 def _shortened(error: ProviderError, limit: int) -> ProviderError:
     """A copy of `error` with its message shortened to `limit` characters."""
-    return ProviderError(
-        shorten(error.message, limit),
-        status=error.status,
-        retryable=error.retryable,
-        retry_after=error.retry_after,
-    )
+    return error.with_message(shorten(error.message, limit))  # its kind kept (ContextOverflow)
 
 
 def _broken_contract(response: ModelResponse) -> str | None:

@@ -22,6 +22,7 @@ from keel._run.parts import Completed, Continue, Failed, Paused, StepOutcome, St
 from keel._run.synthesis import Mode
 from keel.errors import (
     BudgetExhausted,
+    ContextExhausted,
     DeadlineExceeded,
     InvalidOutput,
     RunFailure,
@@ -186,6 +187,13 @@ def _synthesis_refusal(parts: StepParts, response: ModelResponse, mode: Mode) ->
                 f"model asked for {', '.join(names)} instead; nothing was run",
                 step=step,
                 details={"reason": reason.value, "requested": names, "deadline": deadline},
+            )
+        case SynthesisReason.CONTEXT:
+            return ContextExhausted(
+                f"the model's window left room only for a final answer, but the model asked "
+                f"for {', '.join(names)} instead; nothing was run",
+                step=step,
+                details={"reason": reason.value, "requested": names, "limit": parts.context.limit},
             )
         case SynthesisReason.REPEATED_TOOL:
             key = mode.repeated_key or ""

@@ -1,13 +1,16 @@
 """The mode of the next turn: synthesis-only (and the volatile control that says why), a turn
 that insists on a tool call, or a normal one.
 
-Three reasons for synthesis exist. Repeated-tool synthesis (docs/adr/0002): some call key stands
+Four reasons for synthesis exist. Repeated-tool synthesis (docs/adr/0002): some call key stands
 at threshold-1, so one more identical request would trip the hard breaker; the model gets one
 turn, without tools, to write the best supported answer. Budget synthesis: the budget allows one
 more model call, or no more tool calls, or too few tokens for more than this turn. Deadline
 synthesis (ADR 0033): less time is left before the run's deadline than one more turn is
-estimated to take. When several hold, one synthesis turn is sent with all their controls, and
-it is classified by the hardest limit: the deadline, then the budget, then repetition.
+estimated to take. Context synthesis (issue 44): the next request would not fit the model's
+window even with older results elided and the latest batch clamped (`context_mode`, decided
+after the request is built). When several hold, one synthesis turn is sent with all their
+controls, and it is classified by the hardest limit: the deadline, then the budget, then
+repetition; context synthesis only where no other reason holds.
 
 A run may insist on evidence first (`Limits.first_turn_tool`, ``keel run --first-turn-tool``):
 its first turn is sent with tool_choice "required", so the model calls a tool before it may
@@ -28,6 +31,7 @@ from keel.messages import SynthesisReason, ToolChoice
 
 __all__ = [
     "BUDGET_CONTROL",
+    "CONTEXT_CONTROL",
     "CONTROLS",
     "DEADLINE_CONTROL",
     "FIRST_CALL_CONTROL",
@@ -37,6 +41,7 @@ __all__ = [
     "REPEATED_TOOL_CONTROL",
     "TOOL_REQUIRED",
     "Mode",
+    "context_mode",
     "decide_mode",
     "first_call_control",
     "nudge_control",
@@ -74,6 +79,13 @@ DEADLINE_CONTROL = (
     "the gaps that remain open, say that research stopped because time ran out, and do not "
     "claim that unfinished work is complete."
 )
+
+CONTEXT_CONTROL = (
+    "Answer the question now, in this reply, from the tool results above and nothing else, "
+    f"{CITING}: first the answer, then one sentence on what they do not show."
+)
+"""A context synthesis turn (issue 44): the next request would not fit the model's window.
+Imperatives only, like the others; what was left out is in the pointers above."""
 
 PARTIAL_OUTPUT_CONTROL = (
     "Reply with one JSON object and nothing else: under \"output\", the answer in the required "
@@ -119,7 +131,13 @@ def nudge_control(tools: str) -> str:
     )
 
 
-CONTROLS = (REPEATED_TOOL_CONTROL, BUDGET_CONTROL, DEADLINE_CONTROL, PARTIAL_OUTPUT_CONTROL)
+CONTROLS = (
+    REPEATED_TOOL_CONTROL,
+    BUDGET_CONTROL,
+    DEADLINE_CONTROL,
+    CONTEXT_CONTROL,
+    PARTIAL_OUTPUT_CONTROL,
+)
 """Every control a synthesis turn may carry: what an answer must never repeat (`keel eval`
 checks each answer against them)."""
 
@@ -162,6 +180,16 @@ class Mode:
 
 
 NORMAL = Mode()
+
+
+def context_mode(mode: Mode, question: str) -> Mode:
+    """A turn that must answer because its request does not fit the window: a synthesis turn
+    already keeps its reason (and gets the context control too), a normal one becomes one."""
+    if mode.reason is not None:
+        if CONTEXT_CONTROL in mode.controls:
+            return mode
+        return dataclasses.replace(mode, controls=(*mode.controls, CONTEXT_CONTROL))
+    return with_question(Mode(SynthesisReason.CONTEXT, (CONTEXT_CONTROL,)), question)
 TOOL_REQUIRED = Mode(controls=(FIRST_CALL_CONTROL,), tool_required=True)
 
 

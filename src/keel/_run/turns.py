@@ -18,20 +18,30 @@ from keel._run.parts import StepParts
 from keel._run.synthesis import (
     PARTIAL_OUTPUT_CONTROL,
     Mode,
+    context_mode,
     decide_mode,
     nudge_control,
     with_question,
 )
-from keel.errors import DeadlineExceeded, EmptyModelTurn, ModelError, ProviderError
+from keel.errors import (
+    ContextExhausted,
+    ContextOverflow,
+    DeadlineExceeded,
+    EmptyModelTurn,
+    ModelError,
+    ProviderError,
+)
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
-from keel.messages import ModelResponse, with_keel_ids
+from keel.messages import ModelRequest, ModelResponse, with_keel_ids
 from keel.pricing import call_cost
 from keel.records import (
+    ContextShrunk,
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
     RecordedCall,
+    ResultClamped,
     ToolChoiceIgnored,
 )
 from keel.trace_hooks import traced_attempt
@@ -70,25 +80,21 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
     policy = gateway.RetryPolicy(
         limits.model_retries, limits.retry_base_delay, limits.retry_max_delay
     )
-    errors = empty = 0
+    errors = empty = overflows = 0
     last_was_empty = False
     while True:
         stop = past_limits(state, limits, parts.clock)
         if stop is not None:
             raise stop
         mode = current_mode(parts)
+        if overflows >= 2:  # refused as too long twice: answer from what fits
+            mode = context_mode(mode, parts.context.question())
+        request, mode = _fitted_request(parts, mode, squeeze=overflows >= 2)
         synthesis = mode.reason is not None
-        controls = mode.controls
-        if parts.output is not None and synthesis:
-            controls += (PARTIAL_OUTPUT_CONTROL,)
-        if state.evidence_feedback is not None:  # `--evidence require`'s one more turn
-            controls += (state.evidence_feedback,)
-        request, newly_elided = parts.context.build(mode.tool_choice, controls)
         if parts.output is not None:  # each transport asks for it in its provider's form
             request = replace(request, output=parts.output.request(synthesis))
         request = await hooks.before_model(parts, request, synthesis)
-        parts.recorder.elided(newly_elided)
-        number = errors + empty + 1
+        number = errors + empty + 1 + overflows
         parts.recorder.emit(
             ModelRequestSent(
                 step=state.step,
@@ -108,6 +114,13 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         try:
             attempt = gateway.attempt(transport, request, limits, parts.clock.remaining())
             response = clean_response(await traced_attempt(attempt), _secret(parts))
+        except ContextOverflow as error:  # sent again smaller, never as it was (issue 44)
+            if live is not None:
+                live.failed(state.step, number)
+            _remember_transport(parts)
+            overflows += 1
+            _after_overflow(parts, error, request, overflows)
+            continue
         except ProviderError as error:
             if live is not None:
                 live.failed(state.step, number)  # drop what the failed attempt streamed
@@ -141,6 +154,78 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
                 details={"attempts": empty},
             )
         last_was_empty = True
+
+
+def _controls(parts: StepParts, mode: Mode) -> tuple[str, ...]:
+    controls = mode.controls
+    if parts.output is not None and mode.reason is not None:
+        controls += (PARTIAL_OUTPUT_CONTROL,)
+    if parts.state.evidence_feedback is not None:  # `--evidence require`'s one more turn
+        controls += (parts.state.evidence_feedback,)
+    return controls
+
+
+def _fitted_request(parts: StepParts, mode: Mode, *, squeeze: bool) -> tuple[ModelRequest, Mode]:
+    """The next request, inside the model's window (issue 44): the context builder elides and
+    clamps to fit; when even that does not fit, the turn answers from what fits (a context
+    synthesis turn, the latest batch elided too); when not even that fits, the run ends
+    ContextExhausted, never with a request the provider must refuse."""
+    context = parts.context
+    request, elided = context.build(mode.tool_choice, _controls(parts, mode), squeeze=squeeze)
+    if not context.fits(request):
+        mode = context_mode(mode, context.question())
+        request, more = context.build(mode.tool_choice, _controls(parts, mode), squeeze=True)
+        elided += more
+    parts.recorder.elided(elided)
+    for clamp in context.take_clamps():
+        result = clamp.result
+        parts.recorder.emit(
+            ResultClamped(
+                step=parts.state.step,
+                call_id=result.call_id,
+                call_key=result.call_key,
+                size=result.size,
+                shown=clamp.shown_chars,
+            )
+        )
+    if not context.fits(request):
+        raise ContextExhausted(
+            f"the question and the run's own turns come to ~{request.estimated_input_tokens:,} "
+            f"tokens with every result elided, more than the model's window leaves for a "
+            f"request (~{context.limit:,})",
+            step=parts.state.step,
+            details={"tokens": request.estimated_input_tokens, "limit": context.limit},
+        )
+    return request, mode
+
+
+def _after_overflow(
+    parts: StepParts, error: ContextOverflow, request: ModelRequest, overflows: int
+) -> None:
+    """The provider refused the request as too long: the first time the turn is sent again
+    from a smaller context, the second time as a synthesis turn from what fits; the third
+    ends the run ContextExhausted, naming the window."""
+    state = parts.state
+    parts.recorder.emit(
+        ModelErrorSeen(
+            step=state.step,
+            status=error.status,
+            retryable=False,
+            message=clean_text(error.message),
+            retry_in=0.0 if overflows <= 2 else None,
+        )
+    )
+    sent = request.estimated_input_tokens
+    if overflows > 2:
+        window = f"its window of {error.limit:,} tokens" if error.limit else "its window"
+        raise ContextExhausted(
+            f"the model refused the turn as longer than {window} even as a synthesis turn "
+            f"from a smaller context (~{sent:,} tokens): {clean_text(error.message)}",
+            step=state.step,
+            details={"window": error.limit, "requested": error.requested, "sent": sent},
+        )
+    limit = parts.context.shrink(sent, error.limit)
+    parts.recorder.emit(ContextShrunk(step=state.step, sent=sent, limit=limit, window=error.limit))
 
 
 def _secret(parts: StepParts) -> str | None:

@@ -20,7 +20,7 @@ server's base URL, which is only known once it has started on a free port::
     ]
     [expect]
     status = "completed"
-    synthesized = false   # false: plain answer; "repeated_tool"/"budget"/"deadline"; absent: any
+    synthesized = false   # false: plain answer; "repeated_tool"/"budget"/"deadline"/"context"
     page_hits = { "/job" = 1 }
 
 Counts in ``[expect]`` are a number (exactly) or ``{ min = N, max = M }``. `loading.py` reads
@@ -256,7 +256,7 @@ class ChildExpect(_Strict):
     """How every child run of one agent must end (sub-agents)."""
 
     status: RunEnd = "completed"
-    synthesized: Literal["repeated_tool", "budget", "deadline", False] | None = None
+    synthesized: Literal["repeated_tool", "budget", "deadline", "context", False] | None = None
     count: Count | None = None
     """How many children of this agent the run must have had."""
 
@@ -265,7 +265,7 @@ class Expect(_Strict):
     status: RunEnd
     failure: FailureKind | None = None
     """With status "failed": the failure kind the run must end with."""
-    synthesized: Literal["repeated_tool", "budget", "deadline", False] | None = None
+    synthesized: Literal["repeated_tool", "budget", "deadline", "context", False] | None = None
     """With status "completed": the synthesis reason, or false for a plain answer."""
     model_calls: Count | None = None
     tool_calls: Count | None = None

@@ -14,6 +14,7 @@ from keel.present.terminal import describe_call, safe_text
 from keel.records import (
     ApprovalDecided,
     ApprovalRequested,
+    ContextShrunk,
     Event,
     EvidenceRejected,
     EvidenceReset,
@@ -22,6 +23,7 @@ from keel.records import (
     ModelRequestSent,
     ModelResponseReceived,
     OutputRejected,
+    ResultClamped,
     ResultElided,
     RunCompleted,
     RunFailed,
@@ -232,6 +234,12 @@ def _detail(event: Event) -> str:
             return f"{event.hook}.{event.point}{on} {event.action}{detail}"[:300]
         case ResultElided():
             return f"{_size(event.size)} of {event.call_key[:80]} → pointer"
+        case ResultClamped():
+            return f"{_size(event.size)} of {event.call_key[:80]} → {_size(event.shown)} shown"
+        case ContextShrunk():
+            said = f" (its window: {event.window:,})" if event.window else ""
+            again = f"sent again within ~{event.limit:,}"
+            return f"refused as too long at ~{event.sent:,} tokens{said}; {again}"
         case EvidenceReset():
             return f"page changed: {event.call_key[:80]} (reset {event.resets})"
         case ToolChoiceIgnored():

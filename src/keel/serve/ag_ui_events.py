@@ -105,6 +105,8 @@ SYNTHESIS_WHY: dict[SynthesisReason, str] = {
     "evidence it has",
     SynthesisReason.DEADLINE: "the run's deadline is near, so it answers now from the evidence "
     "it has",
+    SynthesisReason.CONTEXT: "the next request would not fit the model's context window, so it "
+    "answers now from what fits",
 }
 """What the `keel.synthesis` custom event says, per reason (ADR 0002, 0033)."""
 

@@ -48,6 +48,11 @@ class Pattern:
             yield number, data[line_start:line_end]
             pos = line_end + 1
 
+    def first_match(self, line: bytes) -> int | None:
+        """Where in `line` the pattern first matches (a byte offset), or None."""
+        match = self._compiled.search(line, 0)
+        return None if match is None else int(match.start())
+
 
 def compile_pattern(pattern: str) -> Pattern:
     """Compile an untrusted pattern, or refuse it with a message the model can act on."""
