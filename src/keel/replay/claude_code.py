@@ -58,8 +58,8 @@ class _Session:
     model: str = ""
     turns: list[tuple[str, list[tuple[str, str, Any]]]] = field(default_factory=list)
     """Each turn's message id and its calls (tool_use id, tool name, arguments)."""
-    results: dict[str, tuple[str, bool, bool]] = field(default_factory=dict)
-    """A tool_use id's result: digest, empty, error."""
+    results: dict[str, tuple[str, bool, bool, int]] = field(default_factory=dict)
+    """A tool_use id's result: digest, empty, error, characters."""
 
 
 def is_entry(data: Any) -> bool:
@@ -98,10 +98,17 @@ def read_entries(
         for _, calls in session.turns:
             recorded = []
             for use_id, tool, arguments in calls:
-                result, empty, error = session.results.get(use_id, (None, False, False))
+                found = session.results.get(use_id)
+                result, empty, error, chars = found or (None, False, False, None)
                 recorded.append(
                     Recorded(
-                        tool, arguments, result, kind=KINDS.get(tool), empty=empty, error=error
+                        tool,
+                        arguments,
+                        result,
+                        kind=KINDS.get(tool),
+                        empty=empty,
+                        error=error,
+                        chars=chars,
                     )
                 )
             turns.append(tuple(recorded))
@@ -142,5 +149,5 @@ def _results(session: _Session, content: list[Any]) -> None:
     for block in content:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             text = content_text(block.get("content"))
-            answer = (digest(text), not text.strip(), block.get("is_error") is True)
+            answer = (digest(text), not text.strip(), block.get("is_error") is True, len(text))
             session.results[str(block.get("tool_use_id"))] = answer

@@ -4,7 +4,8 @@ Registered by the command line in one line, ``app.command("replay")(replay_comma
 Inputs: files in the `shared/trajectories` format (JSON lines, gzipped or not), OpenAI Chat
 Completions message lists, OpenTelemetry GenAI or OpenAI Agents SDK traces, Claude Code sessions,
 OpenHands event logs (told apart by their content, or named with `--format`), or Keel's own
-stored runs (`--store`, with `--run` ids or all).
+stored runs (`--store`, with `--run` ids or all). With `--window` (or `--window-of`), a second
+table says where the recorded runs' requests would have passed that window (`keel.replay.window`).
 Exit codes: 0 when everything given was replayed, 2 for bad usage or a file that cannot be
 opened; lines that cannot be read are reported with their line number and skipped.
 """
@@ -27,6 +28,7 @@ if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (A
     from keel.limits import LoopPolicy, RepeatTier
     from keel.replay.playback import EffectChoice, Replayed
     from keel.replay.recordings import Format, Recording, Skipped
+    from keel.replay.window import WindowCheck
     from keel.store import RunStore
 
 __all__ = ["replay_command"]
@@ -92,17 +94,39 @@ def replay_command(
             help="Give the nudge at T-2 (counted: the recording cannot answer it).",
         ),
     ] = False,
+    window: Annotated[
+        str | None,
+        typer.Option(
+            "--window",
+            metavar="TOKENS",
+            help="Also say where each run's requests would have passed a context window of "
+            "this many tokens (prompt and answer), with nothing elided and with Keel's elision.",
+            show_default=False,
+        ),
+    ] = None,
+    window_of: Annotated[
+        str | None,
+        typer.Option(
+            "--window-of",
+            metavar="MODEL",
+            help="The same, with this model's window from Keel's table (openai:gpt-4o); with "
+            "--window, that window and this model's room for the answer.",
+            show_default=False,
+        ),
+    ] = None,
     as_json: Annotated[
         bool, typer.Option("--json", help="One JSON object per replayed run, one per line.")
     ] = False,
 ) -> None:
     """Replay recorded runs through the run loop: where the synthesis turn and the hard limit
-    would have come, per run and per corpus."""
+    would have come, per run and per corpus; with --window, where the requests would have
+    passed a context window."""
     import asyncio
 
     from keel.replay.playback import EFFECT_CHOICES
     from keel.replay.recordings import FORMATS
-    from keel.replay.report import rows, table
+    from keel.replay.report import rows, table, window_rows, window_table
+    from keel.replay.window import fit
 
     if not files and store is None:
         _usage("give recorded run files, or --store to replay Keel's own runs")
@@ -112,6 +136,7 @@ def replay_command(
     effect = _choice(effects, EFFECT_CHOICES, "--effects")
     chosen_format = _choice(file_format, FORMATS, "--format")
     chosen = _tiers(tiers)
+    check, source = _window(window, window_of)
     try:
         Limits(loop_threshold=threshold, evidence_reset_cap=reset_cap, loop_policy=policy)
     except ConfigError as exc:
@@ -139,9 +164,13 @@ def replay_command(
             highlight=False,
             soft_wrap=True,
         )
+    fits = [fit(item.recording, check) for item in replayed] if check is not None else []
     if as_json:
-        for item in replayed:
-            typer.echo(json.dumps(item.to_json(), ensure_ascii=False))
+        for n, item in enumerate(replayed):
+            found = item.to_json()
+            if fits:
+                found["window"] = fits[n].to_json()
+            typer.echo(json.dumps(found, ensure_ascii=False))
         return
     in_force = replayed[0].tiers if replayed else ()
     title = (
@@ -150,6 +179,9 @@ def replay_command(
     )
     out = Console(width=None if sys.stdout.isatty() else 160, emoji=False)
     out.print(table(rows(replayed), title))
+    if check is not None:
+        pairs = [(item.recording, found) for item, found in zip(replayed, fits, strict=True)]
+        out.print(window_table(window_rows(pairs), check, source))
 
 
 def _recordings(
@@ -213,6 +245,33 @@ def _tiers(given: str) -> tuple[RepeatTier, ...] | None:
     for name in (part.strip() for part in given.split(",")):
         chosen.append(_choice(name, REPEAT_TIERS, "--tiers"))
     return tuple(dict.fromkeys(chosen))
+
+
+def _window(given: str | None, model: str | None) -> tuple[WindowCheck | None, str]:
+    """`--window` and `--window-of`: the window to check, and where it comes from in words."""
+    from keel.replay.window import WindowCheck
+    from keel.windows import window_for
+
+    if given is None and model is None:
+        return None, ""
+    if model is not None and not model.strip():
+        _usage("--window-of needs a model spec, such as openai:gpt-4o")
+    tokens = None
+    if given is not None:
+        try:
+            tokens = int(given.strip())
+        except ValueError:
+            _usage(f"--window must be a whole number of tokens, not {given!r}")
+        try:
+            Limits(context_window=tokens)
+        except ConfigError as exc:
+            _usage(f"--window: {exc}")
+    found = window_for(model or "", tokens)
+    parts = [f"--window-of {model}"] if model else []
+    named = " ".join([*parts, f"--window {tokens}"] if tokens else parts)
+    if tokens is None:  # the table's window, or the default for a model Keel does not know
+        named = f"{named}: {found.source}"
+    return WindowCheck(found), named
 
 
 def _open(given: str) -> RunStore:

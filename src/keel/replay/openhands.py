@@ -125,7 +125,10 @@ def from_events(
         text, error = answers.get(ids[0]) or answers.get(ids[1]) or (None, False)
         result = None if text is None else digest(text)
         empty = text is not None and not text.strip()
-        recorded = Recorded(tool, arguments, result, kind=kind, empty=empty, error=error)
+        chars = None if text is None else len(text)
+        recorded = Recorded(
+            tool, arguments, result, kind=kind, empty=empty, error=error, chars=chars
+        )
         if response is not None and response == previous and turns:
             turns[-1].append(recorded)
         else:

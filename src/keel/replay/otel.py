@@ -183,6 +183,7 @@ def _span(
         None if text is None else digest(text),
         empty=text is not None and not text.strip(),
         error=error,
+        chars=None if text is None else len(text),
     )
     return _Span(trace, start, order, call)
 

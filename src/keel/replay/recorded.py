@@ -15,7 +15,16 @@ from typing import Any
 
 from keel.replay.lines import Bounds, TooDeep, loads
 
-__all__ = ["WRONG", "Recorded", "Recording", "Skipped", "content_text", "digest", "parse_arguments"]
+__all__ = [
+    "WRONG",
+    "Recorded",
+    "Recording",
+    "Skipped",
+    "content_text",
+    "digest",
+    "parse_arguments",
+    "size",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,6 +44,9 @@ class Recorded:
     """The result was empty (no characters), where the recording says so."""
     error: bool = False
     """The call failed (an error result), where the recording says so."""
+    chars: int | None = None
+    """Characters in the result, where the recording says so or holds its text: what the
+    window check (`keel.replay.window`) sizes the run's requests from."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +57,12 @@ class Recording:
     model: str = ""
     resolved: bool | None = None
     """Whether the run's outcome was judged right, where the source says so."""
+    question_chars: int = 0
+    """Characters of what the run opened with (the question, and the system text where the
+    recording holds it); 0 where it holds neither."""
+    texts: tuple[int, ...] = ()
+    """Characters of the model's own text in each turn, where the recording holds it (one per
+    turn); empty where it does not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +103,14 @@ def content_text(content: Any) -> str:
     if isinstance(content, list):
         return "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
     return "" if content is None else str(content)
+
+
+def size(value: Any) -> int | None:
+    """A recorded size: a count of characters, or None for anything else (a bool, a negative
+    number, text)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return None
+    return value
 
 
 def digest(text: str) -> str:

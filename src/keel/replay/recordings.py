@@ -30,12 +30,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 from keel.errors import ConfigError
-from keel.records import (
-    ModelResponseReceived,
-    ToolCallRequested,
-    ToolDispatched,
-    ToolResultRecorded,
-)
 from keel.replay import openhands
 from keel.replay.claude_code import is_entry, read_entries
 from keel.replay.lines import Bounds, Overlong, TooDeep, lines, loads, text
@@ -48,8 +42,9 @@ from keel.replay.recorded import (
     content_text,
     digest,
     parse_arguments,
+    size,
 )
-from keel.store import RunStore
+from keel.replay.stored import read_store
 
 __all__ = [
     "FORMATS",
@@ -234,6 +229,7 @@ def _from_object(
                     source_write=call.get("source_write") is True,
                     empty=call.get("result_chars") == 0,
                     error=call.get("error") is True,
+                    chars=size(call.get("result_chars")),
                 )
             )
         turns.append(tuple(calls))
@@ -321,16 +317,24 @@ def _from_messages(
         skipped.append(Skipped(where, "`messages` is not a list"))
         return None
     results: dict[str, str] = {}
+    sizes: dict[str, int] = {}
     empty: set[str] = set()
     for message in messages:
         if isinstance(message, dict) and message.get("role") == "tool":
             content = content_text(message.get("content"))
             results[str(message.get("tool_call_id"))] = digest(content)
+            sizes[str(message.get("tool_call_id"))] = len(content)
             if not content.strip():
                 empty.add(str(message.get("tool_call_id")))
-    turns = []
+    turns: list[tuple[Recorded, ...]] = []
+    texts: list[int] = []
+    opening = 0
     for m, message in enumerate(messages):
-        if not isinstance(message, dict) or message.get("role") != "assistant":
+        if not isinstance(message, dict):
+            continue
+        if not turns and message.get("role") in ("system", "developer", "user"):
+            opening += len(content_text(message.get("content")))
+        if message.get("role") != "assistant":
             continue
         asked = message.get("tool_calls") or []
         if not isinstance(asked, list):
@@ -354,53 +358,18 @@ def _from_messages(
                 return None
             call_id = str(call.get("id"))
             calls.append(
-                Recorded(function["name"], arguments, results.get(call_id), empty=call_id in empty)
+                Recorded(
+                    function["name"],
+                    arguments,
+                    results.get(call_id),
+                    empty=call_id in empty,
+                    chars=sizes.get(call_id),
+                )
             )
         if calls:
             turns.append(tuple(calls))
-    return Recording(id=run_id, turns=tuple(turns))
-
-
-def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording]:
-    """Keel's stored runs (oldest first): each model turn's calls and the digests of the
-    results they got."""
-    if run_ids is None:
-        records = store.list_runs(limit=store.count_runs() or 1)
-        run_ids = [record.run_id for record in reversed(records)]
-    for run_id in run_ids:
-        record = store.get_run(run_id)
-        if record is None:
-            raise ConfigError(f"no run {run_id} in the store at {store.path}")
-        events = store.events(run_id)
-        answers = {e.call_id: e for e in events if isinstance(e, ToolResultRecorded)}
-        digests = {call_id: e.digest for call_id, e in answers.items()}
-        effects = {e.call_id: e.effect for e in events if isinstance(e, ToolCallRequested)}
-        for e in events:  # recorded before effects were: only side effects were journaled
-            if isinstance(e, ToolDispatched) and effects.get(e.call_id) is None:
-                effects[e.call_id] = "side_effecting"
-        turns = []
-        for event in events:
-            if isinstance(event, ModelResponseReceived) and event.tool_calls:
-                calls = []
-                for call in event.tool_calls:
-                    try:
-                        arguments = json.loads(call.arguments)
-                    except (ValueError, RecursionError):
-                        arguments = call.arguments
-                    effect = effects.get(call.id) or "read_only"
-                    answer = answers.get(call.id)
-                    calls.append(
-                        Recorded(
-                            call.name,
-                            arguments,
-                            digests.get(call.id),
-                            effect=effect,
-                            empty=answer is not None and not answer.content.strip(),
-                            error=answer is not None and answer.is_error,
-                        )
-                    )
-                turns.append(tuple(calls))
-        yield Recording(id=run_id, turns=tuple(turns), corpus="keel store", model=record.model)
+            texts.append(len(content_text(message.get("content"))))
+    return Recording(id=run_id, turns=tuple(turns), question_chars=opening, texts=tuple(texts))
 
 
 def _is_one_line(line: str) -> bool:

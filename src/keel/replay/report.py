@@ -5,10 +5,15 @@
     loop, per tier's definition (in unresolved runs; in resolved runs)
 
 A cell that the recordings cannot fill (no `resolved`, no `source_write`) says so with a dash.
+
+With `--window`, a second table (`window_rows`, `window_table`): per corpus and model, the runs
+whose requests would have passed the window with nothing elided, and with Keel's elision, the
+median turn where, and the largest request.
 """
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
@@ -16,8 +21,10 @@ from typing import Any
 from rich.table import Table
 
 from keel.replay.playback import Replayed
+from keel.replay.recorded import Recording
+from keel.replay.window import Fit, WindowCheck
 
-__all__ = ["Row", "rows", "table"]
+__all__ = ["Row", "WindowRow", "rows", "table", "window_rows", "window_table"]
 
 
 @dataclass(slots=True)
@@ -99,13 +106,16 @@ def rows(replayed: Iterable[Replayed]) -> list[Row]:
     groups: dict[str, Row] = {}
     pooled = Row("all")
     for item in replayed:
-        r = item.recording
-        name = " / ".join(part for part in (r.corpus, r.model) if part) or "recordings"
+        name = _group(item.recording)
         groups.setdefault(name, Row(name)).add(item)
         pooled.add(item)
     if len(groups) == 1:  # the pooled row would repeat the only one
         return list(groups.values())
     return [*groups.values(), pooled]
+
+
+def _group(r: Recording) -> str:
+    return " / ".join(part for part in (r.corpus, r.model) if part) or "recordings"
 
 
 def table(found: list[Row], title: str) -> Table:
@@ -152,3 +162,104 @@ def _loops(found: dict[str, list[int]]) -> str:
 
 def _share(n: int, total: int) -> str:
     return f"{n} ({n / total:.0%})" if total else "0"
+
+
+@dataclass(slots=True)
+class WindowRow:
+    """Where the runs of one corpus and model would have passed the window."""
+
+    name: str
+    runs: int = 0
+    over: list[int] = field(default_factory=list)
+    """The turn each run's request would not have fit at, with nothing elided."""
+    kept_over: list[int] = field(default_factory=list)
+    """The same, under Keel's context builder."""
+    batch_too_big: int = 0
+    """Runs whose newest batch alone would not have fit, where the builder's request did not."""
+    largest: int = 0
+    largest_kept: int = 0
+    unsized: int = 0
+
+    def add(self, found: Fit) -> None:
+        self.runs += 1
+        if found.over_at is not None:
+            self.over.append(found.over_at)
+        if found.kept_over_at is not None:
+            self.kept_over.append(found.kept_over_at)
+        self.batch_too_big += found.batch_too_big
+        self.largest = max(self.largest, found.largest)
+        self.largest_kept = max(self.largest_kept, found.largest_kept)
+        self.unsized += found.unsized
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "runs": self.runs,
+            "over": len(self.over),
+            "over_median_turn": _median(self.over),
+            "kept_over": len(self.kept_over),
+            "kept_over_median_turn": _median(self.kept_over),
+            "newest_batch_too_big": self.batch_too_big,
+            "largest": self.largest,
+            "largest_kept": self.largest_kept,
+            "unsized_results": self.unsized,
+        }
+
+
+def window_rows(fits: Iterable[tuple[Recording, Fit]]) -> list[WindowRow]:
+    """One row per corpus and model, in the order first seen, then the pooled row."""
+    groups: dict[str, WindowRow] = {}
+    pooled = WindowRow("all")
+    for recording, found in fits:
+        name = _group(recording)
+        groups.setdefault(name, WindowRow(name)).add(found)
+        pooled.add(found)
+    if len(groups) == 1:
+        return list(groups.values())
+    return [*groups.values(), pooled]
+
+
+def window_table(found: list[WindowRow], check: WindowCheck, source: str) -> Table:
+    window = check.window
+    title = (
+        f"window {window.context:,} tokens, {window.output:,} for the answer ({source}): a "
+        f"request over {check.limit:,} tokens does not fit; Keel's context budget "
+        f"{check.budget:,}, results cut at {check.max_result_chars:,} characters"
+    )
+    unsized = sum(row.unsized for row in found[-1:])
+    caption = f"{unsized} results have no recorded size and count as empty" if unsized else None
+    grid = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    for header in (
+        "corpus / model",
+        "runs",
+        "over the window, nothing elided",
+        "median turn",
+        "over with Keel's elision",
+        "median turn",
+        "newest batch alone too big",
+        "largest request",
+        "largest elided request",
+    ):
+        grid.add_column(header, justify="left" if header == "corpus / model" else "right")
+    for row in found:
+        grid.add_row(
+            row.name,
+            str(row.runs),
+            _share(len(row.over), row.runs),
+            _turn(row.over),
+            _share(len(row.kept_over), row.runs),
+            _turn(row.kept_over),
+            str(row.batch_too_big) if row.kept_over else "-",
+            f"{row.largest:,}",
+            f"{row.largest_kept:,}",
+        )
+    return grid
+
+
+def _median(turns: list[int]) -> float | None:
+    return statistics.median(turns) if turns else None
+
+
+def _turn(turns: list[int]) -> str:
+    middle = _median(turns)
+    return "-" if middle is None else f"{middle:g}"
