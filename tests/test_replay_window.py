@@ -66,20 +66,18 @@ def test_a_run_whose_results_grow_past_the_window_is_reported_at_the_turn_it_pas
     assert found.largest_kept <= WINDOW_8K.limit
 
 
-def test_a_result_larger_than_the_window_is_over_even_with_elision_at_the_turn_after_it(
+def test_a_result_larger_than_the_window_is_over_whole_but_fitted_under_keel(
     tmp_path: Path,
 ) -> None:
     """Results doubling from 1,000 characters: the whole history passes 6,144 tokens with the
     16,000-character result (31,000 characters in all), so the request for turn 5 would not
-    fit; Keel's builder elides the old ones, and its request is over only after the
-    32,000-character result, which alone passes the window (the newest batch is never
-    elided)."""
+    fit; Keel's builder cuts each result to a quarter of its budget, elides the old ones and
+    clamps a batch too big for the window (ADR 0060), so every request it sends fits."""
     path = _recording(tmp_path, _run("doubles", [1000, 2000, 4000, 8000, 16000, 32000, 500]))
     found = _fits(path)["doubles"]
     assert found.over_at == 5
-    assert found.kept_over_at == 6
-    assert found.batch_too_big and found.newest_batch is not None
-    assert found.newest_batch > WINDOW_8K.limit
+    assert found.kept_over_at is None and not found.batch_too_big
+    assert found.largest_kept <= WINDOW_8K.limit
 
 
 def test_a_run_that_fits_the_window_is_not_reported(tmp_path: Path) -> None:
@@ -187,7 +185,8 @@ def test_a_recorded_size_of_any_magnitude_is_counted_without_holding_it() -> Non
     found = fit(huge, WINDOW_8K)
     assert time.process_time() - started < 2
     assert found.largest > 10**12 / 3.6 and found.over_at == 1
-    assert found.kept_over_at == 1 and found.largest_kept < 20_000  # cut at 50,000 characters
+    assert found.kept_over_at is None  # cut where a run in this window cuts it (ADR 0060)
+    assert found.largest_kept <= WINDOW_8K.limit
 
 
 def test_chat_recordings_size_the_question_the_model_s_text_and_each_result(

@@ -7,14 +7,16 @@ counter (`EstimatingCounter`) over text of the recorded length. Each turn gets t
 
     whole   everything as recorded: no result cut, none elided
     kept    what Keel's context builder (the run's own `ContextBuilder`) would send with the
-            budget `context_budget(context_tokens, window, MARGIN)`: each result cut at
-            `max_result_chars` as the tool executor cuts it, old results elided into pointers
-            once past the budget; the newest batch, the model's turns and small results stay
+            budget `context_budget(context_tokens, window, MARGIN)` and the window as its hard
+            limit: each result cut where a run in that window cuts it (`result_cap`), old
+            results elided into pointers once past the budget, and over the window every older
+            result elided and the newest batch clamped (ADR 0060); the model's turns stay
 
 A request does not fit when it leaves the answer less than its room: more than the window less
 its output limit (`ModelWindow.prompt_room`), which is what ADR 0056 says a request may hold.
-Under Keel a kept request that does not fit ends the run there (the provider refuses it), so
-the kept requests are followed up to the first that does not fit and no further.
+Under Keel a kept request that still does not fit after fitting is where the run would answer
+from what fits (a context synthesis turn, ADR 0060), so the kept requests are followed up to the
+first that does not fit and no further.
 
 The recordings hold no system text, tool definitions or reasoning, and most hold no question:
 the sizes are a floor. Text of the recorded length is plain ASCII, one byte a character.
@@ -27,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from keel._run import ContextBuilder
+from keel.agent import CHARS_PER_TOKEN, RESULTS_PER_WINDOW
 from keel.limits import Limits
 from keel.messages import AssistantMessage, ToolCall, ToolResult, UserMessage
 from keel.replay.recorded import Recorded, Recording
@@ -67,6 +70,13 @@ class WindowCheck:
     def budget(self) -> int:
         """The context builder's budget in this window (ADR 0056's one formula)."""
         return context_budget(self.context_tokens, self.window, MARGIN)
+
+    @property
+    def result_cap(self) -> int:
+        """Where a run in this window cuts a result (`keel.agent`: a quarter of the budget,
+        in characters, where a window binds; ADR 0060)."""
+        quarter = self.budget * CHARS_PER_TOKEN // RESULTS_PER_WINDOW
+        return min(self.max_result_chars, max(100, quarter))
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -126,7 +136,7 @@ def fit(recording: Recording, check: WindowCheck) -> Fit:
     """Size each request of the recording, whole and as Keel's context builder keeps it."""
     counter = EstimatingCounter()
     per_chunk = counter.count(_FILL)
-    kept = ContextBuilder("", (), counter, budget=check.budget)
+    kept = ContextBuilder("", (), counter, budget=check.budget, limit=check.limit)
     kept.append(UserMessage(_FILL[: recording.question_chars]))
     whole = MESSAGE_OVERHEAD + _tokens(counter, per_chunk, "", recording.question_chars)
     largest = largest_kept = 0
@@ -138,7 +148,7 @@ def fit(recording: Recording, check: WindowCheck) -> Fit:
             over_at = i
         if kept_over_at is None:
             shown = kept.total_tokens
-            if shown > kept.budget:  # the builder elides when it builds; below, nothing changes
+            if shown > kept.budget:  # the builder elides and fits when it builds
                 shown = kept.build()[0].estimated_input_tokens
             largest_kept = max(largest_kept, shown)
             if shown > check.limit:
@@ -161,7 +171,7 @@ def fit(recording: Recording, check: WindowCheck) -> Fit:
             label = f"[r{results}] "
             whole += MESSAGE_OVERHEAD + _tokens(counter, per_chunk, label, chars)
             if kept_over_at is None:
-                kept.append(_result(call, recorded, chars, check.max_result_chars))
+                kept.append(_result(call, recorded, chars, check.result_cap))
         batch = kept.total_tokens - before
     return Fit(
         check,
