@@ -58,7 +58,6 @@ def bind(
         return dataclasses.replace(completed, evidence=shown)
     state = parts.state
     if state.evidence_retries < 1 and mode.reason in (None, SynthesisReason.REPEATED_TOOL):
-        state.evidence_retries += 1
         feedback = evidence_feedback(evidence)
         state.evidence_feedback = feedback
         parts.context.append(AssistantMessage(response.text))  # as a resume replays it
