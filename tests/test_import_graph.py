@@ -169,7 +169,7 @@ def test_observers_never_import_the_run_loop() -> None:
 ROOMS = (
     "_lazy", "errors", "canonical", "messages", "limits", "codec", "result", "records", "ledger",
     "tokens", "trace_hooks", "failpoints", "config", "durability", "options", "schema_checks",
-    "structured", "evidence", "transports", "inbound", "pricing", "windows", "tools", "store",
+    "structured", "citations", "transports", "inbound", "pricing", "windows", "tools", "store",
     "approvals", "hooks", "live_file", "telemetry", "_run", "events", "subagents", "models",
     "agent", "replay", "run_options", "assemble", "evals", "present", "pool", "ui", "serve", "cli",
     "__main__", "keel",

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
 from keel.errors import FailureKind, RunFailure
-from keel.limits import REPEAT_TIERS, Limits
+from keel.limits import REPEAT_TIERS, Limits, current_names
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
@@ -786,5 +786,5 @@ class RunConfig:
         limits = raw.get("limits")
         if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`, and
             before = {f"repeat_{tier}": False for tier in REPEAT_TIERS}  # before the tiers: none
-            raw["limits"] = {"loop_policy": "adr", **before, **limits}
+            raw["limits"] = {"loop_policy": "adr", **before, **current_names(limits)}
         return from_json(cls, raw)

@@ -193,7 +193,7 @@ def show(
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
     evidence = summary.get("evidence")
     if isinstance(evidence, dict):
-        from keel.evidence import summary_line
+        from keel.citations import summary_line
 
         line = f"evidence: {summary_line(evidence)}"
         out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
