@@ -156,8 +156,8 @@ def agent_from_options(**options: Any) -> Agent:
 
 def agent_from_resolved(resolved: Resolved, plugins: Plugins | None, mcp: list[JsonValue]) -> Agent:
     """The agent the resolved options describe; `mcp`: the MCP servers' saved form."""
-    from keel.options import check_hosts
     from keel.run_options import read_schema
+    from keel.setting_checks import check_hosts
     from keel.store import store_target
 
     values = resolved.values

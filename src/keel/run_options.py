@@ -2,7 +2,7 @@
 
 Each `Option` carries its flag, its environment variable, its `keel.toml` key, its default and
 its help. Everything else is derived from this table: the command line's options (`keel run`,
-`ask`, `serve`, `submit` take the same ones, see `keel/cli/agent_options.py`), the keys a
+`ask`, `serve`, `submit` take the same ones, see `keel/cli/flags.py`), the keys a
 `keel.toml` may hold, and the run's `Limits`: every field of `Limits` is an option, so a new
 limit appears on the command line and in `keel.toml` without another edit.
 

@@ -1,5 +1,6 @@
-"""The agent options on the command line: typer parameters made from `keel.run_options`, and the
-one function that turns a command's options into its agent (ADR 0045).
+"""The agent options as command-line flags: typer parameters made from `keel.run_options` (a
+renamed option's former flag too, hidden, ADR 0058), and the one function that turns a
+command's options into its agent (ADR 0045).
 
 `keel run`, `ask`, `serve` and `submit` each declare their own arguments and take the rest from
 `with_agent_options`; each builds its agent with `command_agent`. No command calls another.
