@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from keel.errors import ContextOverflow, ProviderError
 from keel.messages import ModelRequest, UserMessage
-from keel.transports.local.llama_hooks import map_error as local_map_error
+from keel.transports.local.llama import map_error as local_map_error
 from keel.transports.overflow import OTHER_MEANINGS, Overflow, as_overflow, find_overflow
 from keel.transports.policy import attempt, scrubbed
 from keel.transports.scripted import ScriptedTransport

@@ -1,8 +1,10 @@
 """The documents stay true: the layout table (`docs/layout.md`) names exactly the modules of
 `src/keel`, every test an ADR names as its guard exists, every document the code, tests and docs
-point at (an ADR by number, a `docs/` page) is in the repository, and the README stays a short
-guide: under 260 lines, its first screen the two commands, its map linking every `docs/` page
-(issue 31), every link of it and of the pages leading to a file and a heading that exist."""
+point at (an ADR by number, a `docs/` page) is in the repository, the drawing of the rooms in
+`docs/design.md` names the rooms `tests/test_import_graph.py` declares, in their order (ADR
+0058), and the README stays a short guide: under 260 lines, its first screen the two commands,
+its map linking every `docs/` page (issue 31), every link of it and of the pages leading to a
+file and a heading that exist."""
 
 from __future__ import annotations
 
@@ -11,6 +13,8 @@ import io
 import re
 import tokenize
 from pathlib import Path
+
+from test_import_graph import ROOMS
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGE = ROOT / "src" / "keel"
@@ -182,3 +186,32 @@ def test_the_readme_stays_a_short_guide() -> None:
     assert len(lines) < 260
     first_screen = "\n".join(lines[:25])
     assert "make run" in first_screen and "make test" in first_screen
+
+
+ROOM = re.compile(r"(\w+)(?:\.py|/)")
+
+
+def drawn_rooms(text: str) -> list[str]:
+    """The rooms the drawing under "Where the code lives" names, top first and left to right:
+    the first indented block there, a module as `name.py`, a package as `name/`, the package's
+    own `__init__.py` as `keel` (as `ROOMS` names it)."""
+    section = text.split("## Where the code lives", 1)[1].splitlines()
+    start = next(n for n, line in enumerate(section) if line.startswith("    "))
+    block = []
+    for line in section[start:]:
+        if not line.startswith("    "):
+            break
+        block.append(line)
+    names = ROOM.findall("\n".join(block))
+    return ["keel" if name == "__init__" else name for name in names]
+
+
+def test_the_drawing_of_the_rooms_names_the_declared_rooms_in_their_order() -> None:
+    drawn = drawn_rooms((ROOT / "docs" / "design.md").read_text())
+    assert drawn == list(reversed(ROOMS))
+
+
+def test_the_drawing_check_reads_names_in_order_and_ignores_the_labels() -> None:
+    drawing = "    the edges   cli/ · agent.py\n    ground      __init__.py\n"
+    text = f"## Where the code lives\n\nRooms:\n\n{drawing}\n- `x.py`, below the drawing"
+    assert drawn_rooms(text) == ["cli", "agent", "keel"]

@@ -13,7 +13,7 @@ import typer
 from typer.testing import CliRunner
 
 import keel
-from keel.cli import agent_options
+from keel.cli import flags
 from keel.cli.app import APP_SETTINGS, app
 from keel.config import trust
 from keel.errors import ConfigError
@@ -60,11 +60,11 @@ def test_a_new_option_reaches_the_command_line_keel_toml_and_resolution_without_
     monkeypatch.setattr(run_options, "OPTIONS", options)
     monkeypatch.setattr(run_options, "BY_NAME", {o.name: o for o in options})
     monkeypatch.setattr(run_options, "TOML_KEYS", (*run_options.TOML_KEYS, "reading_speed"))
-    monkeypatch.setattr(agent_options, "OPTIONS", options)
+    monkeypatch.setattr(flags, "OPTIONS", options)
 
     seen: dict[str, object] = {}
 
-    @agent_options.with_agent_options()
+    @flags.with_agent_options()
     def command(**given: object) -> None:
         seen.update(resolve(given, cwd=tmp_path).values)
 

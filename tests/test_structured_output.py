@@ -224,6 +224,17 @@ async def test_an_answer_that_never_validates_fails_invalid_output_with_the_text
     assert result.output is None
 
 
+async def test_each_output_retry_is_counted_once() -> None:
+    """The ledger counts an `output_rejected` event as it is recorded; the step does not count
+    it again, so `output_retries=2` gives two more turns (issue 43: it had given one)."""
+    script = {"turns": [{"text": "no JSON here"}] * 3}
+    agent = scripted_agent(script, output_retries=2)
+    result = await agent.arun("q")
+    assert result.model_calls == 3
+    rejected = [e for e in agent.store.events(result.run_id) if isinstance(e, OutputRejected)]
+    assert len(rejected) == 2
+
+
 async def test_a_synthesis_answer_that_does_not_validate_fails_invalid_output() -> None:
     script = {"turns": [call("fetch", url="a")], "on_synthesis": {"text": '{"output": {}}'}}
     result = await scripted_agent(script, max_model_calls=2).arun("q")

@@ -36,10 +36,10 @@ from keel.events import RunStream, TreeListener
 from keel.hooks import Hooks
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
-from keel.options import check_tool_names
 from keel.pricing import Price, PriceTable, price_name
 from keel.records import JsonObject, RunConfig
 from keel.result import PendingApproval, RunResult
+from keel.setting_checks import check_tool_names
 from keel.store import RunStore, Store, open_store
 from keel.store.locate import default_store_path, is_url
 from keel.structured import OutputSpec

@@ -19,7 +19,7 @@ from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
 from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
-from keel.limits import Limits
+from keel.limits import Limits, current_names
 from keel.live_file import wanted
 from keel.models import resolve_model
 from keel.pricing import configured_prices
@@ -142,9 +142,9 @@ def agent_from_options(**options: Any) -> Agent:
     resolves it: the argument, else its KEEL_ variable, else a trusted keel.toml, else its
     default. The built-in tools on `repo`; MCP servers are the command line's (give a program's
     own with `tools=keel.mcp_tools(...)` on an `Agent`)."""
-    from keel.run_options import BY_NAME, resolve
+    from keel.run_options import BY_NAME, FORMER_NAMES, resolve
 
-    unknown = sorted(set(options) - set(BY_NAME))
+    unknown = sorted(set(options) - set(BY_NAME) - set(FORMER_NAMES))
     if unknown:
         close = difflib.get_close_matches(unknown[0], list(BY_NAME), n=1)
         hint = f"; did you mean {close[0]!r}?" if close else ""
@@ -156,8 +156,8 @@ def agent_from_options(**options: Any) -> Agent:
 
 def agent_from_resolved(resolved: Resolved, plugins: Plugins | None, mcp: list[JsonValue]) -> Agent:
     """The agent the resolved options describe; `mcp`: the MCP servers' saved form."""
-    from keel.options import check_hosts
     from keel.run_options import read_schema
+    from keel.setting_checks import check_hosts
     from keel.store import store_target
 
     values = resolved.values
@@ -260,7 +260,7 @@ def _children(
             spec,
             base_url=parent[1] if spec == parent[0] else None,
             tools=[offered[t] for t in wanted] if wanted is not None else builtin,
-            limits=Limits(**table.get("limits", {})),
+            limits=Limits(**current_names(table.get("limits") or {})),
             system_prompt=str(table.get("instructions") or DEFAULT_SYSTEM_PROMPT),
             approve_tools=[str(t) for t in table.get("approve_tools") or ()],
             store=store,

@@ -6,21 +6,24 @@ from __future__ import annotations
 
 import difflib
 import math
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal, get_args
 
 from keel.errors import ConfigError
 
 __all__ = [
-    "EVIDENCE_POLICIES",
+    "CITATION_POLICIES",
     "LOOP_POLICIES",
     "POLICY_TIERS",
+    "RENAMED",
     "REPEAT_TIERS",
-    "EvidencePolicy",
+    "CitationPolicy",
     "Limits",
     "LoopPolicy",
     "RepeatTier",
     "closest_policy",
+    "current_names",
 ]
 
 LoopPolicy = Literal["progress", "adr"]
@@ -31,12 +34,12 @@ changed since its last occurrence (a side effect ran and produced a result not s
 or when its own result differs from its last one; both capped per key."""
 LOOP_POLICIES: tuple[LoopPolicy, ...] = get_args(LoopPolicy)
 
-EvidencePolicy = Literal["off", "report", "require"]
-"""What is done with an answer's citations (ADR 0053). `off`: nothing is checked. `report` (the
-default): the check is recorded with the result. `require`: an answer whose quotes or ids do not
-check gets one more turn with what failed named; one that still fails is kept, `partial`, with
-the failures as its gaps."""
-EVIDENCE_POLICIES: tuple[EvidencePolicy, ...] = get_args(EvidencePolicy)
+CitationPolicy = Literal["off", "report", "require"]
+"""What is done with an answer's citations (ADR 0053, ADR 0058). `off`: nothing is checked.
+`report` (the default): the check is recorded with the result. `require`: an answer whose
+quotes or ids do not check gets one more turn with what failed named; one that still fails is
+kept, `partial`, with the failures as its gaps."""
+CITATION_POLICIES: tuple[CitationPolicy, ...] = get_args(CitationPolicy)
 
 RepeatTier = Literal["same_result", "alternation", "same_error"]
 """Rules of the loop policy beyond the identical call (docs/adr/0050, keel._run.breaker): other
@@ -239,14 +242,15 @@ class Limits:
     """Seconds a call waiting for approval may wait: past it the call is denied with that
     reason (also when the approver comes later), and the run goes on as after a denial."""
 
-    evidence: EvidencePolicy = field(
+    citations: CitationPolicy = field(
         default="report",
         metadata=_help(
             "Answers' citations checked against the run's results: off, report (recorded with "
             "the result) or require (one more turn to fix what failed, then kept as partial)."
         ),
     )
-    """What is done with an answer's citations and quotes (see `EvidencePolicy`)."""
+    """What is done with an answer's citations and quotes (see `CitationPolicy`). Named
+    `evidence` before ADR 0058, a name the breaker's evidence resets (ADR 0003) also had."""
 
     def __post_init__(self) -> None:
         timeout = self.approval_timeout
@@ -293,10 +297,10 @@ class Limits:
         for tier in REPEAT_TIERS:  # decided once, so a run saves the tiers it ran with
             if getattr(self, f"repeat_{tier}") is None:
                 object.__setattr__(self, f"repeat_{tier}", tier in POLICY_TIERS[self.loop_policy])
-        if self.evidence not in EVIDENCE_POLICIES:
+        if self.citations not in CITATION_POLICIES:
             raise ConfigError(
-                f"evidence must be one of {', '.join(EVIDENCE_POLICIES)} (got {self.evidence!r})"
-                + closest_policy(self.evidence, EVIDENCE_POLICIES)
+                f"citations must be one of {', '.join(CITATION_POLICIES)} "
+                f"(got {self.citations!r})" + closest_policy(self.citations, CITATION_POLICIES)
             )
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
@@ -322,6 +326,22 @@ class Limits:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+RENAMED: dict[str, str] = {"evidence": "citations"}
+"""Former names of `Limits` fields, each with the name it has now (ADR 0058): a run stored
+before the rename, a keel.toml, a scenario file or a sub-agent's table may still hold one."""
+
+
+def current_names(values: Mapping[str, Any]) -> dict[str, Any]:
+    """`values` (a stored or written `Limits` table) with each former field name read as the
+    current one; the current name wins when a table holds both."""
+    found = dict(values)
+    for old, new in RENAMED.items():
+        if old in found:
+            value = found.pop(old)
+            found.setdefault(new, value)
+    return found
 
 
 def closest_policy(name: object, choices: tuple[str, ...] = LOOP_POLICIES) -> str:

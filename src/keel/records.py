@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal, TypeAlias, cast
 
 from keel.codec import FLAT, OMIT_EMPTY, from_json, to_json
 from keel.errors import FailureKind, RunFailure
-from keel.limits import REPEAT_TIERS, Limits
+from keel.limits import REPEAT_TIERS, Limits, current_names
 from keel.messages import SynthesisReason, Usage
 from keel.result import ChildRun, Failure, PendingApproval, RunResult, RunStatus
 
@@ -333,7 +333,7 @@ class OutputRejected(_EventBase):
 @dataclass(slots=True, kw_only=True)
 class EvidenceRejected(_EventBase):
     """Under `--evidence require`, an answer whose quotes or ids did not check against the
-    record (keel/evidence.py); the model got one more turn with `feedback` as a volatile
+    record (keel/citations.py); the model got one more turn with `feedback` as a volatile
     control. Replayed on resume: the answer stays in the history, the control is state."""
 
     type: ClassVar[str] = "evidence_rejected"
@@ -355,7 +355,7 @@ class RunCompleted(_EventBase):
     """The structured answer came from a synthesis turn: complete as far as `gaps` say."""
     gaps: tuple[str, ...] = ()
     evidence: JsonValue = None
-    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    """The answer checked against the run's results (keel/citations.py); None: not checked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -581,7 +581,7 @@ class RunState:
     output_retries: int = 0
     """Answers rejected by the output schema so far, each given another turn."""
     evidence: JsonValue = None
-    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    """The answer checked against the run's results (keel/citations.py); None: not checked."""
     evidence_retries: int = 0
     """Answers sent back under `--evidence require` (at most one per run)."""
     evidence_feedback: str | None = None
@@ -695,7 +695,7 @@ class Ending:
     gaps: tuple[str, ...] = ()
     failure: Failure | None = None
     evidence: JsonValue = None
-    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    """The answer checked against the run's results (keel/citations.py); None: not checked."""
 
     @classmethod
     def completed(
@@ -819,5 +819,5 @@ class RunConfig:
         limits = raw.get("limits")
         if isinstance(limits, dict):  # saved before loop policies: it counted as `adr`, and
             before = {f"repeat_{tier}": False for tier in REPEAT_TIERS}  # before the tiers: none
-            raw["limits"] = {"loop_policy": "adr", **before, **limits}
+            raw["limits"] = {"loop_policy": "adr", **before, **current_names(limits)}
         return from_json(cls, raw)

@@ -2,7 +2,7 @@
 
 Each `Option` carries its flag, its environment variable, its `keel.toml` key, its default and
 its help. Everything else is derived from this table: the command line's options (`keel run`,
-`ask`, `serve`, `submit` take the same ones, see `keel/cli/agent_options.py`), the keys a
+`ask`, `serve`, `submit` take the same ones, see `keel/cli/flags.py`), the keys a
 `keel.toml` may hold, and the run's `Limits`: every field of `Limits` is an option, so a new
 limit appears on the command line and in `keel.toml` without another edit.
 
@@ -10,7 +10,8 @@ limit appears on the command line and in `keel.toml` without another edit.
 says where each value came from; the run saves that (`keel show` prints it). The model and its
 base URL are the one pair resolved together (`keel.models.choose_model`): a base URL is taken
 only from the place the model came from, so `--model openai:...` never sends a key to a
-`KEEL_BASE_URL` someone set for another model.
+`KEEL_BASE_URL` someone set for another model. An option renamed (ADR 0058) is still read under
+its former flag, variable and key, after the new one at each place, with a note on stderr.
 """
 
 from __future__ import annotations
@@ -21,13 +22,14 @@ import json
 import math
 import os
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, cast
 
 from keel.errors import ConfigError
-from keel.limits import Limits
+from keel.limits import RENAMED, Limits
 
 __all__ = [
     "OPTIONS",
@@ -35,6 +37,7 @@ __all__ = [
     "Option",
     "Resolved",
     "agent_tables",
+    "note_renamed",
     "option",
     "read_schema",
     "resolve",
@@ -63,6 +66,16 @@ class Option:
     """A field of `Limits` (the run's budgets and loop rules)."""
     default_help: str | None = None
     """What `--help` says of the default when it is not a plain value."""
+    formerly: str | None = None
+    """The option's name before a rename (ADR 0058): its flag, variable and keel.toml key are
+    still read, each with a note on stderr naming the new spelling."""
+
+    @property
+    def former(self) -> Option | None:
+        """The option as it was spelled before its rename: its flag, variable and key."""
+        if self.formerly is None:
+            return None
+        return Option(self.formerly, self.kind, f"Former name of {self.flag_name}.")
 
     @property
     def flag_name(self) -> str:
@@ -101,12 +114,14 @@ _LIMIT_KINDS: dict[str, Kind] = {"int": "int", "float": "float", "bool": "bool",
 def _limit_options() -> list[Option]:
     """One option per field of `Limits`, its default the field's own."""
     found = []
+    formerly = {new: old for old, new in RENAMED.items()}
     for field in dataclasses.fields(Limits):
         meta = dict(field.metadata)
         if meta.pop("cli", True) is False:
             continue
         annotation = str(field.type).replace(" | None", "")
         kind = _LIMIT_KINDS.get(annotation, "str")
+        meta.setdefault("formerly", formerly.get(field.name))
         found.append(
             Option(field.name, kind, meta.pop("help"), default=field.default, limit=True, **meta)
         )
@@ -217,8 +232,13 @@ OPTIONS: tuple[Option, ...] = (
 )
 
 BY_NAME = {o.name: o for o in OPTIONS}
-TOML_KEYS: tuple[str, ...] = tuple(k for o in OPTIONS if (k := o.toml_key) is not None)
-"""The `keel.toml` keys the options model reads (beside `[[mcp]]`, `[prices]`, `[agents]`)."""
+FORMER_NAMES = {o.formerly: o for o in OPTIONS if o.formerly is not None}
+"""Each renamed option by its former name (ADR 0058), still taken by `agent_from_options`."""
+TOML_KEYS: tuple[str, ...] = tuple(
+    k for o in OPTIONS for s in (o, o.former) if s is not None and (k := s.toml_key) is not None
+)
+"""The `keel.toml` keys the options model reads (beside `[[mcp]]`, `[prices]`, `[agents]`),
+former names included: they are read, with a note, not reported as unknown."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -277,7 +297,7 @@ def resolve(
     for name in names or BY_NAME:
         if name in ("model", "base_url"):
             continue
-        values[name], sources[name] = _first(BY_NAME[name], given.get(name), env, files)
+        values[name], sources[name] = _first(BY_NAME[name], given, env, files)
     if names is None or "model" in names:
         from keel.models import choose_model
 
@@ -345,7 +365,13 @@ def _agent_table(name: str, table: object, where: str) -> dict[str, Any]:
         raise ConfigError(f"{where}: an agent's name is its tool's name: letters, digits, _ -")
     if not isinstance(table, dict):
         raise ConfigError(f"{where} must be a table")
-    limit_keys = {o.toml_key: o for o in OPTIONS if o.limit and o.toml_key}
+    limit_keys = {
+        key: o
+        for o in OPTIONS
+        if o.limit
+        for s in (o.former, o)  # a key's own spelling last: it wins over a former one
+        if s is not None and (key := s.toml_key)
+    }
     known = (*AGENT_KEYS, *limit_keys)
     for key in table:
         if key not in known:
@@ -363,11 +389,13 @@ def _agent_table(name: str, table: object, where: str) -> dict[str, Any]:
         names_ok = isinstance(names, list) and all(isinstance(t, str) for t in names)
         if names is not None and not names_ok:
             raise ConfigError(f"{where}: {key} must be a list of tool names")
-    limits = {
-        o.name: _checked(o, _from_toml(o, table[key], f"{where} {key}"), f"{where} {key}")
-        for key, o in limit_keys.items()
-        if key in table
-    }
+    limits = {}
+    for key, o in limit_keys.items():
+        if key in table:
+            if key != o.toml_key:
+                note_renamed(f"{where} {key}", str(o.toml_key))
+            at = f"{where} {key}"
+            limits[o.name] = _checked(o, _from_toml(o, table[key], at), at)
     try:
         Limits(**limits)
     except ConfigError as exc:
@@ -387,23 +415,49 @@ def resolve_one(name: str, flag: Any = None, *, cwd: Path | None = None) -> Any:
     return resolve({name: flag}, names=[name], cwd=cwd).values[name]
 
 
+_NOTED: set[str] = set()
+"""The former spellings already noted in this process."""
+
+
+def note_renamed(old: str, new: str) -> None:
+    """Say once per process, on stderr, that `old` is a former spelling of `new` (ADR 0058):
+    it still works, and the note says what to write instead."""
+    if old in _NOTED:
+        return
+    _NOTED.add(old)
+    print(f"keel: {old} is deprecated, it is now {new} (ADR 0058)", file=sys.stderr)
+
+
 def _first(
     opt: Option,
-    flag: Any,
+    given: Mapping[str, Any],
     env: Mapping[str, str],
     files: Sequence[tuple[Path, Mapping[str, object]]],
 ) -> tuple[Any, str]:
-    if flag is not None and flag != [] and flag != ():
-        shown = opt.flag_name.split("/")[0]
-        return _checked(opt, _from_flag(opt, flag), shown), shown
-    variable = opt.env_name
-    if variable and env.get(variable):
-        return _checked(opt, _from_text(opt, env[variable], variable), variable), variable
-    key = opt.toml_key
+    """At each place in turn (flags, environment, keel.toml files), the option's own spelling,
+    then its former one."""
+    spellings = [s for s in (opt, opt.former) if s is not None]
+    for spelled in spellings:
+        flag = given.get(spelled.name)
+        if flag is not None and flag != [] and flag != ():
+            shown = spelled.flag_name.split("/")[0]
+            if spelled is not opt:
+                note_renamed(shown, opt.flag_name.split("/")[0])
+            return _checked(opt, _from_flag(opt, flag), shown), shown
+    for spelled in spellings:
+        variable = spelled.env_name
+        if variable and env.get(variable):
+            if spelled is not opt:
+                note_renamed(variable, str(opt.env_name))
+            return _checked(opt, _from_text(opt, env[variable], variable), variable), variable
     for path, data in files:
-        if key is not None and key in data:
-            where = f"{path}: {key}"
-            return _checked(opt, _from_toml(opt, data[key], where), where), str(path)
+        for spelled in spellings:
+            key = spelled.toml_key
+            if key is not None and key in data:
+                where = f"{path}: {key}"
+                if spelled is not opt:
+                    note_renamed(where, f"{opt.toml_key} in keel.toml")
+                return _checked(opt, _from_toml(opt, data[key], where), where), str(path)
     return opt.default, "default"
 
 
@@ -467,10 +521,10 @@ def _checked(opt: Option, value: Any, where: str) -> Any:
         from keel.durability import check_durability
 
         return check_durability(value, where)
-    if opt.name in ("loop_policy", "evidence"):
-        from keel.limits import EVIDENCE_POLICIES, LOOP_POLICIES, closest_policy
+    if opt.name in ("loop_policy", "citations"):
+        from keel.limits import CITATION_POLICIES, LOOP_POLICIES, closest_policy
 
-        allowed = LOOP_POLICIES if opt.name == "loop_policy" else EVIDENCE_POLICIES
+        allowed = LOOP_POLICIES if opt.name == "loop_policy" else CITATION_POLICIES
         if value not in allowed:
             raise ConfigError(
                 f"{where}: {opt.name.replace('_', ' ')} must be one of {', '.join(allowed)}, "

@@ -355,6 +355,8 @@ class RunTrace:
 
 
 def _evidence_attributes(evidence: dict[str, Any]) -> dict[str, Any]:
+    """The answer's citations checked, as span attributes named after the stored `evidence`
+    object, which keeps its name (ADR 0058): a query over older traces still finds them."""
     return {
         "keel.evidence.cited": len(evidence.get("cited") or ()),
         "keel.evidence.quotes_checked": int(evidence.get("quotes_checked") or 0),

@@ -1,7 +1,7 @@
-"""An answer bound to its evidence when it is written (ADR 0053): checked, recorded, and under
-`--evidence require` sent back once.
+"""An answer's citations checked when it is written (ADR 0053, ADR 0058): checked, recorded,
+and under `--citations require` sent back once.
 
-The check itself is pure (keel/evidence.py); this module feeds it the run's results from the
+The check itself is pure (keel/citations.py); this module feeds it the run's results from the
 context builder (each with its citable id and its stored text, elided or not) and decides what
 the step does with the outcome:
 
@@ -20,11 +20,11 @@ import dataclasses
 from keel._run.context import ContextBuilder
 from keel._run.parts import Completed, Continue, StepOutcome, StepParts
 from keel._run.synthesis import Mode
-from keel.evidence import Evidence, Source, check_answer, check_output
+from keel.citations import CitationCheck, Source, check_answer, check_output
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason
 from keel.records import EvidenceRejected
 
-__all__ = ["bind", "evidence_feedback", "sources"]
+__all__ = ["bind", "citation_feedback", "sources"]
 
 _FEEDBACK_ITEMS = 10
 """Failures named in the control, at most; the rest are counted."""
@@ -38,7 +38,7 @@ def sources(context: ContextBuilder) -> list[Source]:
     ]
 
 
-def check(parts: StepParts, completed: Completed) -> Evidence:
+def check(parts: StepParts, completed: Completed) -> CitationCheck:
     found = sources(parts.context)
     if completed.output is not None:
         return check_output(completed.output, found, completed.gaps)
@@ -49,29 +49,29 @@ def bind(
     parts: StepParts, response: ModelResponse, mode: Mode, completed: Completed
 ) -> StepOutcome:
     """The answer with its check, or another turn when `require` asks for one."""
-    policy = parts.limits.evidence
+    policy = parts.limits.citations
     if policy == "off":
         return completed
-    evidence = check(parts, completed)
-    shown = evidence.to_dict()
-    if policy == "report" or evidence.passed:
+    checked = check(parts, completed)
+    shown = checked.to_dict()
+    if policy == "report" or checked.passed:
         return dataclasses.replace(completed, evidence=shown)
     state = parts.state
     if state.evidence_retries < 1 and mode.reason in (None, SynthesisReason.REPEATED_TOOL):
-        feedback = evidence_feedback(evidence)  # the retry is counted by the ledger
+        feedback = citation_feedback(checked)  # the retry is counted by the ledger
         state.evidence_feedback = feedback
         parts.context.append(AssistantMessage(response.text))  # as a resume replays it
         parts.recorder.emit(
             EvidenceRejected(step=state.step, text=response.text, feedback=feedback, evidence=shown)
         )
         return Continue()
-    gaps = (*completed.gaps, *evidence.failures())
+    gaps = (*completed.gaps, *checked.failures())
     return dataclasses.replace(completed, evidence=shown, gaps=gaps, unsupported=True)
 
 
-def evidence_feedback(evidence: Evidence) -> str:
+def citation_feedback(checked: CitationCheck) -> str:
     """The volatile control of the one more turn: what failed, and what to do about it."""
-    failures = evidence.failures()
+    failures = checked.failures()
     named = "; ".join(failures[:_FEEDBACK_ITEMS])
     more = len(failures) - _FEEDBACK_ITEMS
     if more > 0:

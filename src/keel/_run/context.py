@@ -201,7 +201,7 @@ class ContextBuilder:
 
     def results(self) -> list[tuple[str, ToolResult]]:
         """Every result of the history with its citable id, as recorded (never a pointer):
-        what an answer's citations are checked against (keel/evidence.py)."""
+        what an answer's citations are checked against (keel/citations.py)."""
         return list(self._cited)
 
     def result(self, ref: str) -> ToolResult | None:

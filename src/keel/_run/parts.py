@@ -58,9 +58,10 @@ class Completed:
     gaps: tuple[str, ...] = ()
     """What a synthesized structured answer said it could not establish."""
     evidence: dict[str, Any] | None = None
-    """The answer checked against the run's results (keel/evidence.py); None: not checked."""
+    """The answer's citations checked against the run's results (keel/citations.py); None:
+    not checked."""
     unsupported: bool = False
-    """Under `--evidence require`, the answer still failed its check: kept, partial."""
+    """Under `--citations require`, the answer still failed its check: kept, partial."""
 
 
 @dataclass(frozen=True, slots=True)

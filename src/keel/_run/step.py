@@ -82,7 +82,6 @@ async def _answered(parts: StepParts, response: ModelResponse, mode: Mode) -> St
     state, limits = parts.state, parts.limits
     blocked = past_limits(state, limits, parts.clock) if synthesis else None
     if state.output_retries < limits.output_retries and blocked is None:
-        state.output_retries += 1
         feedback = output_feedback(checked, synthesis)
         parts.context.append(AssistantMessage(response.text))  # as a resume replays it
         parts.context.append(UserMessage(feedback))

@@ -14,7 +14,6 @@ from typing import Annotated, Any
 
 import typer
 
-from keel.cli.agent_options import command_agent, with_agent_options
 from keel.cli.common import (
     EXIT_CODES,
     BaseUrlOption,
@@ -35,6 +34,7 @@ from keel.cli.common import (
 from keel.cli.conversation import ask
 from keel.cli.decisions import answer
 from keel.cli.finish import announce, finish
+from keel.cli.flags import command_agent, with_agent_options
 from keel.cli.fork import fork
 from keel.cli.inspect import approve, deny, runs, show
 from keel.cli.output import keep_standard_fds

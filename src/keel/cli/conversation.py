@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from keel.cli.agent_options import command_agent, with_agent_options
 from keel.cli.common import EXIT_CODES, err, guard, json_errors
 from keel.cli.finish import announce, finish
+from keel.cli.flags import command_agent, with_agent_options
 from keel.cli.signals import stoppable
 from keel.present.terminal import safe_text
 

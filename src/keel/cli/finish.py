@@ -16,7 +16,7 @@ from keel.present.terminal import describe_call, safe_text
 
 if TYPE_CHECKING:
     from keel.agent import Agent, RunHandle
-    from keel.cli.agent_options import CommandAgent
+    from keel.cli.flags import CommandAgent
     from keel.cli.integrations import RunExtras
     from keel.result import RunResult
 

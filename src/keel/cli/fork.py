@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from keel.cli.agent_options import command_agent, with_agent_options
 from keel.cli.common import EXIT_CODES, err, guard, json_errors, usage_error
 from keel.cli.finish import announce, finish
+from keel.cli.flags import command_agent, with_agent_options
 from keel.cli.signals import stoppable
 
 if TYPE_CHECKING:
+    from keel._run import ForkPrefix
+    from keel.agent import Agent
     from keel.store import RunRecord
 
 __all__ = ["fork", "forked_json", "forked_line"]
@@ -68,8 +70,7 @@ def fork(
     """Fork RUN at step --at: a new run whose first steps are RUN's, copied from the store
     (nothing sent to a model, no tool run again, counters as they stood), then live with the
     options given. Takes every `keel run` option; RUN is left as it was."""
-    from keel._run import Forked, prefix_of_run
-    from keel.replay.forks import prefix_of_recording
+    from keel._run import Forked
 
     if at is None:
         usage_error("keel fork: say where to branch with --at STEP")
@@ -82,15 +83,28 @@ def fork(
     if instruction:
         agent.system_prompt = f"{agent.system_prompt}\n\n{instruction}"
     guard(lambda: agent.store)
-    if run_id is not None:
-        prefix = guard(lambda: prefix_of_run(agent.store, run_id, at))
-    else:
-        assert recording is not None
-        prefix = guard(
-            lambda: prefix_of_recording(recording, recording_id, at, question, agent.limits)
-        )
+    prefix = _prefix(agent, at, run_id, recording, recording_id, question)
     announce(built)
     finish(agent, lambda: agent.launch(Forked(prefix)), built.extras)
+
+
+def _prefix(
+    agent: Agent,
+    at: int,
+    run_id: str | None,
+    recording: Path | None,
+    recording_id: str | None,
+    question: str | None,
+) -> ForkPrefix:
+    """The steps the fork copies: stored run `run_id`'s, else those of the recording (its
+    file, its id in the file, and the question where it has none)."""
+    from keel._run import prefix_of_run
+    from keel.replay.forks import prefix_of_recording
+
+    if run_id is not None:
+        return guard(lambda: prefix_of_run(agent.store, run_id, at))
+    assert recording is not None
+    return guard(lambda: prefix_of_recording(recording, recording_id, at, question, agent.limits))
 
 
 def _model_of(run_id: str, store: str | None) -> str:

@@ -28,8 +28,11 @@ from keel.cli.fork import forked_json, forked_line
 from keel.present.terminal import safe_text
 
 if TYPE_CHECKING:  # each command imports what it uses: `keel --help` needs none (ADR 0042)
+    from collections.abc import Sequence
+
     from keel.limits import Limits
-    from keel.store import RunRecord
+    from keel.records import Event
+    from keel.store import RunRecord, RunStore
 
 __all__ = ["approve", "deny", "runs", "show"]
 
@@ -111,10 +114,7 @@ def show(
     store: StoreOption = None,
 ) -> None:
     """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
-    from keel.events import event_json
-    from keel.models import endpoint
     from keel.present.timeline import json_text, run_json, timeline
-    from keel.pricing import cost_text
 
     db = open_run_store(store, read_only=True)
     try:
@@ -122,22 +122,41 @@ def show(
         events = guard(lambda: db.events(run_id))
     finally:
         db.close()
-    sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if as_json:
-        shown: dict[str, Any] = {
-            "run": run_json(record),
-            "events": [event_json(e) for e in events],
-        }
-        shown["loop_rules"] = _loop_rules(record.config.limits)
-        shown["options"] = record.config.settings.get("options") or {}
-        shown["parent"] = parent_json(record)
-        shown["forked_from"] = forked_json(record)
-        if sampling is not None:
-            shown["sampling"] = sampling
-        typer.echo(json_text(shown))
+        typer.echo(json_text(_show_json(record, events)))
         return
     out = Console(emoji=False)
     summary = run_json(record)
+    _print_header(out, record, summary, db)
+    out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
+    out.print(timeline(events))
+    _print_end(out, record, summary)
+
+
+def _show_json(record: RunRecord, events: Sequence[Event]) -> dict[str, Any]:
+    """`keel show --json`: the run, its events, the rules and options it ran with, where it
+    stands in its tree and where it branched."""
+    from keel.events import event_json
+    from keel.present.timeline import run_json
+
+    shown: dict[str, Any] = {
+        "run": run_json(record),
+        "events": [event_json(e) for e in events],
+    }
+    shown["loop_rules"] = _loop_rules(record.config.limits)
+    shown["options"] = record.config.settings.get("options") or {}
+    shown["parent"] = parent_json(record)
+    shown["forked_from"] = forked_json(record)
+    sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
+    if sampling is not None:
+        shown["sampling"] = sampling
+    return shown
+
+
+def _print_header(out: Console, record: RunRecord, summary: dict[str, Any], db: RunStore) -> None:
+    """What the run is before its timeline: model, sampling, rules, options, lineage."""
+    from keel.models import endpoint
+
     where = endpoint(record.config.model, text_of(record.config.settings.get("base_url")))
     out.print(
         f"{record.run_id} · {summary['status']} · model {safe_text(record.model)} at "
@@ -146,6 +165,7 @@ def show(
         markup=False,
         soft_wrap=True,
     )
+    sampling = record.config.settings.get("sampling")
     if isinstance(sampling, dict):
         pinned = ", ".join(f"{k} {v}" for k, v in sampling.items())
         out.print(f"sampling: {safe_text(pinned)}", highlight=False, markup=False)
@@ -179,8 +199,12 @@ def show(
         out.print(safe_text(branch), highlight=False, markup=False, soft_wrap=True)
     for line in tree_lines(record):
         out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
-    out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
-    out.print(timeline(events))
+
+
+def _print_end(out: Console, record: RunRecord, summary: dict[str, Any]) -> None:
+    """What the run spent and how it ended: the answer, its citations checked, its gaps."""
+    from keel.pricing import cost_text
+
     state = record.state
     out.print(
         f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
@@ -193,7 +217,7 @@ def show(
         out.print(f"\nanswer: {safe_text(summary['answer'])}", highlight=False, markup=False)
     evidence = summary.get("evidence")
     if isinstance(evidence, dict):
-        from keel.evidence import summary_line
+        from keel.citations import summary_line
 
         line = f"evidence: {summary_line(evidence)}"
         out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)

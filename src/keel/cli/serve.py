@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
-from keel.cli.agent_options import command_agent, with_agent_options
 from keel.cli.common import err, guard, usage_error
+from keel.cli.flags import command_agent, with_agent_options
 
 if TYPE_CHECKING:  # the command line starts without the run core (ADR 0042)
     from keel.agent import Agent

@@ -20,7 +20,7 @@ from pydantic_core import ErrorDetails
 
 from keel.errors import ConfigError
 from keel.evals.scenario import SUFFIXES, Scenario, ScenarioSpec
-from keel.evals.suites import DEFAULT_SUITE, SUITES
+from keel.evals.suites import DEFAULT_SUITE, RENAMED_SUITES, SUITES
 from keel.limits import Limits
 from keel.transports.scripted import ScriptedTransport
 
@@ -38,6 +38,11 @@ __all__ = [
 
 
 def builtin_folder(suite: str = DEFAULT_SUITE) -> Path:
+    if suite in RENAMED_SUITES:
+        from keel.run_options import note_renamed
+
+        note_renamed(f"--suite {suite}", f"--suite {RENAMED_SUITES[suite]}")
+        suite = RENAMED_SUITES[suite]
     if suite not in SUITES:
         raise ConfigError(f"no built-in suite {suite!r}; the suites are {', '.join(SUITES)}")
     return Path(str(resources.files("keel.evals").joinpath(SUITES[suite])))

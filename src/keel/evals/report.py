@@ -18,8 +18,8 @@ from keel.evals.judging import RunRow, ScenarioReport
 
 __all__ = [
     "WIDE",
-    "evidence_line",
-    "evidence_shares",
+    "citation_line",
+    "citation_shares",
     "print_grades",
     "print_table",
     "to_json",
@@ -34,7 +34,7 @@ def to_json(reports: Sequence[ScenarioReport], *, model: str | None, repeat: int
         "passed": all(r.passed for r in reports),
         "model": model,
         "repeat": repeat,
-        "evidence": evidence_shares([row for r in reports for row in r.rows]),
+        "evidence": citation_shares([row for r in reports for row in r.rows]),
         "scenarios": [
             {
                 "name": r.scenario.name,
@@ -85,7 +85,7 @@ def print_table(reports: Sequence[ScenarioReport], console: Console) -> None:
         )
         for problem in row.problems:
             console.print(f"  {where}: {problem}", highlight=False, markup=False)
-    line = evidence_line([row for r in reports for row in r.rows])
+    line = citation_line([row for r in reports for row in r.rows])
     if line is not None:
         console.print(line, highlight=False, markup=False)
     passed = sum(r.passed for r in reports)
@@ -114,7 +114,7 @@ def print_grades(reports: Sequence[ScenarioReport], console: Console) -> None:
             *map(str, counts),
             str(len(report.rows)),
             str(synthesized),
-            *_evidence_cells(report.rows),
+            *_citation_cells(report.rows),
         )
     rows = [row for r in reports for row in r.rows]
     total = [sum(row.grade == g for row in rows) for g in GRADES]
@@ -124,13 +124,13 @@ def print_grades(reports: Sequence[ScenarioReport], console: Console) -> None:
         *map(str, total),
         str(len(rows)),
         str(synthesized),
-        *_evidence_cells(rows),
+        *_citation_cells(rows),
         style="bold",
     )
     console.print(table)
 
 
-def evidence_shares(rows: Sequence[RunRow]) -> dict[str, Any]:
+def citation_shares(rows: Sequence[RunRow]) -> dict[str, Any]:
     """Of the answers checked against the record (ADR 0053): how many had every quote and id
     check, and how many had a factual sentence without an id."""
     checked = [row for row in rows if row.evidence is not None]
@@ -141,8 +141,8 @@ def evidence_shares(rows: Sequence[RunRow]) -> dict[str, Any]:
     }
 
 
-def evidence_line(rows: Sequence[RunRow]) -> str | None:
-    shares = evidence_shares(rows)
+def citation_line(rows: Sequence[RunRow]) -> str | None:
+    shares = citation_shares(rows)
     n = shares["answers_checked"]
     if not n:
         return None
@@ -153,8 +153,8 @@ def evidence_line(rows: Sequence[RunRow]) -> str | None:
     )
 
 
-def _evidence_cells(rows: Sequence[RunRow]) -> tuple[str, str]:
-    shares = evidence_shares(rows)
+def _citation_cells(rows: Sequence[RunRow]) -> tuple[str, str]:
+    shares = citation_shares(rows)
     n = shares["answers_checked"]
     if not n:
         return "-", "-"

@@ -40,7 +40,7 @@ from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_val
 
 from keel.errors import FailureKind
 from keel.evals.facts import RepoFact
-from keel.limits import Limits
+from keel.limits import RENAMED, Limits, current_names
 
 __all__ = [
     "BROWSER_TOOLS",
@@ -213,14 +213,29 @@ class ToolsSpec(_Strict):
         return self
 
 
+def _former_names(cls: type[BaseModel], data: Any) -> Any:
+    """A limit's former name (ADR 0058) read as its current one, with a note."""
+    if not isinstance(data, dict):
+        return data
+    from keel.run_options import note_renamed
+
+    for old in RENAMED.keys() & data.keys():
+        note_renamed(f"[limits] {old}", f"[limits] {RENAMED[old]}")
+    return current_names(data)
+
+
 def _limits_model() -> type[BaseModel]:
     """The [limits] table mirrors keel.Limits field by field, so the two cannot drift."""
     hints = typing.get_type_hints(Limits)
     fields: dict[str, Any] = {
         f.name: (hints[f.name], f.default) for f in dataclasses.fields(Limits)
     }
+    former: Any = model_validator(mode="before")(classmethod(_former_names))  # type: ignore[arg-type]
     model: type[BaseModel] = pydantic.create_model(
-        "LimitsSpec", __config__=ConfigDict(extra="forbid", frozen=True), **fields
+        "LimitsSpec",
+        __config__=ConfigDict(extra="forbid", frozen=True),
+        __validators__={"_former_names": former},
+        **fields,
     )
     return model
 
@@ -291,14 +306,14 @@ class Expect(_Strict):
     children: dict[str, ChildExpect] = {}
     """By agent name: how that agent's child runs must end."""
     cited: bool | None = None
-    """True: the answer must cite evidence, every quote and id checking against the run's
+    """True: the answer must cite results, every quote and id checking against the run's
     results (ADR 0053); false: it must not pass that check."""
     quotes_checked: Count | None = None
     """Quotes of the answer found in the results they cite."""
     quotes_failed: Count | None = None
     unknown_ids: Count | None = None
     partial: bool | None = None
-    """Whether the result says `partial` (a structured synthesis, or `--evidence require`'s
+    """Whether the result says `partial` (a structured synthesis, or `--citations require`'s
     answer that still failed)."""
 
     @model_validator(mode="after")

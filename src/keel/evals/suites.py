@@ -1,21 +1,23 @@
 """The built-in evaluation suites, by name: in a module of their own so that `keel eval --help`
 names them without importing the scenario loader (ADR 0042)."""
 
-__all__ = ["DEFAULT_SUITE", "SUITES"]
+__all__ = ["DEFAULT_SUITE", "RENAMED_SUITES", "SUITES"]
 
 SUITES = {
     "rules": "scenarios",
     "repo-questions": "repo_questions",
-    "evidence": "evidence",
+    "citations": "citations",
     "loop-tiers": "loop_tiers",
     "repo-questions-20": "repo_questions_20",
 }
 """Built-in suites and their folders: `rules` (the default) checks the runtime's rules with
 scripted models and pages; `repo-questions` asks a real model five questions about the
 repository it runs in and grades the answers against the code (`keel.evals.facts`);
-`evidence` checks answers against the record (ADR 0053) with scripted models: a wrong quote,
+`citations` checks answers against the record (ADR 0053) with scripted models: a wrong quote,
 an unknown id, a quote from a result that was elided; `loop-tiers` shows each repeat tier
 and the nudge at work (ADR 0050) with scripted models;
 `repo-questions-20` asks twenty of many shapes, written before any model was measured on
 them (issue 39, `keel.evals.code_facts`)."""
 DEFAULT_SUITE = "rules"
+RENAMED_SUITES = {"evidence": "citations"}
+"""Former suite names, still accepted with a note (ADR 0058)."""

@@ -258,7 +258,7 @@ def _detail(event: Event) -> str:
                 shaped = " · structured output" + (", partial" if event.partial else "")
             checked = ""
             if isinstance(event.evidence, dict):
-                from keel.evidence import summary_line
+                from keel.citations import summary_line
 
                 checked = f" · evidence: {summary_line(event.evidence)}"
             partial = " · partial" if event.partial and event.output is None else ""

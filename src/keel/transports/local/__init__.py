@@ -3,7 +3,8 @@ the other transports hold none of it.
 
     transport.py    `LocalTransport`: llama.cpp in this process, the shell around the rest
     weights.py      the shipped GGUF file: its parts, joined and verified once
-    llama_hooks.py  loading llama.cpp, and the hooks that let a generation be cancelled
+    llama.py        llama.cpp's side: loading it, a generation's counts, its errors as Keel's,
+                    the tokenizer, and the hooks that let a generation be cancelled
     qwen_format.py  Qwen2.5's chat format with tools (pure): the prompt, and calls read back
     grammar.py      the grammar a turn is sampled under (pure), applied by constrained.py
     constrained.py  the grammar as a logits mask

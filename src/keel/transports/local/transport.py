@@ -71,7 +71,7 @@ from keel.transports.base import LocalModel, PinnedSampling, SteersFirstCall
 from keel.transports.local.answers import SHORT_ANSWER_RULE, NoRepeats
 from keel.transports.local.grammar import turn_grammar
 from keel.transports.local.grounding import Grounding, VocabularyTexts, corpus_of
-from keel.transports.local.llama_hooks import (
+from keel.transports.local.llama import (
     Generation,
     LlamaTokenCounter,
     abort_when,

@@ -1,14 +1,15 @@
-"""ADR 0053 (answers bound to their evidence): every tool result is citable by an id the model
+"""Citations (ADR 0053, named so by ADR 0058): every tool result is citable by an id the model
 sees beside it (`[r1]`, in the order results enter the history), and each answer is checked
 against the record when it is written: unknown ids listed, quotes found (white space
 normalised) in the stored text of the result they cite, elided or not, paths and URLs matched to
-the results that read them. `--evidence require` gives exactly one more turn, then keeps the
+the results that read them. `--citations require` gives exactly one more turn, then keeps the
 answer partial with its failures as gaps."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 import keel
 from keel._run.context import labelled
 from keel.agent import DEFAULT_SYSTEM_PROMPT
-from keel.evidence import Source, check_answer, check_output, normalise
+from keel.citations import Source, check_answer, check_output, normalise
 from keel.records import EvidenceRejected, RunCompleted
 from keel.transports.scripted import ScriptedTransport
 from support import call, run_script
@@ -47,32 +48,32 @@ def source(ref: str, text: str, key: str = 'read_file {"path":"lease.md"}') -> S
 
 
 def test_a_quote_not_in_its_result_fails() -> None:
-    evidence = check_answer('The docs say "the lease never expires" [r1].', [source("r1", LEASE)])
-    assert evidence.quotes_checked == 0 and not evidence.passed
-    (failed,) = evidence.quotes_failed
+    checked = check_answer('The docs say "the lease never expires" [r1].', [source("r1", LEASE)])
+    assert checked.quotes_checked == 0 and not checked.passed
+    (failed,) = checked.quotes_failed
     assert (failed.quote, failed.refs, failed.reason) == (
         "the lease never expires",
         ("r1",),
         "not_in_result",
     )
-    assert evidence.failures() == [
+    assert checked.failures() == [
         'the quote "the lease never expires" [r1] is in no result it cites'
     ]
 
 
 def test_a_quote_with_different_white_space_passes() -> None:
     answer = 'It says "The lease is renewed every   ttl/3\nseconds" [r1].'
-    evidence = check_answer(answer, [source("r1", LEASE)])
-    assert evidence.passed and evidence.quotes_checked == 1 and not evidence.quotes_failed
-    assert evidence.quotes[0].found_in == "r1"
+    checked = check_answer(answer, [source("r1", LEASE)])
+    assert checked.passed and checked.quotes_checked == 1 and not checked.quotes_failed
+    assert checked.quotes[0].found_in == "r1"
 
 
 def test_an_unknown_id_is_listed() -> None:
     answer = 'The lease is renewed every ttl/3 seconds [r1]. The breaker trips at T [r7], "x" [r9].'
-    evidence = check_answer(answer, [source("r1", LEASE)])
-    assert evidence.unknown_ids == ("r7", "r9") and evidence.cited == ("r1",)
-    assert [f.reason for f in evidence.quotes_failed] == ["unknown_id"]
-    assert not evidence.passed
+    checked = check_answer(answer, [source("r1", LEASE)])
+    assert checked.unknown_ids == ("r7", "r9") and checked.cited == ("r1",)
+    assert [f.reason for f in checked.quotes_failed] == ["unknown_id"]
+    assert not checked.passed
 
 
 def test_uncited_factual_sentences_are_counted_and_questions_and_labels_are_not() -> None:
@@ -84,8 +85,8 @@ def test_uncited_factual_sentences_are_counted_and_questions_and_labels_are_not(
         "What remains open?\n"
         "```\nprint('code is not a sentence at all here')\n```\n"
     )
-    evidence = check_answer(answer, [source("r1", LEASE)])
-    assert (evidence.sentences, evidence.uncited_sentences) == (2, 1)
+    checked = check_answer(answer, [source("r1", LEASE)])
+    assert (checked.sentences, checked.uncited_sentences) == (2, 1)
 
 
 def test_paths_and_urls_are_matched_to_the_results_that_read_them() -> None:
@@ -97,14 +98,14 @@ def test_paths_and_urls_are_matched_to_the_results_that_read_them() -> None:
         "See _run/lease.py and https://example.org/lease [r1][r2]; README.md was not read, "
         "nor https://example.com/other."
     )
-    evidence = check_answer(answer, results)
-    assert dict(evidence.sources) == {
+    checked = check_answer(answer, results)
+    assert dict(checked.sources) == {
         "https://example.org/lease": ("r2",),
         "https://example.com/other": (),
         "_run/lease.py": ("r1",),
         "README.md": (),
     }
-    assert evidence.unread_sources == ("https://example.com/other", "README.md")
+    assert checked.unread_sources == ("https://example.com/other", "README.md")
 
 
 def test_a_structured_citation_field_is_checked() -> None:
@@ -117,14 +118,14 @@ def test_a_structured_citation_field_is_checked() -> None:
             {"claim": "owner", "result_id": ""},
         ],
     }
-    evidence = check_output(output, [source("r1", LEASE)])
-    assert evidence.quotes_checked == 1
-    assert [(f.quote, f.reason) for f in evidence.quotes_failed] == [
+    checked = check_output(output, [source("r1", LEASE)])
+    assert checked.quotes_checked == 1
+    assert [(f.quote, f.reason) for f in checked.quotes_failed] == [
         ("expires after ttl", "not_in_result"),
         ("trips", "unknown_id"),
     ]
-    assert evidence.unknown_ids == ("r4",) and evidence.cited == ("r1",)
-    assert (evidence.sentences, evidence.uncited_sentences) == (5, 2)  # the summary, the ""
+    assert checked.unknown_ids == ("r4",) and checked.cited == ("r1",)
+    assert (checked.sentences, checked.uncited_sentences) == (5, 2)  # the summary, the ""
 
 
 _NO_QUOTE_MARK = st.characters(blacklist_characters='"\u201c\u201d', blacklist_categories=["Cs"])
@@ -141,9 +142,9 @@ def test_any_substring_of_a_stored_result_quoted_with_its_id_checks(
     if not normalise(quoted):
         return  # quotation marks around white space quote nothing
     results = [source("r1", "an unrelated result"), source("r2", stored)]
-    evidence = check_answer(f'The result reads "{quoted}" [r2].', results)
-    assert evidence.quotes_checked == 1 and not evidence.quotes_failed
-    assert evidence.quotes[0].found_in == "r2"
+    checked = check_answer(f'The result reads "{quoted}" [r2].', results)
+    assert checked.quotes_checked == 1 and not checked.quotes_failed
+    assert checked.quotes[0].found_in == "r2"
 
 
 # -- in a run ------------------------------------------------------------------------------------
@@ -268,7 +269,7 @@ async def test_require_gives_exactly_one_more_turn_and_then_marks_the_answer_par
     out = await run_script(
         {"turns": [call("read_file", path="a.md"), {"text": wrong}, {"text": still_wrong}]},
         [read_file],
-        evidence="require",
+        citations="require",
     )
     assert out.result.status == "completed" and out.result.answer == still_wrong
     assert out.result.model_calls == 3 and out.result.partial
@@ -288,7 +289,7 @@ async def test_require_passes_an_answer_that_checks_without_another_turn() -> No
     out = await run_script(
         {"turns": [call("read_file", path="a.md"), {"text": '"ttl/3 seconds" [r1]'}]},
         [read_file],
-        evidence="require",
+        citations="require",
     )
     assert (
         out.result.model_calls == 2 and not out.result.partial and not out.of_type(EvidenceRejected)
@@ -305,7 +306,7 @@ async def test_require_corrected_answer_is_kept_whole_and_not_partial() -> None:
             ]
         },
         [read_file],
-        evidence="require",
+        citations="require",
     )
     assert out.result.model_calls == 3 and not out.result.partial and out.result.gaps == ()
     assert out.result.evidence is not None and out.result.evidence["passed"] is True
@@ -341,9 +342,8 @@ async def test_a_resumed_run_repeats_the_require_turns_control(
 
     monkeypatch.setattr(turns_module, "failpoint", crash_at_the_third_attempt)
     first = ScriptedTransport.from_dict(script, record=True)
-    agent = keel.Agent(
-        first, tools=[read_file], store=store, limits=keel.Limits(evidence="require"), lease_ttl=0.2
-    )
+    limits = keel.Limits(citations="require")
+    agent = keel.Agent(first, tools=[read_file], store=store, limits=limits, lease_ttl=0.2)
     with pytest.raises(_Crash):
         await agent.arun("Q")
     monkeypatch.undo()
@@ -358,7 +358,7 @@ async def test_a_resumed_run_repeats_the_require_turns_control(
         straight,
         tools=[read_file],
         store=keel.Store(":memory:"),
-        limits=keel.Limits(evidence="require"),
+        limits=keel.Limits(citations="require"),
     ).arun("Q")
     sent, expected = again.requests[0], straight.requests[2]
     assert (sent.items, sent.volatile) == (expected.items, expected.volatile)  # ids, control
@@ -398,21 +398,22 @@ async def test_off_checks_nothing_but_the_ids_are_still_shown() -> None:
     out = await run_script(
         {"turns": [call("read_file", path="a.md"), {"text": '"never" [r7]'}]},
         [read_file],
-        evidence="off",
+        citations="off",
     )
     assert out.result.evidence is None and "evidence" not in out.result.to_dict()
     results = [i for i in out.requests[-1].items if isinstance(i, keel.ToolResult)]
     assert results[0].content.startswith("[r1] ")
 
 
-def test_the_evidence_policy_is_an_option_of_keel_run_and_keel_toml() -> None:
+def test_the_citations_policy_is_an_option_of_keel_run_and_keel_toml() -> None:
     from keel.run_options import OPTIONS
 
-    (option,) = [o for o in OPTIONS if o.name == "evidence"]
-    assert option.default == "report"
-    assert keel.Limits().evidence == "report"
+    (option,) = [o for o in OPTIONS if o.name == "citations"]
+    assert option.default == "report" and option.flag_name == "--citations"
+    assert (option.env_name, option.toml_key) == ("KEEL_CITATIONS", "citations")
+    assert keel.Limits().citations == "report"
     try:
-        keel.Limits(evidence="always")  # type: ignore[arg-type]
+        keel.Limits(citations="always")  # type: ignore[arg-type]
     except keel.ConfigError as error:
         assert "off, report, require" in str(error)
     else:
@@ -430,8 +431,8 @@ def test_the_prompt_and_the_synthesis_controls_ask_for_bracketed_ids_and_quotes(
 # -- keel eval -----------------------------------------------------------------------------------
 
 
-def test_keel_eval_measures_the_evidence_of_its_built_in_suite() -> None:
-    """`keel eval --suite evidence`: a scripted model quotes a page wrongly (under `require`:
+def test_keel_eval_measures_the_citations_of_its_built_in_suite() -> None:
+    """`keel eval --suite citations`: a scripted model quotes a page wrongly (under `require`:
     one more turn, then partial), cites an id no result has, and quotes a result after it was
     elided; the report counts answers whose quotes all check and answers with an uncited
     factual sentence."""
@@ -444,8 +445,8 @@ def test_keel_eval_measures_the_evidence_of_its_built_in_suite() -> None:
     app = typer.Typer(add_completion=False)
     app.callback()(lambda: None)
     app.command("eval")(eval_command)
-    assert builtin_names("evidence") == ["elided_quote", "unknown_id", "wrong_quote"]
-    done = CliRunner().invoke(app, ["eval", "--suite", "evidence", "--json"])
+    assert builtin_names("citations") == ["elided_quote", "unknown_id", "wrong_quote"]
+    done = CliRunner().invoke(app, ["eval", "--suite", "citations", "--json"])
     assert done.exit_code == 0, done.stdout
     report = json.loads(done.stdout)
     assert report["passed"] and report["evidence"] == {
@@ -460,9 +461,9 @@ def test_keel_eval_measures_the_evidence_of_its_built_in_suite() -> None:
     assert rows["unknown_id"]["evidence"]["unknown_ids"] == ["r4"]
 
 
-def test_the_evidence_shares_count_only_checked_answers() -> None:
+def test_the_citation_shares_count_only_checked_answers() -> None:
     from keel.evals.judging import RunRow
-    from keel.evals.report import evidence_line, evidence_shares
+    from keel.evals.report import citation_line, citation_shares
 
     def row(evidence: dict[str, Any] | None) -> RunRow:
         return RunRow("q", 1, "answer", "answer", True, [], evidence=evidence)
@@ -473,13 +474,148 @@ def test_the_evidence_shares_count_only_checked_answers() -> None:
         row({"passed": True, "uncited_sentences": 1}),
         row(None),
     ]
-    assert evidence_shares(rows) == {
+    assert citation_shares(rows) == {
         "answers_checked": 3,
         "quotes_all_check": 2,
         "uncited_sentence": 2,
     }
-    assert evidence_line(rows) == (
+    assert citation_line(rows) == (
         "evidence: every quote and id checked in 2 of 3 answers (67%); an uncited factual "
         "sentence in 2 of 3 (67%)"
     )
-    assert evidence_line([row(None)]) is None
+    assert citation_line([row(None)]) is None
+
+
+# -- the former name (ADR 0058) ------------------------------------------------------------------
+
+
+@pytest.fixture
+def fresh_notes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """No user keel.toml, no KEEL_ variable, and no former spelling noted yet in this process."""
+    from keel import run_options
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    for name in ("KEEL_CITATIONS", "KEEL_EVIDENCE", "KEEL_MODEL", "KEEL_STORE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(run_options, "_NOTED", set())
+
+
+def test_keel_run_still_takes_evidence_and_says_once_that_it_is_now_citations(
+    tmp_path: Path, fresh_notes: None
+) -> None:
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+
+    (tmp_path / "a.md").write_text(LEASE)
+    turns = [call("read_file", path="a.md"), {"text": '"never" [r1]'}, {"text": '"ttl/3" [r1]'}]
+    model = tmp_path / "script.json"
+    model.write_text(json.dumps({"turns": turns}))
+    store = str(tmp_path / "runs.sqlite")
+    ran = CliRunner().invoke(
+        app,
+        ["run", "Q", "--model", f"script:{model}", "--store", store, "--repo", str(tmp_path),
+         "--evidence", "require", "--json"],
+    )  # fmt: skip
+    assert ran.exit_code == 0, ran.output
+    result = json.loads(ran.stdout)
+    assert result["model_calls"] == 3 and result["evidence"]["passed"] is True  # require's turn
+    note = "keel: --evidence is deprecated, it is now --citations (ADR 0058)"
+    assert ran.stderr.count(note) == 1
+    (record,) = keel.Store(store).list_runs()
+    assert record.config.limits.citations == "require"
+    saved = record.config.settings["options"]
+    assert isinstance(saved, dict)
+    assert saved["citations"] == {"from": "--evidence", "value": "require"}
+    shown = CliRunner().invoke(app, ["run", "--help"]).stdout
+    assert "--citations" in shown and not re.search(r"--evidence(?![-\w])", shown)  # hidden
+
+
+def test_keel_evidence_and_the_keel_toml_key_evidence_still_set_citations(
+    tmp_path: Path, fresh_notes: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from keel.assemble import agent_from_options
+    from keel.config import trust
+    from keel.run_options import resolve, unknown_keys
+
+    chosen = resolve({}, cwd=tmp_path, env={"KEEL_EVIDENCE": "off"})
+    assert (chosen.values["citations"], chosen.sources["citations"]) == ("off", "KEEL_EVIDENCE")
+    both = {"KEEL_EVIDENCE": "off", "KEEL_CITATIONS": "require"}
+    assert resolve({}, cwd=tmp_path, env=both).values["citations"] == "require"  # the new wins
+    (tmp_path / "keel.toml").write_text('evidence = "require"\n')
+    trust(tmp_path)
+    assert resolve({}, cwd=tmp_path, env={}).limits().citations == "require"
+    assert unknown_keys(tmp_path) == []  # a former key is read, not reported unknown
+    flagged = resolve({"evidence": "off"}, cwd=tmp_path, env={})
+    assert flagged.values["citations"] == "off"  # a flag, even the former one, over keel.toml
+    model = tmp_path / "script.json"
+    model.write_text(json.dumps({"turns": [{"text": "done"}]}))
+    agent = agent_from_options(model=f"script:{model}", evidence="off", repo=tmp_path)
+    assert agent.limits.citations == "off"
+    notes = capsys.readouterr().err.splitlines()
+    assert notes == [
+        "keel: KEEL_EVIDENCE is deprecated, it is now KEEL_CITATIONS (ADR 0058)",
+        f"keel: {tmp_path / 'keel.toml'}: evidence is deprecated, it is now citations in "
+        "keel.toml (ADR 0058)",
+        "keel: --evidence is deprecated, it is now --citations (ADR 0058)",
+    ]
+
+
+async def test_a_run_stored_with_evidence_in_its_limits_loads_and_resumes_under_it(
+    tmp_path: Path,
+) -> None:
+    """A run saved before the rename holds `"evidence": "require"` in its limits: it loads as
+    `citations` and resumes under it (one more turn), not under the default `report`."""
+    import sqlite3
+
+    turns = [
+        call("fetch", url="https://example.org/a"),
+        {"text": '"never" [r1]'},
+        {"text": '"checkpoints every step" [r1]'},
+    ]
+    path = tmp_path / "runs.sqlite"
+
+    def agent(store: keel.Store, **limits: Any) -> keel.Agent:
+        transport = ScriptedTransport.from_dict({"turns": turns}, record=True)
+        return keel.Agent(transport, tools=[fetch], store=store, limits=keel.Limits(**limits))
+
+    store = keel.Store(path)
+    paused = await agent(store, citations="require").arun("Q")
+    assert paused.status == "awaiting_approval"
+    store.close()
+    with sqlite3.connect(path) as db:  # as a Keel before ADR 0058 wrote it
+        where = (paused.run_id,)
+        (text,) = db.execute("SELECT config FROM runs WHERE run_id = ?", where).fetchone()
+        config = json.loads(text)
+        config["limits"]["evidence"] = config["limits"].pop("citations")
+        db.execute("UPDATE runs SET config = ? WHERE run_id = ?", (json.dumps(config), *where))
+    db.close()
+    store = keel.Store(path)
+    (record,) = store.list_runs()
+    assert record.config.limits.citations == "require"
+    store.decide(paused.run_id, paused.pending_approvals[0].call_id, approved=True, by="ana")
+    resumed = await agent(store).aresume(paused.run_id)
+    assert resumed.status == "completed" and resumed.model_calls == 3, resumed.failure
+    assert resumed.evidence is not None and resumed.evidence["passed"] is True
+    assert [type(e) for e in store.events(paused.run_id)].count(EvidenceRejected) == 1
+
+
+def test_a_scenario_a_sub_agents_table_and_keel_eval_may_still_say_evidence(
+    fresh_notes: None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from keel.evals import builtin_names
+    from keel.evals.scenario import LimitsSpec
+    from keel.run_options import _agent_table
+
+    assert LimitsSpec.model_validate({"evidence": "require"}).citations == "require"
+    table = {"description": "Reads.", "evidence": "off", "max_model_calls": 3}
+    assert _agent_table("reader", table, "[agents.reader]")["limits"] == {
+        "citations": "off",
+        "max_model_calls": 3,
+    }
+    assert builtin_names("evidence") == builtin_names("citations")
+    assert capsys.readouterr().err.splitlines() == [
+        "keel: [limits] evidence is deprecated, it is now [limits] citations (ADR 0058)",
+        "keel: [agents.reader] evidence is deprecated, it is now citations (ADR 0058)",
+        "keel: --suite evidence is deprecated, it is now --suite citations (ADR 0058)",
+    ]

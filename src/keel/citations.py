@@ -1,6 +1,7 @@
-"""Answers bound to their evidence (ADR 0053): what an answer cites, checked against the record.
+"""Citations (ADR 0053, named so by ADR 0058): what an answer cites, checked against the record.
 
-Pure: text and the run's results in, an `Evidence` out; no I/O, no clock, nothing stored here.
+Pure: text and the run's results in, a `CitationCheck` out; no I/O, no clock, nothing stored
+here. (The breaker's "evidence resets", ADR 0003, are another thing: keel._run.breaker.)
 
 Every tool result of a run (or of its conversation) has a citable id, `r1`, `r2`, ... in the
 order the results entered the history (keel._run.context). An answer cites ids in brackets
@@ -33,7 +34,7 @@ from typing import Any
 
 __all__ = [
     "FACTUAL_WORDS",
-    "Evidence",
+    "CitationCheck",
     "FailedQuote",
     "Quote",
     "Source",
@@ -139,7 +140,7 @@ class FailedQuote:
 
 
 @dataclass(frozen=True, slots=True)
-class Evidence:
+class CitationCheck:
     """The outcome of checking one answer."""
 
     cited: tuple[str, ...] = ()
@@ -213,12 +214,12 @@ class Evidence:
         }
 
 
-def check_answer(text: str | None, sources: Sequence[Source]) -> Evidence:
+def check_answer(text: str | None, sources: Sequence[Source]) -> CitationCheck:
     """Check a free-text answer against the run's results."""
     return _Checker(sources).text(text or "").done()
 
 
-def check_output(output: Any, sources: Sequence[Source], gaps: Iterable[str] = ()) -> Evidence:
+def check_output(output: Any, sources: Sequence[Source], gaps: Iterable[str] = ()) -> CitationCheck:
     """Check a structured answer (JSON): citation objects and every other string in it."""
     checker = _Checker(sources)
     checker.json(output)
@@ -238,10 +239,10 @@ class _Checker:
         self.uncited = 0
         self.named: dict[str, None] = {}
 
-    def done(self) -> Evidence:
+    def done(self) -> CitationCheck:
         sources = {name: self._readers(name) for name in self.named}
         calls = {ref: self.by_ref[ref].call_id for ref in self.cited}
-        return Evidence(
+        return CitationCheck(
             tuple(self.cited),
             tuple(self.unknown),
             tuple(self.quotes),

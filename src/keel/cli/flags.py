@@ -1,5 +1,6 @@
-"""The agent options on the command line: typer parameters made from `keel.run_options`, and the
-one function that turns a command's options into its agent (ADR 0045).
+"""The agent options as command-line flags: typer parameters made from `keel.run_options` (a
+renamed option's former flag too, hidden, ADR 0058), and the one function that turns a
+command's options into its agent (ADR 0045).
 
 `keel run`, `ask`, `serve` and `submit` each declare their own arguments and take the rest from
 `with_agent_options`; each builds its agent with `command_agent`. No command calls another.
@@ -45,16 +46,17 @@ OUTPUT_PARAMETERS: dict[str, Any] = {
 """How a command's run is shown and traced: beside the agent's options, not part of them."""
 
 
-def option_parameter(opt: Option) -> inspect.Parameter:
+def option_parameter(opt: Option, *, hidden: bool = False) -> inspect.Parameter:
     """`opt` as a typer option whose default is None, so `resolve` can tell a flag that was
-    given from one that was not (and fall back to the environment and keel.toml)."""
+    given from one that was not (and fall back to the environment and keel.toml). `hidden`:
+    a former spelling (ADR 0058), accepted but not listed by `--help`."""
     flag = opt.flag_name
     if opt.kind == "bool" and "/" not in flag:
         flag = f"{flag}/--no-{flag.removeprefix('--')}"
     kind = _PYTHON_TYPES[opt.kind]
     annotation = Annotated[
         kind | None,  # type: ignore[valid-type]  # made at run time, read by typer
-        typer.Option(flag, help=opt.help_text, show_default=False),
+        typer.Option(flag, help=opt.help_text, show_default=False, hidden=hidden),
     ]
     return inspect.Parameter(
         opt.name, inspect.Parameter.KEYWORD_ONLY, default=None, annotation=annotation
@@ -77,6 +79,11 @@ def with_agent_options(
         params = [
             *own,
             *(option_parameter(o) for o in OPTIONS if o.name not in skip),
+            *(
+                option_parameter(former, hidden=True)
+                for o in OPTIONS
+                if o.name not in skip and (former := o.former) is not None
+            ),
             *(
                 inspect.Parameter(name, keyword, default=False, annotation=OUTPUT_PARAMETERS[name])
                 for name in output
