@@ -3,9 +3,14 @@ elided is lost. Each test is named after the rule it checks (docs/adr/0060-long-
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
 from typing import Any
 
+from typer.testing import CliRunner
+
 import keel
+from keel.cli.app import app
 from keel.records import (
     ContextShrunk,
     ModelErrorSeen,
@@ -73,8 +78,8 @@ async def test_an_oversized_batch_is_clamped_with_a_pointer_naming_read_result()
 async def test_when_even_the_fitted_request_is_too_long_the_turn_is_a_context_synthesis_turn() -> (
     None
 ):
-    batch = {"tool_calls": [{"name": "fetch_page", "arguments": {"n": n}} for n in range(20)]}
-    out = await run([batch], context_window=2048)
+    batch = {"tool_calls": [{"name": "fetch_page", "arguments": {"n": n}} for n in range(40)]}
+    out = await run([batch], context_window=4096)
     assert out.result.status == "completed", out.result.failure
     assert out.result.synthesized == "context"
     synthesis = [e for e in out.of_type(ModelRequestSent) if e.synthesis]
@@ -193,3 +198,20 @@ async def test_read_back_off_offers_no_tool_and_pointers_name_no_call() -> None:
     assert out.of_type(ResultElided)
     assert "read_result" not in shown(out)
     assert all("read_result" not in {t.name for t in r.tools} for r in out.requests)
+
+
+def test_keel_show_prints_the_window_and_what_was_elided_with_the_call_that_reads_it_back(
+    tmp_path: Path,
+) -> None:
+    turns = [call("fetch_page", n=n) for n in range(1, 6)] + [{"text": "code 1001"}]
+    store = keel.Store(tmp_path / "runs.db")
+    out = asyncio.run(run_script({"turns": turns}, pages(), store=store, context_window=8192))
+    store.close()
+    shown = CliRunner().invoke(
+        app, ["show", out.result.run_id, "--store", str(tmp_path / "runs.db")]
+    )
+    assert shown.exit_code == 0, shown.output
+    text = " ".join(shown.output.split())
+    assert "window: 8,192 tokens (2,048 for the answer) · context budget 5,444" in text
+    assert 'fetch_page {"n":1} (12,476 chars) → read_result(id="r1")' in text
+    assert "read back: 0 call(s)" in text

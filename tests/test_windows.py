@@ -109,7 +109,8 @@ def test_the_configured_window_wins_and_keeps_room_for_the_answer() -> None:
     smaller = window_for("openai:gpt-5", configured=16_384)  # the table's 128K output won't fit
     assert (smaller.context, smaller.output) == (16_384, 4096)
     assert window_for("anthropic:claude-opus-4-1", configured=500_000).output == 32_000
-    assert window_for("script:run.json", configured=4096) == ModelWindow(4096, 0, mine.source)
+    scripted = window_for("script:run.json", configured=4096)  # a script keeps no room: a quarter
+    assert scripted == ModelWindow(4096, 1024, mine.source)
 
 
 def test_scripts_have_no_window_and_local_specs_the_embedded_models_defaults() -> None:

@@ -332,7 +332,7 @@ class OutputRejected(_EventBase):
 
 @dataclass(slots=True, kw_only=True)
 class EvidenceRejected(_EventBase):
-    """Under `--evidence require`, an answer whose quotes or ids did not check against the
+    """Under `--citations require`, an answer whose quotes or ids did not check against the
     record (keel/citations.py); the model got one more turn with `feedback` as a volatile
     control. Replayed on resume: the answer stays in the history, the control is state."""
 
@@ -583,7 +583,7 @@ class RunState:
     evidence: JsonValue = None
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
     evidence_retries: int = 0
-    """Answers sent back under `--evidence require` (at most one per run)."""
+    """Answers sent back under `--citations require` (at most one per run)."""
     evidence_feedback: str | None = None
     """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
@@ -710,7 +710,7 @@ class Ending:
         evidence: JsonValue = None,
         unsupported: bool = False,
     ) -> Ending:
-        """`unsupported`: under `--evidence require` the answer still failed its check, so it
+        """`unsupported`: under `--citations require` the answer still failed its check, so it
         is kept as partial, like a synthesized structured answer."""
         partial = (output is not None and synthesized is not None) or unsupported
         return cls(

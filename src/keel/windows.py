@@ -154,7 +154,8 @@ def window_for(spec_or_transport_name: str, configured: int | None = None) -> Mo
     known = _unconfigured(name)
     if configured is None:
         return known
-    output = min(known.output, configured // CONFIGURED_OUTPUT_SHARE)
+    share = configured // CONFIGURED_OUTPUT_SHARE
+    output = min(known.output, share) if known.output else share  # a script says none
     return ModelWindow(configured, output, "the configured context window (--context-window)")
 
 

@@ -160,7 +160,7 @@ def _controls(parts: StepParts, mode: Mode) -> tuple[str, ...]:
     controls = mode.controls
     if parts.output is not None and mode.reason is not None:
         controls += (PARTIAL_OUTPUT_CONTROL,)
-    if parts.state.evidence_feedback is not None:  # `--evidence require`'s one more turn
+    if parts.state.evidence_feedback is not None:  # `--citations require`'s one more turn
         controls += (parts.state.evidence_feedback,)
     return controls
 

@@ -115,6 +115,7 @@ def show(
 ) -> None:
     """Show a run and its timeline: turns, calls, results, elisions, approvals, the end."""
     from keel.present.timeline import json_text, run_json, timeline
+    from keel.present.window import window_lines
 
     db = open_run_store(store, read_only=True)
     try:
@@ -130,6 +131,8 @@ def show(
     _print_header(out, record, summary, db)
     out.print(f"question: {safe_text(record.question)}", highlight=False, markup=False)
     out.print(timeline(events))
+    for line in window_lines(record, events):  # the window, and what was elided (issue 44)
+        out.print(safe_text(line), highlight=False, markup=False, soft_wrap=True)
     _print_end(out, record, summary)
 
 
@@ -144,6 +147,7 @@ def _show_json(record: RunRecord, events: Sequence[Event]) -> dict[str, Any]:
         "events": [event_json(e) for e in events],
     }
     shown["loop_rules"] = _loop_rules(record.config.limits)
+    shown["window"] = record.config.settings.get("window")
     shown["options"] = record.config.settings.get("options") or {}
     shown["parent"] = parent_json(record)
     shown["forked_from"] = forked_json(record)
