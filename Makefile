@@ -43,7 +43,7 @@ $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 	@$(STEP) --step "upgrading pip in $(VENV)" -- $(BIN)/python -m pip install --quiet --upgrade pip
 
-$(STAMP_LLAMA): pyproject.toml | $(BIN)/python
+$(STAMP_LLAMA): pyproject.toml cmake/llama-cpp-lean.cmake | $(BIN)/python
 	@echo "keel: installing $(LLAMA): pip compiles llama.cpp (C++) unless its cache has the" \
 		"wheel, about $$(( ($(LLAMA_CPU_MINUTES) + $(NPROC) - 1) / $(NPROC) + 1 )) min on" \
 		"$(NPROC) idle cores (longer on a busy machine), seconds once cached"
