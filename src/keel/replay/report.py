@@ -224,7 +224,7 @@ def window_table(found: list[WindowRow], check: WindowCheck, source: str) -> Tab
     title = (
         f"window {window.context:,} tokens, {window.output:,} for the answer ({source}): a "
         f"request over {check.limit:,} tokens does not fit; Keel's context budget "
-        f"{check.budget:,}, results cut at {check.max_result_chars:,} characters"
+        f"{check.budget:,}, results cut at {check.result_cap:,} characters"
     )
     unsized = sum(row.unsized for row in found[-1:])
     caption = f"{unsized} results have no recorded size and count as empty" if unsized else None
@@ -234,7 +234,7 @@ def window_table(found: list[WindowRow], check: WindowCheck, source: str) -> Tab
         "runs",
         "over the window, nothing elided",
         "median turn",
-        "over with Keel's elision",
+        "over after Keel fits it",
         "median turn",
         "newest batch alone too big",
         "largest request",
