@@ -57,6 +57,11 @@ async def measure(scenario: Scenario, store: RunStore) -> tuple[Figures, bool]:
     return figures(scenario, row, store.events(row.run_id)), row.passed
 
 
+def answered(end: str) -> bool:
+    """An answer, or a synthesized one: the run did not end without one."""
+    return end == "answer" or end.startswith("synthesized")
+
+
 def table(window: int, rows: Sequence[Figures]) -> list[str]:
     lines = [
         f"**{window // 1024}k window ({window:,} tokens)**",
@@ -66,17 +71,21 @@ def table(window: int, rows: Sequence[Figures]) -> list[str]:
         "| refusals survived | tokens per run | results / window |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
+    base = None
     for on in (True, False):
         mine = [f for f in rows if f.read_back is on]
         if not mine:
             continue
         n = len(mine)
         ratios = [f.results_per_window for f in mine]
+        tokens = sum(f.tokens for f in mine) / n
+        base = tokens if base is None else base
+        than = "" if on or not base else f" ({tokens / base - 1:+.0%})"
         lines.append(
             f"| {'on' if on else 'off'} | {n} | {sum(f.answered for f in mine)}/{n} "
             f"| {sum(f.facts for f in mine)}/{n} | {sum(f.refetched for f in mine)} "
             f"| {sum(f.refetch_synthesis for f in mine)} | {sum(f.shrinks for f in mine)} "
-            f"| {round(sum(f.tokens for f in mine) / n):,} "
+            f"| {round(tokens):,}{than} "
             f"| {min(ratios):.1f}x-{max(ratios):.1f}x |"
         )
     return lines
@@ -117,16 +126,16 @@ def sweep_table(scenarios: Sequence[Scenario], ends: dict[str, list[str]]) -> li
     for window in sorted({s.limits.context_window or 0 for s in scenarios}):
         mine = [s for s in scenarios if s.limits.context_window == window]
         all_ends = [end for s in mine for end in ends[s.name]]
-        answered = sum(e == "answer" or e.startswith("synthesized") for e in all_ends)
+        done = sum(answered(e) for e in all_ends)
         exhausted = all_ends.count("ContextExhausted")
         lost = "; ".join(
-            f"{s.name}: {', '.join(str(t) for t, e in enumerate(ends[s.name]) if e != 'answer')}"
+            f"{s.name}: {', '.join(str(t) for t, e in enumerate(ends[s.name]) if not answered(e))}"
             for s in mine
-            if any(e != "answer" for e in ends[s.name])
+            if not all(answered(e) for e in ends[s.name])
         )
         lines.append(
-            f"| {window // 1024}k | {len(all_ends)} | {answered} | {exhausted} "
-            f"| {len(all_ends) - answered - exhausted} | {lost or '-'} |"
+            f"| {window // 1024}k | {len(all_ends)} | {done} | {exhausted} "
+            f"| {len(all_ends) - done - exhausted} | {lost or '-'} |"
         )
     return lines
 

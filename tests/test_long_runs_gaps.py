@@ -38,7 +38,7 @@ SCRIPT_END = {"on_synthesis": {"text": "From what fits: nothing more to add."}}
     strict=True,
     reason="keel/_run/context.py: a context synthesis turn compacts only the latest batch's "
     "pointers; every older elided result keeps its full pointer (its call key, size and "
-    "digest, ~80 tokens), so after ~20 steps in a 4k window the pointers alone pass the limit "
+    "digest, ~65 tokens), so after ~40 steps in a 4k window the pointers alone pass the limit "
     "and the run fails ContextExhausted, though the question and the run's own turns fit "
     "(ADR 0060, step 5: only those alone passing the window end the run so)",
 )

@@ -1,9 +1,10 @@
 """A scripted provider that refuses turns as longer than its window, in each wire's own words.
 
-A long-run scenario's `[refusals]` table names the wordings, one refusal each, and a seed: the
-refusals are put before turns of the script picked at random with that seed, so a run is the
-same every time and no turn is refused twice (a second refusal of one turn makes it a context
-synthesis turn, ADR 0060, which is not what these refusals test). A refused attempt consumes
+A long-run scenario's `[refusals]` table names the wordings, one refusal each, a seed, and the
+first turn that may be refused: the refusals are put before turns of the script from that one
+on, picked at random with the seed, so a run is the same every time and no turn is refused
+twice (a second refusal of one turn makes it a context synthesis turn, ADR 0060, which is not
+what these refusals test). A refused attempt consumes
 its error turn; the shrunk retry gets the turn that was refused. The words are the providers'
 own (keel/transports/overflow.py recognises them, ADR 0056), with the scenario's window as the
 limit they name and a request a little over it:
@@ -11,6 +12,7 @@ limit they name and a request a little over it:
     [refusals]
     wordings = ["openai", "anthropic", "llama.cpp"]
     seed = 44
+    after = 1        # not the first request: the question alone
 
 Pure: a script in, a script out.
 """

@@ -11,7 +11,7 @@ server's base URL, which is only known once it has started on a free port::
     loop_threshold = 5
     [[pages]]
     path = "/job"
-    kind = "progress"          # also: static, changing, settling, large, slow, error, script
+    kind = "progress"          # also: static, changing, settling, large, document, slow, ...
     steps = 1                  # done on the first poll
     [script]
     turns = [
@@ -25,6 +25,10 @@ server's base URL, which is only known once it has started on a free port::
 
 Counts in ``[expect]`` are a number (exactly) or ``{ min = N, max = M }``. `loading.py` reads
 and validates files; a typo fails before anything runs, with the file and the field named.
+
+Long runs (issue 44) add generated documents with facts planted in them (``[[documents]]``, a
+folder for the file tools; pages of kind ``document``) and ``[refusals]``, turns the scripted
+provider refuses as too long (keel/evals/refusals.py).
 """
 
 from __future__ import annotations
