@@ -119,8 +119,8 @@ def serve(server: PageServer, pages: Sequence[Page], base: str) -> None:
                 server.add_large(path, page.size_kb * 1024, page.topic, page.title)
             case DocumentPage():
                 facts = [(f.text, f.at) for f in page.facts]
-                body = document_html(page.size_kb * 1024, seed=page.seed, title=page.title,
-                                     facts=facts)  # fmt: skip
+                size = page.size_kb * 1024
+                body = document_html(size, seed=page.seed, title=page.title, facts=facts)
                 server.add_page(path, body)
             case SlowPage():
                 server.add_slow(path, page.seconds, page.body)
