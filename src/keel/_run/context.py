@@ -94,6 +94,9 @@ SHRINK_TO = 0.75
 """After a refusal as too long, the next request keeps to this share of the refused one (and of
 the window the provider named): Keel's count and the provider's differ by up to a fifth."""
 MIN_LIMIT = 256
+MAPPED_SHARE = 0.9
+"""Of the provider's window mapped into Keel's count, the share a request keeps to after a
+refusal that said both numbers."""
 
 CLAMP_FLOOR = 48
 """Tokens a clamped result keeps at least: its head, its pointer and its tail."""
@@ -212,13 +215,15 @@ class ContextBuilder:
         """Whether `request` fits in the model's window as Keel counts it."""
         return self.limit is None or request.estimated_input_tokens <= self.limit
 
-    def shrink(self, sent: int, window: int | None) -> int:
-        """After the provider refused a request of `sent` tokens as too long (its `window`
-        when it said it): the most tokens a request may have from here on, a quarter below
-        both, which the next build fits to. Returns the new limit."""
+    def shrink(self, sent: int, window: int | None, requested: int | None = None) -> int:
+        """After the provider refused a request of `sent` tokens (as Keel counts them) as too
+        long: the most tokens a request may have from here on, which the next build fits to.
+        When the provider said both its count of the request and its window, the window is
+        mapped into Keel's count (their ratio, with a tenth to spare); else a quarter below
+        what was sent. Returns the new limit."""
         target = int(sent * SHRINK_TO)
-        if window is not None:
-            target = min(target, int(window * SHRINK_TO))
+        if window is not None and requested is not None and requested > window:
+            target = int(sent * window / requested * MAPPED_SHARE)
         self.limit = max(MIN_LIMIT, target if self.limit is None else min(self.limit, target))
         self.budget = min(self.budget, self.limit)
         self.low_water = int(self.budget * self.elide_to)
@@ -338,12 +343,20 @@ class ContextBuilder:
         for index in range(end):
             if self._total <= target:
                 break
-            item = self._entries[index].item
-            if isinstance(item, ToolResult) and item.call_id not in self.elided:
-                compact = squeeze and index >= self._tail_start
-                self._replace(index, *self._pointer(item, compact=compact))
-                self.elided.add(item.call_id)
-                newly.append(item)
+            entry = self._entries[index]
+            item = entry.item
+            if not isinstance(item, ToolResult):
+                continue
+            if item.call_id in self.elided:
+                if squeeze:  # a synthesis turn that must fit: every pointer compact
+                    self._replace(index, *self._pointer(item, compact=True))
+                continue
+            pointer, tokens = self._pointer(item, compact=squeeze)
+            if tokens >= entry.shown_tokens:
+                continue  # a result shorter than its pointer stays as it is
+            self._replace(index, pointer, tokens)
+            self.elided.add(item.call_id)
+            newly.append(item)
         if not squeeze:
             self._clamp_latest(target)
         return newly

@@ -224,7 +224,7 @@ def _after_overflow(
             step=state.step,
             details={"window": error.limit, "requested": error.requested, "sent": sent},
         )
-    limit = parts.context.shrink(sent, error.limit)
+    limit = parts.context.shrink(sent, error.limit, error.requested)
     parts.recorder.emit(ContextShrunk(step=state.step, sent=sent, limit=limit, window=error.limit))
 
 

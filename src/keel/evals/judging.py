@@ -39,6 +39,10 @@ class RunRow:
     """US dollars the run's model calls cost; None: no known price for its model."""
     evidence_resets: int = 0
     results_elided: int = 0
+    events: dict[str, int] = field(default_factory=dict)
+    """How many events of each type the run had."""
+    largest_request: int = 0
+    """Tokens of the largest request sent, as Keel counted them."""
     approvals_requested: int = 0
     resumes: int = 0
     page_hits: dict[str, int] = field(default_factory=dict)
@@ -138,6 +142,8 @@ def check(expect: Expect, row: RunRow, result: RunResult) -> list[str]:
         ("evidence resets", row.evidence_resets, expect.evidence_resets),
         ("results elided", row.results_elided, expect.results_elided),
         ("approvals requested", row.approvals_requested, expect.approvals_requested),
+        *((f"{kind} events", row.events.get(kind, 0), c) for kind, c in expect.events.items()),
+        ("tokens of the largest request", row.largest_request, expect.largest_request),
         ("resumes", row.resumes, expect.resumes),
         *((f"requests to {p}", row.page_hits.get(p, 0), c) for p, c in expect.page_hits.items()),
     )

@@ -25,15 +25,18 @@ from typing import Any
 from keel._run import NUDGE_PREFIX
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError
+from keel.evals.documents import document_html
 from keel.evals.grading import echoed_controls, grade, repo_problems
 from keel.evals.judging import RunRow, ScenarioReport, actual_end, check, expected_end
 from keel.evals.pageserver import PageServer
+from keel.evals.refusals import with_refusals
 from keel.evals.scenario import (
     BROWSER_TOOLS,
     FILE_TOOLS,
     WEB_TOOLS,
     WRITE_TOOLS,
     ChangingPage,
+    DocumentPage,
     ErrorPage,
     Expect,
     LargePage,
@@ -53,6 +56,7 @@ from keel.records import (
     ApprovalRequested,
     Event,
     EvidenceReset,
+    ModelRequestSent,
     ResultElided,
     RunResumed,
     ToolCallRequested,
@@ -113,6 +117,11 @@ def serve(server: PageServer, pages: Sequence[Page], base: str) -> None:
                 server.add_settling(path, page.settle_after, page.template)
             case LargePage():
                 server.add_large(path, page.size_kb * 1024, page.topic, page.title)
+            case DocumentPage():
+                facts = [(f.text, f.at) for f in page.facts]
+                size = page.size_kb * 1024
+                body = document_html(size, seed=page.seed, title=page.title, facts=facts)
+                server.add_page(path, body)
             case SlowPage():
                 server.add_slow(path, page.seconds, page.body)
             case ErrorPage():
@@ -137,7 +146,10 @@ def build_tools(
     if spec.fact is not None:
         names = spec.tools.names or [*FILE_TOOLS, *WEB_TOOLS]
     else:
-        names = spec.tools.names or [*WEB_TOOLS, *(FILE_TOOLS if spec.files else ())]
+        names = spec.tools.names or [
+            *WEB_TOOLS,
+            *(FILE_TOOLS if spec.files or spec.documents else ()),
+        ]
     pool: dict[str, Tool] = {}
     closers: list[Closer] = []
     if set(names) & set(WEB_TOOLS):
@@ -150,7 +162,7 @@ def build_tools(
     if spec.fact is not None and set(names) & set(FILE_TOOLS):
         pool.update((t.name, t) for t in file_tools(repo or Path(".")))
     elif set(names) & {*FILE_TOOLS, *WRITE_TOOLS}:
-        for rel, text in spec.files.items():
+        for rel, text in spec.all_files().items():
             target = folder / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             target.write_text(text, encoding="utf-8")
@@ -208,6 +220,10 @@ def make_transport(scenario: Scenario, model: str | None, base: str) -> Transpor
             "run it against a model with --model SPEC"
         )
     script = substitute(scenario.spec.script, base)
+    refusals = scenario.spec.refusals
+    if refusals is not None and scenario.limits.context_window is not None:
+        window = scenario.limits.context_window
+        script = with_refusals(script, refusals.wordings, refusals.seed, window, refusals.after)
     return ScriptedTransport.from_dict(script, scenario.source, record=True)
 
 
@@ -229,9 +245,13 @@ class _EventCounts:
         self.counts: Counter[str] = Counter()
         self.calls: list[str] = []
         """Each tool call requested, as `name {arguments}`."""
+        self.largest_request = 0
+        """Tokens of the largest request sent, as Keel counted them."""
 
     def __call__(self, event: Event) -> None:
         self.counts[event.type] += 1
+        if isinstance(event, ModelRequestSent):
+            self.largest_request = max(self.largest_request, event.estimated_input_tokens)
         if isinstance(event, ToolCallRequested):
             shown = json.dumps(event.arguments, ensure_ascii=False, sort_keys=True)
             self.calls.append(f"{event.name} {shown}")
@@ -320,6 +340,8 @@ async def run_once(
         cost=result.cost,
         evidence_resets=counts.counts[EvidenceReset.type],
         results_elided=counts.counts[ResultElided.type],
+        events=dict(counts.counts),
+        largest_request=counts.largest_request,
         approvals_requested=counts.counts[ApprovalRequested.type],
         resumes=counts.counts[RunResumed.type],
         page_hits=hits,

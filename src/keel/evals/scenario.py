@@ -11,7 +11,7 @@ server's base URL, which is only known once it has started on a free port::
     loop_threshold = 5
     [[pages]]
     path = "/job"
-    kind = "progress"          # also: static, changing, settling, large, slow, error, script
+    kind = "progress"          # also: static, changing, settling, large, document, slow, ...
     steps = 1                  # done on the first poll
     [script]
     turns = [
@@ -25,6 +25,10 @@ server's base URL, which is only known once it has started on a free port::
 
 Counts in ``[expect]`` are a number (exactly) or ``{ min = N, max = M }``. `loading.py` reads
 and validates files; a typo fails before anything runs, with the file and the field named.
+
+Long runs (issue 44) add generated documents with facts planted in them (``[[documents]]``, a
+folder for the file tools; pages of kind ``document``) and ``[refusals]``, turns the scripted
+provider refuses as too long (keel/evals/refusals.py).
 """
 
 from __future__ import annotations
@@ -39,11 +43,15 @@ import pydantic
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from keel.errors import FailureKind
+from keel.evals.documents import document_text
 from keel.evals.facts import RepoFact
+from keel.evals.refusals import Wire
 from keel.limits import RENAMED, Limits, current_names
+from keel.records import Event, UnknownEvent
 
 __all__ = [
     "BROWSER_TOOLS",
+    "EVENT_TYPES",
     "FILE_TOOLS",
     "KNOWN_TOOLS",
     "SUFFIXES",
@@ -54,12 +62,17 @@ __all__ = [
     "ChangingPage",
     "Count",
     "Decision",
+    "DocumentPage",
+    "Documents",
     "ErrorPage",
     "Expect",
     "LargePage",
     "Page",
+    "Planted",
+    "PlantedIn",
     "ProgressPage",
     "RedirectPage",
+    "Refusals",
     "RunEnd",
     "Scenario",
     "ScenarioSpec",
@@ -77,6 +90,10 @@ WRITE_TOOLS = ("write_file",)
 """Side-effecting, under the same folder as the file tools; it asks no approval in a scenario
 unless `[approvals] require` names it."""
 KNOWN_TOOLS = WEB_TOOLS + FILE_TOOLS + WRITE_TOOLS + BROWSER_TOOLS
+EVENT_TYPES = tuple(
+    sorted(str(cls.type) for cls in typing.get_args(Event) if cls is not UnknownEvent)
+)
+"""The event types `[expect] events` may count."""
 SUFFIXES = (".toml", ".json")
 
 
@@ -124,6 +141,24 @@ class LargePage(_PageBase):
     title: str = "Design document"
 
 
+class Planted(_Strict):
+    """A fact planted in a generated document: a paragraph of its own (keel/evals/documents.py)."""
+
+    text: str = Field(min_length=1)
+    at: float = Field(default=0.0, ge=0.0, le=1.0)
+    """Where: 0 the first paragraph, 1 the last, between them by share."""
+
+
+class DocumentPage(_PageBase):
+    """A generated document (seeded prose in numbered sections) with facts planted in it."""
+
+    kind: Literal["document"]
+    size_kb: int = Field(ge=1, le=50_000)
+    seed: int = 0
+    title: str = "Report"
+    facts: list[Planted] = []
+
+
 class SlowPage(_PageBase):
     kind: Literal["slow"]
     seconds: float = Field(gt=0, le=600)
@@ -166,6 +201,7 @@ _PAGE_KINDS = (
     ProgressPage,
     SettlingPage,
     LargePage,
+    DocumentPage,
     SlowPage,
     ErrorPage,
     ScriptPage,
@@ -179,6 +215,7 @@ Page = Annotated[
     | Annotated[ProgressPage, Tag("~progress")]
     | Annotated[SettlingPage, Tag("~settling")]
     | Annotated[LargePage, Tag("~large")]
+    | Annotated[DocumentPage, Tag("~document")]
     | Annotated[SlowPage, Tag("~slow")]
     | Annotated[ErrorPage, Tag("~error")]
     | Annotated[ScriptPage, Tag("~script")]
@@ -189,6 +226,65 @@ Page = Annotated[
         custom_error_message=f"a page's kind is one of {_KIND_NAMES}",
     ),
 ]
+
+
+# --- generated documents and refusals (long runs) --------------------------------------------
+
+
+class PlantedIn(Planted):
+    """A fact planted in one document of a generated folder."""
+
+    document: int = Field(default=1, ge=1)
+    """Which document: 1 the first."""
+
+
+class Documents(_Strict):
+    """A generated folder of documents for the file tools (keel/evals/documents.py)."""
+
+    path: str = Field(min_length=1)
+    """Each document's path, relative; ``{n}`` is its number, 01, 02, ..."""
+    count: int = Field(default=1, ge=1, le=1000)
+    size_kb: int = Field(ge=1, le=10_000)
+    seed: int = 0
+    """Document n is written from seed ``seed * 1000 + n``: each one different, every run alike."""
+    title: str = "Report {n}"
+    facts: list[PlantedIn] = []
+
+    @model_validator(mode="after")
+    def _consistent(self) -> Documents:
+        if self.count > 1 and "{n}" not in self.path:
+            raise ValueError("path: several documents need {n} in their path")
+        late = [f.document for f in self.facts if f.document > self.count]
+        if late:
+            raise ValueError(f"facts: document {late[0]} of {self.count}")
+        return self
+
+    def files(self) -> dict[str, str]:
+        """Every document, by its relative path."""
+        width = max(2, len(str(self.count)))
+        made = {}
+        for n in range(1, self.count + 1):
+            number = str(n).zfill(width)
+            facts = [(f.text, f.at) for f in self.facts if f.document == n]
+            made[self.path.replace("{n}", number)] = document_text(
+                self.size_kb * 1024,
+                seed=self.seed * 1000 + n,
+                title=self.title.replace("{n}", number),
+                facts=facts,
+            )
+        return made
+
+
+class Refusals(_Strict):
+    """The scripted provider refuses turns as longer than the window, in each wire's words, at
+    turns picked at random with `seed` (keel/evals/refusals.py)."""
+
+    wordings: list[Wire] = Field(min_length=1)
+    """One refusal for each: "openai", "anthropic" or "llama.cpp"."""
+    seed: int = 0
+    after: int = Field(default=0, ge=0)
+    """The first turn that may be refused (0-based): a provider refuses a request longer than
+    its window, so a scenario lets the context fill before its refusals come."""
 
 
 # --- tools, limits, expectations ------------------------------------------------------------
@@ -290,6 +386,11 @@ class Expect(_Strict):
     """`result_elided` events: results the context builder replaced by pointers."""
     approvals_requested: Count | None = None
     """`approval_requested` events: calls a person was asked about."""
+    events: dict[str, Count] = {}
+    """Events of the run by type (`context_shrunk`, `result_clamped`, `model_error`, ...)."""
+    largest_request: Count | None = None
+    """Tokens of the largest request sent, as Keel counted them: `{ max = 4096 }` says that no
+    request passed a 4k model's window."""
     resumes: Count | None = None
     """How often the run was resumed (in a fresh agent, as a new process would)."""
     page_hits: dict[str, Count] = {}
@@ -318,6 +419,11 @@ class Expect(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> Expect:
+        unknown = sorted(set(self.events) - set(EVENT_TYPES))
+        if unknown:
+            raise ValueError(
+                f"events: no event type {unknown[0]!r}; the types: {', '.join(EVENT_TYPES)}"
+            )
         if self.failure is not None and self.status != "failed":
             raise ValueError('failure is only checked with status = "failed"')
         if self.synthesized is not None and self.status != "completed":
@@ -369,8 +475,12 @@ class ScenarioSpec(_Strict):
     `keel run` gives them, read the repository under evaluation (`keel eval --repo`, default
     the current folder), and the answer must name this fact, read from the code when the
     evaluation runs, and invent nothing (`keel.evals.facts`)."""
+    documents: list[Documents] = []
+    """Generated folders of documents for the file tools, beside `files`."""
     pages: list[Page] = []
     limits: LimitsSpec = LimitsSpec()
+    refusals: Refusals | None = None
+    """The scripted provider refuses turns as over the window (`limits.context_window`)."""
     agents: dict[str, AgentSpec] = {}
     """Child agents, offered to the scenario's agent as tools named after them."""
     approvals: ApprovalsSpec = ApprovalsSpec()
@@ -391,12 +501,33 @@ class ScenarioSpec(_Strict):
             stray = sorted(set(key.page_hits) - set(paths)) if key is not None else []
             if stray:
                 raise ValueError(f"{label}.page_hits: {stray[0]} is not one of the pages served")
-        if self.fact is not None and self.files:
+        if self.fact is not None and (self.files or self.documents):
             raise ValueError("files: a repo question (fact) reads the repository, not files")
         for rel in self.files:
             if not rel or Path(rel).is_absolute() or ".." in Path(rel).parts:
                 raise ValueError(f"files: {rel!r} must be a relative path inside the folder")
+        for made in self.documents:
+            rel = made.path.replace("{n}", "1")
+            if Path(rel).is_absolute() or ".." in Path(rel).parts:
+                raise ValueError(f"documents: {made.path!r} must be a relative path in the folder")
+        if self.refusals is not None:
+            if getattr(self.limits, "context_window", None) is None:
+                raise ValueError("refusals: name the window they refuse at (limits.context_window)")
+            turns = len((self.script or {}).get("turns", []))
+            wanted = len(self.refusals.wordings)
+            if self.script is not None and wanted > turns - self.refusals.after:
+                raise ValueError(
+                    f"refusals: {wanted} refusal(s) need as many turns from turn "
+                    f"{self.refusals.after} on; the script has {turns}"
+                )
         return self
+
+    def all_files(self) -> dict[str, str]:
+        """`files` and every generated document, by relative path."""
+        made: dict[str, str] = {}
+        for documents in self.documents:
+            made.update(documents.files())
+        return {**made, **self.files}
 
 
 @dataclass(frozen=True, slots=True)
