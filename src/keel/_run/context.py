@@ -189,6 +189,7 @@ class ContextBuilder:
         self.read_back = read_back
         self._truncated = False
         self._prefix_changed = False
+        self._read_back_tokens: int | None = None
         self._clamps: dict[str, Clamp] = {}
         self.clamped: set[str] = set()
         """Results clamped to fit the window so far (in this process), by call id."""
@@ -427,8 +428,12 @@ class ContextBuilder:
     def _definition_tokens(self, tool: ToolDefinition | None) -> int:
         if tool is None:
             return 0
-        count = self.counter.count
-        return count(tool.name) + count(tool.description) + count(str(tool.parameters))
+        if self._read_back_tokens is None:  # counted once: fitting asks every build
+            count = self.counter.count
+            self._read_back_tokens = (
+                count(tool.name) + count(tool.description) + count(str(tool.parameters))
+            )
+        return self._read_back_tokens
 
     def _offer_read_back(self) -> None:
         """Add `read_result` to the tools once there is something to read back (a one-time

@@ -16,6 +16,8 @@ Patterns come from the model: they go to RE2 (keel/tools/search.py), linear in t
 from __future__ import annotations
 
 import bisect
+import dataclasses
+import functools
 from collections.abc import Callable
 
 from keel.errors import ToolError
@@ -33,6 +35,22 @@ _LINE_CHARS = 300
 """Characters of one matching line shown."""
 
 
+def _read_result(
+    id: str, offset: int = 0, length: int = DEFAULT_LENGTH, pattern: str | None = None
+) -> str:
+    """Read back an earlier tool result by the id it begins with (r7), instead of calling
+    its tool again: `length` characters of its whole text from `offset`; with `pattern`
+    (a regular expression), only its matching lines from `offset` on, with their offsets."""
+    raise AssertionError("the template's function: read_back_tool binds one to a run")
+
+
+@functools.cache
+def _template() -> Tool:
+    """The tool's name, description and argument model, made once per process: a pydantic
+    model per run would cost every run's start (benchmarks/startup.py)."""
+    return make_tool(_read_result, name=READ_BACK_NAME, effect=Effect.READ_ONLY)
+
+
 def read_back_tool(find: Callable[[str], str | None], max_chars: int) -> Tool:
     """The tool over one run's results: `find(ref)` is a result's whole text, or None for an
     id the run does not have; `max_chars` bounds what one call returns."""
@@ -41,9 +59,6 @@ def read_back_tool(find: Callable[[str], str | None], max_chars: int) -> Tool:
     def read_result(
         id: str, offset: int = 0, length: int = DEFAULT_LENGTH, pattern: str | None = None
     ) -> str:
-        """Read back an earlier tool result by the id it begins with (r7), instead of calling
-        its tool again: `length` characters of its whole text from `offset`; with `pattern`
-        (a regular expression), only its matching lines from `offset` on, with their offsets."""
         ref = id.strip().strip("[]")
         text = find(ref)
         if text is None:
@@ -60,7 +75,7 @@ def read_back_tool(find: Callable[[str], str | None], max_chars: int) -> Tool:
             header += f'; next: read_result(id="{ref}", offset={end})'
         return f"{header}]\n{text[offset:end]}"
 
-    return make_tool(read_result, name=READ_BACK_NAME, effect=Effect.READ_ONLY)
+    return dataclasses.replace(_template(), fn=read_result)
 
 
 def _matches(ref: str, text: str, offset: int, pattern: str, cap: int) -> str:
