@@ -99,9 +99,12 @@ def test_a_refresh_reads_only_what_changed(corpus: Path) -> None:
     assert (done.added, done.updated, done.removed, done.unchanged) == (1, 1, 1, 2)
     assert {p for p, _ in search_index(corpus, "append-only", 5)} == {"guides/more.md", "notes.txt"}
     assert search_index(corpus, "transaction", 5) == []
+    (corpus / "guides" / "retries.md").write_bytes(b"\x00 no longer text")
+    assert refresh_index(corpus).removed == 1  # its old text is not kept as if current
+    assert search_index(corpus, "jitter", 5) == []
     assert search_index(corpus, "lease holder", 5) == []
     with sqlite3.connect(corpus / INDEX_FILE) as db:
-        assert db.execute("SELECT count(*) FROM docs").fetchone() == (4,)
+        assert db.execute("SELECT count(*) FROM docs").fetchone() == (3,)
 
 
 def test_query_syntax_from_the_model_is_only_words(corpus: Path) -> None:

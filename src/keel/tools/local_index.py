@@ -101,6 +101,7 @@ def refresh_index(folder: str | os.PathLike[str]) -> Refreshed:
                 title, body = read_document(path)
             except (OSError, ValueError) as exc:
                 skipped.append(f"{rel}: {exc}")
+                seen.discard(rel)  # an unreadable file's old text is not kept as if current
                 continue
             with db:
                 if old is not None and old[2] is not None:

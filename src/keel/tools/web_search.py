@@ -84,7 +84,7 @@ def search_tools(backend: SearchBackend, *, timeout: float = 20.0) -> list[Tool]
         """Search for pages about a topic and get a list of hits, each a title, a URL and a
         snippet, best first. Open a hit with fetch (a web URL) or read_file (a path) to read
         it: a snippet is not the page. The same search reworded that finds the same hits
-        counts as a repeat, so after two tries change what you look for or answer.
+        counts as a repeat: look for something else, or answer from what you have read.
         """
         if not query.strip():
             raise SearchError("the query is empty: say what to search for")
