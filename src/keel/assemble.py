@@ -49,6 +49,7 @@ SETTINGS = (
     "repo",
     "allow_hosts",
     "allow_writes",
+    "search",
     "base_url",
     "base_url_redacted",
     "browser",
@@ -101,6 +102,12 @@ def build_agent(
         raise ConfigError(f"--repo {repo} is not a folder")
     allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
     tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
+    if settings.get("search"):
+        from keel.tools.search_backends import backend_from_spec
+        from keel.tools.web_search import search_tools
+
+        spec = str(settings["search"])
+        tools += search_tools(backend_from_spec(spec, allow_hosts=allow_hosts, repo=str(repo)))
     if settings.get("allow_writes"):
         tools += write_tools(repo)
     if settings.get("browser"):
@@ -196,6 +203,7 @@ def settings_of(resolved: Resolved, folder: Path, mcp: list[JsonValue]) -> JsonO
 
         settings["agents"] = cast("JsonValue", agent_tables(values["agent"]))
     for key, name in (
+        ("search", "search"),
         ("without_tools", "without_tool"),
         ("tool_choice", "tool_choice"),
         ("api_key_env", "api_key_env"),

@@ -174,6 +174,14 @@ OPTIONS: tuple[Option, ...] = (
         env="KEEL_ALLOW_HOSTS",
     ),
     Option(
+        "search",
+        "str",
+        "Offer web_search over this backend: searxng:URL (a SearXNG instance; a loopback or "
+        "private one needs --allow-host), local:DIR (a folder indexed by keel index DIR) or "
+        "tavily (its key in TAVILY_API_KEY).",
+        default_help="no web_search",
+    ),
+    Option(
         "allow_writes",
         "bool",
         "Offer write_file under --repo (each write asks approval).",

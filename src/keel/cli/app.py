@@ -36,6 +36,7 @@ from keel.cli.decisions import answer
 from keel.cli.finish import announce, finish
 from keel.cli.flags import command_agent, with_agent_options
 from keel.cli.fork import fork
+from keel.cli.index import index_command
 from keel.cli.inspect import approve, deny, runs, show
 from keel.cli.output import keep_standard_fds
 from keel.cli.serve import serve
@@ -185,6 +186,7 @@ app.command()(runs)
 app.command("eval")(eval_command)
 app.command("replay")(replay_command)
 app.command("ui")(ui_command)
+app.command("index")(index_command)
 
 
 @app.command()

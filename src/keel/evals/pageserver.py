@@ -13,10 +13,12 @@ binds 127.0.0.1 on a free port and serves from a daemon thread:
 Each kind of page exists because a runtime rule depends on it: a page that changes on every
 request (the evidence-reset cap), a progress page and a page that settles (polling is not a
 loop), large documents (context elision), slow and failing pages (timeouts and error results),
-and pages that change only through JavaScript (what a browser sees but an HTTP fetch does not).
+pages that change only through JavaScript (what a browser sees but an HTTP fetch does not), and
+a SearXNG-shaped search endpoint (`web_search`'s backend, answering its JSON over given pages).
 Everything is deterministic: no clocks or random text, so an unchanged page has a stable digest.
 
-Routes match on the URL path (the query string is ignored); an unknown path answers 404.
+Routes match on the URL path (the query string is ignored, but by the SearXNG-shaped search
+page, which reads ``q`` and ``format``); an unknown path answers 404.
 Templates use ``{n}`` for the 1-based request count of the path, replaced literally, so HTML and
 JavaScript braces need no escaping.
 """
@@ -32,9 +34,17 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import parse_qs, urlparse, urlsplit
 
-__all__ = ["HTML", "PageServer", "fill", "large_document", "progress_text", "script_page"]
+__all__ = [
+    "HTML",
+    "PageServer",
+    "fill",
+    "large_document",
+    "progress_text",
+    "script_page",
+    "searxng_answer",
+]
 
 HTML = "text/html; charset=utf-8"
 
@@ -43,8 +53,8 @@ Response = tuple[int, dict[str, str], bytes]
 
 @dataclass(frozen=True)
 class _Route:
-    respond: Callable[[int], Response]
-    """Given the 1-based hit count for the path: status, headers, body."""
+    respond: Callable[[int, str], Response]
+    """Given the 1-based hit count for the path and the query string: status, headers, body."""
 
 
 def _encode(body: str | bytes) -> bytes:
@@ -54,6 +64,44 @@ def _encode(body: str | bytes) -> bytes:
 def fill(template: str, n: int) -> str:
     """``{n}`` in a template is the request count; nothing else is interpreted."""
     return template.replace("{n}", str(n))
+
+
+def searxng_answer(query: str, results: list[dict[str, str]]) -> dict[str, object]:
+    """What a SearXNG instance answers to ``/search?q=QUERY&format=json`` (the fields of its
+    `get_json_response`): the results whose title or content holds a word of the query, in
+    the order given."""
+    words = {w.lower() for w in query.split() if len(w) > 2}
+    found = [
+        r for r in results
+        if words & set(f"{r.get('title', '')} {r.get('content', '')}".lower().split())
+    ]  # fmt: skip
+    return {
+        "query": query,
+        "number_of_results": len(found),
+        "results": [_searxng_result(n, r) for n, r in enumerate(found, 1)],
+        "answers": [],
+        "corrections": [],
+        "infoboxes": [],
+        "suggestions": [],
+        "unresponsive_engines": [],
+    }
+
+
+def _searxng_result(n: int, result: dict[str, str]) -> dict[str, object]:
+    """One result with the fields SearXNG's `MainResult` gives it."""
+    return {
+        "url": result["url"],
+        "title": result.get("title", ""),
+        "content": result.get("content", ""),
+        "engine": "wikipedia",
+        "engines": ["wikipedia"],
+        "positions": [n],
+        "score": round(1.0 / n, 3),
+        "category": "general",
+        "template": "default.html",
+        "parsed_url": list(urlparse(result["url"])),
+        "publishedDate": None,
+    }
 
 
 def progress_text(n: int, steps: int, done: str = "finished") -> str:
@@ -192,11 +240,27 @@ class PageServer:
 
         self._add(path, respond)
 
+    def add_searxng(self, path: str, results: list[dict[str, str]]) -> None:
+        """A SearXNG instance's search endpoint over `results` (`searxng_answer`): JSON for
+        ``format=json``, else 403, as an instance that has not enabled JSON answers."""
+
+        def respond(_n: int, query: str) -> Response:
+            asked = parse_qs(query)
+            if asked.get("format") != ["json"]:
+                return 403, {"Content-Type": "text/html; charset=utf-8"}, b"Forbidden"
+            answer = searxng_answer(asked.get("q", [""])[0], results)
+            return 200, {"Content-Type": "application/json"}, json.dumps(answer).encode()
+
+        self._add_with_query(path, respond)
+
     def hits(self, path: str) -> int:
         with self._lock:
             return self._hits.get(path, 0)
 
     def _add(self, path: str, respond: Callable[[int], Response]) -> None:
+        self._add_with_query(path, lambda n, _query: respond(n))
+
+    def _add_with_query(self, path: str, respond: Callable[[int, str], Response]) -> None:
         if not path.startswith("/"):
             raise ValueError(f"page paths start with '/': {path!r}")
         with self._lock:
@@ -251,14 +315,15 @@ class PageServer:
         self.stop()
 
     def _dispatch(self, raw_path: str) -> Response:
-        path = urlsplit(raw_path).path
+        parts = urlsplit(raw_path)
+        path = parts.path
         with self._lock:
             route = self._routes.get(path)
             if route is None:
                 return 404, {"Content-Type": "text/plain; charset=utf-8"}, b"not found"
             count = self._hits.get(path, 0) + 1
             self._hits[path] = count
-        return route.respond(count)
+        return route.respond(count, parts.query)
 
 
 def _make_handler(server: PageServer) -> type[BaseHTTPRequestHandler]:

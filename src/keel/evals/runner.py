@@ -46,6 +46,7 @@ from keel.evals.scenario import (
     Scenario,
     ScenarioSpec,
     ScriptPage,
+    SearxngPage,
     SettlingPage,
     SlowPage,
     StaticPage,
@@ -136,13 +137,17 @@ def serve(server: PageServer, pages: Sequence[Page], base: str) -> None:
                 )
             case RedirectPage():
                 server.add_redirect(path, substitute(page.location, base), page.status)
+            case SearxngPage():
+                found = [substitute(r.model_dump(), base) for r in page.results]
+                server.add_searxng(path, found)
 
 
 def build_tools(
-    spec: ScenarioSpec, folder: Path, repo: Path | None = None
+    spec: ScenarioSpec, folder: Path, repo: Path | None = None, base: str = ""
 ) -> tuple[list[Tool], list[Closer]]:
     """The scenario's tools, in the order it names them, and what must be closed after. A repo
-    question gets `keel run`'s tools (the file tools, then the web tools) on `repo`."""
+    question gets `keel run`'s tools (the file tools, then the web tools) on `repo`. `base`:
+    the page server's address, for a search backend on it."""
     if spec.fact is not None:
         names = spec.tools.names or [*FILE_TOOLS, *WEB_TOOLS]
     else:
@@ -162,10 +167,7 @@ def build_tools(
     if spec.fact is not None and set(names) & set(FILE_TOOLS):
         pool.update((t.name, t) for t in file_tools(repo or Path(".")))
     elif set(names) & {*FILE_TOOLS, *WRITE_TOOLS}:
-        for rel, text in spec.all_files().items():
-            target = folder / rel
-            target.parent.mkdir(parents=True, exist_ok=True)
-            target.write_text(text, encoding="utf-8")
+        _write_files(spec, folder)
         pool.update((t.name, t) for t in file_tools(folder))
         writes = write_tools(folder)  # approval only where [approvals] require asks for it
         pool.update((t.name, dataclasses.replace(t, requires_approval=False)) for t in writes)
@@ -179,12 +181,27 @@ def build_tools(
         )
         pool.update((t.name, t) for t in browser)
         closers.append(browser.close)
+    if "web_search" in names and spec.tools.search is not None:
+        from keel.evals.searching import search_tool
+
+        _write_files(spec, folder)
+        pool["web_search"] = search_tool(
+            spec.tools.search, base=base, folder=folder, allow_hosts=ALLOW_HOSTS
+        )
     required = set(spec.approvals.require)
     tools = [
         dataclasses.replace(pool[name], requires_approval=True) if name in required else pool[name]
         for name in names
     ]
     return tools, closers
+
+
+def _write_files(spec: ScenarioSpec, folder: Path) -> None:
+    """The scenario's files under `folder`, for the file tools and a local search index."""
+    for rel, text in spec.all_files().items():
+        target = folder / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(text, encoding="utf-8")
 
 
 def child_tools(
@@ -280,7 +297,7 @@ async def run_once(
         base = server.base_url
         serve(server, spec.pages, base)
         transport = shared or make_transport(scenario, model, base)
-        tools, closers = build_tools(spec, Path(tmp), repo)
+        tools, closers = build_tools(spec, Path(tmp), repo, base)
         tools += child_tools(spec, tools, base, store, Path(tmp))
 
         def agent_on(model_transport: Transport) -> Agent:

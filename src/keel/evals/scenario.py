@@ -11,7 +11,8 @@ server's base URL, which is only known once it has started on a free port::
     loop_threshold = 5
     [[pages]]
     path = "/job"
-    kind = "progress"          # also: static, changing, settling, large, document, slow, ...
+    kind = "progress"          # also: static, changing, settling, large, document, slow,
+                               # error, script, redirect, searxng
     steps = 1                  # done on the first poll
     [script]
     turns = [
@@ -54,6 +55,7 @@ __all__ = [
     "EVENT_TYPES",
     "FILE_TOOLS",
     "KNOWN_TOOLS",
+    "SEARCH_TOOLS",
     "SUFFIXES",
     "WEB_TOOLS",
     "WRITE_TOOLS",
@@ -77,6 +79,8 @@ __all__ = [
     "Scenario",
     "ScenarioSpec",
     "ScriptPage",
+    "SearchResult",
+    "SearxngPage",
     "SettlingPage",
     "SlowPage",
     "StaticPage",
@@ -86,10 +90,12 @@ __all__ = [
 WEB_TOOLS = ("fetch", "observe_page")
 FILE_TOOLS = ("list_files", "read_file", "search_files")
 BROWSER_TOOLS = ("browser_observe", "browser_act")
+SEARCH_TOOLS = ("web_search",)
+"""Over the backend `[tools] search` names."""
 WRITE_TOOLS = ("write_file",)
 """Side-effecting, under the same folder as the file tools; it asks no approval in a scenario
 unless `[approvals] require` names it."""
-KNOWN_TOOLS = WEB_TOOLS + FILE_TOOLS + WRITE_TOOLS + BROWSER_TOOLS
+KNOWN_TOOLS = WEB_TOOLS + SEARCH_TOOLS + FILE_TOOLS + WRITE_TOOLS + BROWSER_TOOLS
 EVENT_TYPES = tuple(
     sorted(str(cls.type) for cls in typing.get_args(Event) if cls is not UnknownEvent)
 )
@@ -181,6 +187,21 @@ class ScriptPage(_PageBase):
     title: str = "Live status"
 
 
+class SearchResult(_Strict):
+    url: str
+    """May use ``{base}``."""
+    title: str
+    content: str = ""
+
+
+class SearxngPage(_PageBase):
+    """A SearXNG instance's ``/search``: its JSON answer over `results`, those whose title or
+    content holds a word of the query (`web_search` with ``search = "searxng:{base}"``)."""
+
+    kind: Literal["searxng"]
+    results: list[SearchResult]
+
+
 class RedirectPage(_PageBase):
     kind: Literal["redirect"]
     location: str
@@ -206,6 +227,7 @@ _PAGE_KINDS = (
     ErrorPage,
     ScriptPage,
     RedirectPage,
+    SearxngPage,
 )
 _KIND_NAMES = ", ".join(typing.get_args(m.model_fields["kind"].annotation)[0] for m in _PAGE_KINDS)
 
@@ -219,7 +241,8 @@ Page = Annotated[
     | Annotated[SlowPage, Tag("~slow")]
     | Annotated[ErrorPage, Tag("~error")]
     | Annotated[ScriptPage, Tag("~script")]
-    | Annotated[RedirectPage, Tag("~redirect")],
+    | Annotated[RedirectPage, Tag("~redirect")]
+    | Annotated[SearxngPage, Tag("~searxng")],
     Discriminator(
         _page_kind,
         custom_error_type="page_kind",
@@ -298,6 +321,9 @@ class ToolsSpec(_Strict):
     max_download_bytes: int = Field(default=5_000_000, ge=1)
     browser_executable: str | None = None
     """Chromium for the browser tools; default: found on PATH."""
+    search: str | None = Field(default=None, pattern=r"^(searxng|local):")
+    """`web_search`'s backend: ``searxng:{base}/PATH`` (a `searxng` page of the scenario) or
+    ``local:FOLDER`` (a folder of the scenario's `files`, indexed before the run)."""
 
     @model_validator(mode="after")
     def _known(self) -> ToolsSpec:
@@ -306,6 +332,8 @@ class ToolsSpec(_Strict):
             raise ValueError(
                 f"unknown tool(s) {', '.join(unknown)}; known: {', '.join(KNOWN_TOOLS)}"
             )
+        if ("web_search" in (self.names or ())) != (self.search is not None):
+            raise ValueError("web_search and search go together: name both or neither")
         return self
 
 
