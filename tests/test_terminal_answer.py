@@ -14,6 +14,7 @@ import shlex
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -35,7 +36,8 @@ ANSWER = (
 def clean_env(tmp_path: Path) -> dict[str, str]:
     """This tree's code, a store of the test's own, no provider key and no chosen model."""
     env = {k: v for k, v in os.environ.items() if k not in PROVIDER_KEYS}
-    env.update({"PYTHONPATH": SRC, "XDG_DATA_HOME": str(tmp_path / "data")})
+    path = os.pathsep.join(p for p in (SRC, os.environ.get("PYTHONPATH")) if p)
+    env.update({"PYTHONPATH": path, "XDG_DATA_HOME": str(tmp_path / "data")})
     return env
 
 
@@ -130,10 +132,7 @@ def test_make_runs_command_leaves_the_answer_on_the_screen(
     assert "loading the embedded model" in screen.text  # the load is announced
 
 
-def _answer_of(shown: dict[str, object]) -> str:
-    result = shown.get("result")
-    if isinstance(result, dict) and isinstance(result.get("answer"), str):
-        return result["answer"]
-    answer = shown.get("answer")
+def _answer_of(shown: dict[str, Any]) -> str:
+    answer = shown["run"]["answer"]
     assert isinstance(answer, str), shown
     return answer
