@@ -95,3 +95,23 @@ async def test_an_explicit_path_under_an_ignored_folder_still_reads(repo: Path) 
     assert matched_paths(searched) == {f"{site}/core.py"}, searched
     listed = await ok(repo, "list_files", path=site)
     assert f"{site}/core.py" in listed.splitlines()
+
+
+def test_keel_show_says_what_a_search_skipped(repo: Path, tmp_path: Path) -> None:
+    """`keel show` prints a result's first line; what the walk left out is at its end."""
+    from typer.testing import CliRunner
+
+    import keel
+    from keel.cli.app import app
+
+    search = {"name": "search_files", "arguments": {"pattern": "def run_loop"}}
+    turns = [{"tool_calls": [search]}, {"text": "In src/keel/loop.py."}]
+    model = keel.ScriptedTransport.from_dict({"turns": turns})
+    store = tmp_path / "runs.sqlite"
+    with keel.Agent(model, tools=file_tools(repo), store=store) as agent:
+        run_id = agent.run("Where is run_loop?").run_id
+    shown = CliRunner().invoke(
+        app, ["show", run_id, "--store", str(store)], env={"COLUMNS": "300"}
+    )
+    assert shown.exit_code == 0, shown.stderr
+    assert "skipped: .venv (a virtual environment)" in shown.stdout, shown.stdout

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
     from keel.tools.confine import Root
 
-__all__ = ["IgnoreRules", "Skipped"]
+__all__ = ["SKIPPED_NOTE", "IgnoreRules", "Skipped", "skipped_in"]
 
 MARKED_BY_NAME = {
     "__pycache__": "a Python bytecode cache",
@@ -54,6 +54,8 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _ENTER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 
 
+SKIPPED_NOTE = "as the repository ignores them or they are not its own code"
+"""The words of a result's note on what a walk skipped (`keel show` finds the note by them)."""
 NAMED_IN_A_NOTE = 8
 """Skipped folders (and files) a note names; the rest are counted."""
 
@@ -86,10 +88,8 @@ class Skipped:
             plural = "file" if self.file_count == 1 else "files"
             named.append(f"{self.file_count} {plural} a .gitignore ignores ({files}{more})")
         first = self.folders[0][0] if self.folders else self.files[0]
-        return (
-            f"[{what}, as the repository ignores them or they are not its own code: "
-            f"{'; '.join(named)}. A path named is read whole: {call(first)}]"
-        )
+        listed = "; ".join(named)
+        return f"[{what}, {SKIPPED_NOTE}: {listed}. A path named is read whole: {call(first)}]"
 
 
 @dataclass(frozen=True)
@@ -250,3 +250,12 @@ def _read_small(fd: int, name: str) -> str:
             return ""
         data = handle.read(MAX_IGNORE_FILE_BYTES)
     return data.decode("utf-8", errors="replace")
+
+
+def skipped_in(result: str) -> str | None:
+    """What a search or listing result says it skipped (``.venv (a virtual environment); ...``),
+    or None: for `keel show`, which prints a result's first line only."""
+    for line in result.splitlines():
+        if line.startswith("[") and f", {SKIPPED_NOTE}: " in line:
+            return line.split(f", {SKIPPED_NOTE}: ", 1)[1].split(". A path named", 1)[0]
+    return None
