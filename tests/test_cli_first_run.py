@@ -75,10 +75,11 @@ def test_the_token_meter_reports_the_prompt_apart_from_the_tokens_per_second() -
 
     from keel.messages import Usage
     from keel.present.progress import TokenMeter
+    from keel.present.screen import Screen
     from keel.records import ModelRequestSent, ModelResponseReceived
 
     out = io.StringIO()
-    meter = TokenMeter(Console(file=out, width=200))
+    meter = TokenMeter(Screen(Console(file=out, width=200)))
     meter(ModelRequestSent(step=2, attempt=1, tool_choice=None, synthesis=None, items=3,
                            estimated_input_tokens=900))  # fmt: skip
     for n in range(1, 11):

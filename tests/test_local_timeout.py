@@ -65,7 +65,9 @@ def test_a_model_writing_tokens_is_not_timed_out_by_the_length_of_its_answer(
 ) -> None:
     """The answer takes about three times the timeout in all, but no token is ever more than a
     fraction of it after the one before: the run completes with the whole answer."""
-    local = LocalTransport(n_ctx=2048, max_tokens=24, logits_processor=sleeping(per_token=0.45))
+    local = LocalTransport(
+        model="0.5b", n_ctx=2048, max_tokens=24, logits_processor=sleeping(per_token=0.45)
+    )
     started = time.perf_counter()
     result = run(local, tmp_path, timeout=TIMEOUT)
     took = time.perf_counter() - started
@@ -82,7 +84,10 @@ def test_text_written_before_a_silent_gap_is_kept_as_a_cut_off_answer(
     """Eight tokens, then a silence longer than the timeout: the eight tokens are the run's
     answer, marked cut off, not thrown away and asked for again."""
     local = LocalTransport(
-        n_ctx=2048, max_tokens=24, logits_processor=sleeping(after=8, once=2 * TIMEOUT)
+        model="0.5b",
+        n_ctx=2048,
+        max_tokens=24,
+        logits_processor=sleeping(after=8, once=2 * TIMEOUT),
     )
     result = run(local, tmp_path, timeout=TIMEOUT)
     local.close()

@@ -23,6 +23,7 @@ import keel
 from contract import case_openai_chat
 from contract.case_openai_chat import _usage
 from keel.present.progress import ProgressPrinter
+from keel.present.screen import Screen
 from keel.present.timeline import run_json, timeline
 from keel.records import ModelRequestSent, ToolResultRecorded
 from keel.transports.scripted import ScriptedTransport
@@ -156,7 +157,7 @@ async def test_an_answer_cut_at_the_output_limit_says_so(tmp_path: Path) -> None
     )
     http = httpx.AsyncClient(transport=httpx.MockTransport(lambda request: cut))
     lines: list[str] = []
-    printer = ProgressPrinter(Console(file=io.StringIO()))
+    printer = ProgressPrinter(Screen(Console(file=io.StringIO())))
     listener = lambda event: lines.append(printer._line(event) or "")  # noqa: E731
     store = keel.Store(tmp_path / "runs.sqlite")
     agent = keel.Agent(case_openai_chat.CASE.make(http), store=store, listeners=[listener])

@@ -186,6 +186,24 @@ def test_a_tool_name_clash_names_both_sources_and_the_ways_out() -> None:
     assert "prefix=" in message and "--without-tool fetch" in message
 
 
+def test_a_clash_of_two_tools_given_in_code_gives_no_mcp_advice() -> None:
+    """Issue 45: two functions of one's own with one name were told to give "the MCP server" a
+    prefix and to use `keel run --without-tool`, with no MCP server and no command line."""
+
+    @keel.tool(effect="read_only")
+    def lookup(term: str) -> str:
+        """Look a term up."""
+        return term
+
+    other = keel.Tool(**{**_fields(lookup), "description": "Another lookup."})
+    with pytest.raises(ConfigError) as info:
+        ToolExecutor([lookup, other])
+    message = str(info.value)
+    assert "two tools are named 'lookup'" in message
+    assert "MCP" not in message and "--without-tool" not in message
+    assert 'name="' in message  # how to rename one
+
+
 def test_mcp_flags_take_a_prefix() -> None:
     stdio, http = servers_from_flags(
         ["prefix=web_:python -m mcp_server_fetch"], ["prefix=t_:http://127.0.0.1:9/mcp"]

@@ -25,7 +25,7 @@ from keel.models import resolve_model
 from keel.pricing import configured_prices
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
-from keel.tools.base import Tool
+from keel.tools.base import BUILTIN_SOURCE, Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
 from keel.tools.writes import write_tools
@@ -63,7 +63,6 @@ SETTINGS = (
 )
 """What the command line saves with a run to rebuild its tools and transport anywhere (the
 name of a key's variable, never the key)."""
-BUILTIN_SOURCE = "Keel's built-in tools"
 
 
 class Plugins(Protocol):

@@ -1,7 +1,7 @@
 """Model specs: the text after `--model` names a transport and its argument.
 
-    local                      the embedded Qwen2.5-Coder 0.5B, in-process, in its own tool format
-    local:0.5b, local:1.5b     a shipped model by name (the 1.5B: the `local-1-5b` extra)
+    local                      the embedded Qwen2.5-Coder 1.5B, in-process, in its own tool format
+    local:1.5b, local:0.5b     a shipped model by name (the 0.5B: the `local-0-5b` extra)
     local:PATH                 another GGUF file, in-process the same way (no digest check)
     openai:MODEL               OpenAI Responses API
     openai-chat:MODEL          Chat Completions (any compatible server with --base-url)
@@ -44,7 +44,7 @@ __all__ = [
 ]
 
 SPEC_HELP = (
-    "local, local:1.5b, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, "
+    "local, local:0.5b, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, "
     "anthropic:MODEL, xml:SPEC or script:FILE"
 )
 DEFAULT_OPENAI = "openai:gpt-5-mini"

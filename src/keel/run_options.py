@@ -129,8 +129,8 @@ def _limit_options() -> list[Option]:
 
 
 _SPECS = (
-    "local, local:PATH (a GGUF file), openai:MODEL, openai-chat:MODEL, anthropic:MODEL, "
-    "xml:SPEC or script:FILE"
+    "local (the embedded 1.5B), local:0.5b, local:PATH (a GGUF file), openai:MODEL, "
+    "openai-chat:MODEL, anthropic:MODEL, xml:SPEC or script:FILE"
 )
 
 OPTIONS: tuple[Option, ...] = (

@@ -59,7 +59,7 @@ def finish(agent: Agent, start: Callable[[], RunHandle], extras: RunExtras) -> N
     guard(extras.start_export)
     with extras, agent:
         if not extras.quiet:
-            watch_local_model(agent, err)
+            watch_local_model(agent, extras.screen)
         result = guard(lambda: Signals.active().run(start))
         summary = one_line(result, agent.store.events(result.run_id))
         opening = show_command(result.run_id, agent.store.path, default_store_path())

@@ -133,4 +133,27 @@ def command_agent(options: dict[str, Any], *, workers: bool = False) -> CommandA
     extras = RunExtras(shown["as_json"], shown["events"], shown["otel"], shown["otel_content"])
     extras.mcp_values = {s.name: {n: v for n, v in s.env_values if v is not None} for s in servers}
     agent = guard(lambda: agent_from_resolved(resolved, extras, mcp))
+    note = free_model_note(agent, resolved)
+    if note:
+        err.print(f"keel: {note}", highlight=False, markup=False, soft_wrap=True)
     return CommandAgent(agent, extras, resolved, (values["repo"] or Path(".")).resolve())
+
+
+def free_model_note(agent: Agent, resolved: Resolved) -> str | None:
+    """A cost limit on a model that costs nothing (the embedded model, a script without a
+    priced `model`) can never be reached: said in one line, not refused. A refusal would stop
+    every run of such a model for a `max_cost` set in keel.toml or the environment for the
+    paid models, and nothing is at risk: the run spends no money, and its other limits hold.
+    A model with no known price is refused at start instead (the agent's check): its spending
+    would go uncounted."""
+    from keel.pricing import FREE, price_name
+
+    limit = agent.limits.max_cost
+    if limit is None or agent.price != FREE:
+        return None
+    model = price_name(agent.transport)
+    return (
+        f"the cost limit ({limit} from {resolved.sources['max_cost']}) has no effect: the model "
+        f"{model} costs nothing, so the run is bounded by its other limits (model calls, "
+        "tokens, the deadline)"
+    )

@@ -13,10 +13,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from keel._run import Listener
+from keel.cli.common import err
 from keel.cli.output import Stdout
 from keel.errors import ConfigError
 from keel.events import stream_lines
 from keel.present.live_text import TerminalText
+from keel.present.screen import Screen
 from keel.records import JsonObject, JsonValue
 from keel.result import RunResult
 from keel.tools.base import Tool
@@ -50,10 +52,12 @@ class RunExtras:
         self.out = Stdout()
         """stdout: the result, or the event lines; writes that fail are dropped, and noted."""
         self._lines = stream_lines(self.out) if events else None
+        self.screen = Screen(err, self.out.write)
+        """The terminal the answer, the progress lines and the spinner share (stdout, stderr)."""
         self.live: TerminalText | None = None
         """`keel run` on a terminal, without --json or --events: the answer as it is written."""
         if not as_json and not events and sys.stdout is not None and sys.stdout.isatty():
-            self.live = TerminalText(self.out.write, _note)
+            self.live = TerminalText(self.screen)
         self._mcp: McpToolset | None = None
         self.mcp_values: dict[str, dict[str, str]] = {}
         """The values of the variables this run's MCP servers set, by server name: given here
@@ -71,11 +75,9 @@ class RunExtras:
             return (self._lines[0],)
         if self.as_json:
             return ()
-        from rich.console import Console
-
         from keel.present.progress import ProgressPrinter
 
-        return (ProgressPrinter(Console(stderr=True, emoji=False)),)
+        return (ProgressPrinter(self.screen),)
 
     @property
     def trace_content(self) -> bool:
@@ -120,10 +122,6 @@ class RunExtras:
         stop, self._stop_export = self._stop_export, None
         if stop is not None:
             stop()
-
-
-def _note(line: str) -> None:
-    print(f"keel: {line}", file=sys.stderr, flush=True)
 
 
 def mcp_settings(commands: Sequence[str], urls: Sequence[str]) -> list[JsonValue]:

@@ -199,6 +199,15 @@ def _short_json(value: object) -> str:
     return text if len(text) <= 200 else text[:199] + "…"
 
 
+def _skipped(content: str) -> str:
+    """`` · skipped: .venv (a virtual environment); ...`` when a file tool's result says what
+    its walk left out (ADR 0057), else nothing."""
+    from keel.tools.ignore import skipped_in
+
+    found = skipped_in(content)
+    return f" · skipped: {found[:140]}" if found else ""
+
+
 def _detail(event: Event) -> str:
     match event:
         case RunStarted() | RunResumed():
@@ -227,7 +236,8 @@ def _detail(event: Event) -> str:
                 flags.append(f"answered by {event.answered_by}, not run")
             said = f"{event.name} · {_size(event.size)} {' '.join(flags)}".rstrip()
             first = next((line.strip() for line in event.content.splitlines() if line.strip()), "")
-            return f"{said} · {first[:100]}" if first else said
+            said = f"{said} · {first[:100]}" if first else said
+            return said + _skipped(event.content)
         case HookApplied():
             on = f" on {event.call_id}" if event.call_id else ""
             detail = f": {_short_json(event.detail)}" if event.detail is not None else ""

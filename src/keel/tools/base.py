@@ -24,7 +24,9 @@ from keel.messages import ToolCall, ToolDefinition
 from keel.tools.threads import run_in_daemon_thread
 
 __all__ = [
+    "BUILTIN_SOURCE",
     "CURRENT_CALL",
+    "MCP_SOURCE",
     "ApprovalPolicy",
     "Effect",
     "Tool",
@@ -33,6 +35,12 @@ __all__ = [
     "render_result",
     "tool",
 ]
+
+MCP_SOURCE = "MCP server"
+"""How the `source` of a tool from an MCP server begins (``MCP server 'NAME'``)."""
+BUILTIN_SOURCE = "Keel's built-in tools"
+"""The `source` the command line gives the built-in tools it offers (`--without-tool` leaves
+one out)."""
 
 
 class Effect(StrEnum):
@@ -84,7 +92,8 @@ class Tool:
     among the batch's delegations."""
     source: str = ""
     """Where the tool comes from, for messages (``MCP server 'uvx mcp-server-fetch'``,
-    ``Keel's built-in tools``); empty for a tool given in code."""
+    ``Keel's built-in tools``: `MCP_SOURCE`, `BUILTIN_SOURCE`); empty for a tool given in
+    code."""
 
     def __post_init__(self) -> None:
         if not self.parameters:

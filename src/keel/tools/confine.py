@@ -32,12 +32,13 @@ import weakref
 from collections.abc import Iterator
 from pathlib import Path, PurePath
 from types import TracebackType
-from typing import BinaryIO, cast
+from typing import BinaryIO, Protocol, cast
 
 from keel.errors import ConfigError
 from keel.tools.fileio import FileToolError, not_regular
 
 __all__ = [
+    "ALWAYS_SKIPPED",
     "MAX_LINK_HOPS",
     "MAX_WALK_DEPTH",
     "HardLinked",
@@ -45,6 +46,7 @@ __all__ = [
     "Outside",
     "Root",
     "Walk",
+    "WalkRules",
 ]
 
 MAX_LINK_HOPS = 40
@@ -52,6 +54,8 @@ MAX_LINK_HOPS = 40
 MAX_WALK_DEPTH = 128
 """Directories deep a walk goes: each level holds one descriptor while its children are read."""
 MAX_PATH_CHARS = 4096
+ALWAYS_SKIPPED = frozenset({".git"})
+"""Never walked nor listed, and never mentioned: version-control metadata."""
 _ENTER = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
 _READ_FILE = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 _CHANGED = (errno.ELOOP, errno.ENOTDIR, errno.EMLINK, errno.ENOENT)
@@ -103,6 +107,16 @@ class Walk:
     def __init__(self) -> None:
         self.hard_links = 0
         self.too_deep = 0
+
+
+class WalkRules(Protocol):
+    """What a walk leaves out, folder by folder (`keel.tools.ignore.IgnoreRules`)."""
+
+    def file_skipped(self, rel: str) -> bool: ...
+
+    def folder_skipped(self, fd: int, rel: str) -> str | None: ...
+
+    def read_folder(self, fd: int, rel: str) -> WalkRules: ...
 
 
 class Outside(FileToolError):
@@ -185,24 +199,26 @@ class Root:
                     continue  # removed since the directory was read
         return sorted(found, key=lambda item: item[0])
 
-    def walk(self, top: Opened, skip: frozenset[str], walk: Walk) -> Iterator[Opened]:
+    def walk(self, top: Opened, rules: WalkRules, walk: Walk) -> Iterator[Opened]:
         """Regular files under the open directory `top`, each opened, sorted: a directory's
         files, then its subdirectories. A link to a file inside the root is followed; a link to
-        a directory never is (that is how a walk loops), nor one leading outside."""
-        yield from self._walk(top.fd, top.rel, 1, skip, walk)
+        a directory never is (that is how a walk loops), nor one leading outside. What `rules`
+        (the rules in force at `top`) leave out is not walked; `.git` never is."""
+        yield from self._walk(top.fd, top.rel, 1, rules, walk)
 
     def _walk(
-        self, fd: int, rel: str, depth: int, skip: frozenset[str], walk: Walk
+        self, fd: int, rel: str, depth: int, rules: WalkRules, walk: Walk
     ) -> Iterator[Opened]:
         with os.scandir(fd) as scan:
             names = sorted((e.name, _kind(e)) for e in scan)
         for name, kind in names:
-            if kind in ("file", "link"):
-                found = self._walked_file(fd, name, _join(rel, name), kind == "link", walk)
+            path = _join(rel, name)
+            if kind in ("file", "link") and not rules.file_skipped(path):
+                found = self._walked_file(fd, name, path, kind == "link", walk)
                 if found is not None:
                     yield found
         for name, kind in names:
-            if kind != "dir" or name in skip:
+            if kind != "dir" or name in ALWAYS_SKIPPED:
                 continue
             if depth >= MAX_WALK_DEPTH:
                 walk.too_deep += 1
@@ -212,7 +228,10 @@ class Root:
             except OSError:
                 continue  # replaced (by a link, a file) or removed since the listing
             try:
-                yield from self._walk(child, _join(rel, name), depth + 1, skip, walk)
+                path = _join(rel, name)
+                if rules.folder_skipped(child, path) is None:
+                    inside = rules.read_folder(child, path)
+                    yield from self._walk(child, path, depth + 1, inside, walk)
             finally:
                 os.close(child)
 

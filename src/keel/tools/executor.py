@@ -44,7 +44,14 @@ import pydantic
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.inbound import clean_text
 from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
-from keel.tools.base import CURRENT_CALL, Effect, Tool, ToolArgumentError
+from keel.tools.base import (
+    BUILTIN_SOURCE,
+    CURRENT_CALL,
+    MCP_SOURCE,
+    Effect,
+    Tool,
+    ToolArgumentError,
+)
 from keel.trace_hooks import traced_tool
 
 __all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
@@ -92,13 +99,28 @@ class _Outcome:
 
 
 def name_clash(first: Tool, second: Tool) -> str:
-    """Why two tools cannot share a name, naming where each comes from and the ways out."""
-    where = [tool.source or "a tool given in code" for tool in (first, second)]
+    """Why two tools cannot share a name, naming where each comes from and the ways out that
+    apply: an MCP server's prefix only when a server offers one of them, `--without-tool` only
+    for a built-in tool the command line offers, else another name in code."""
+    pair = (first, second)
+    where = [tool.source or "a tool given in code" for tool in pair]
+    ways = []
+    if any(tool.source.startswith(MCP_SOURCE) for tool in pair):
+        ways.append(
+            'give the MCP server a prefix (keel run --mcp "prefix=web_:CMD", prefix = "web_" '
+            "in its [[mcp]] table, or McpServer(prefix=...))"
+        )
+    builtin = next((tool for tool in pair if tool.source == BUILTIN_SOURCE), None)
+    if builtin is not None:
+        ways.append(f"leave the built-in one out (keel run --without-tool {builtin.name})")
+    if not ways:
+        ways.append(
+            'give one of them another name (@keel.tool(name="...") or '
+            'dataclasses.replace(tool, name="...")), or pass only one of them in tools=[...]'
+        )
     return (
         f"two tools are named {first.name!r}: one from {where[0]}, one from {where[1]}; tool "
-        "names must be unique. Give the MCP server a prefix (keel run --mcp "
-        '"prefix=web_:CMD", prefix = "web_" in its [[mcp]] table, or McpServer(prefix=...)), '
-        f"or leave the other one out (keel run --without-tool {first.name})"
+        f"names must be unique: {', or '.join(ways)}"
     )
 
 

@@ -12,9 +12,10 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import stat
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from typing import Annotated, BinaryIO
 
 from pydantic import Field
@@ -31,6 +32,7 @@ from keel.tools.guidance import (
     past_the_end,
     shorten_read,
 )
+from keel.tools.ignore import IgnoreRules
 from keel.tools.search import Pattern, compile_pattern
 
 __all__ = [
@@ -69,7 +71,6 @@ RepoPath = Annotated[
         "the question or a list_files result writes it; \".\" is the root."
     ),
 ]
-_SKIP_DIRS = frozenset({".git"})
 _COUNT_CHUNK = 1 << 20
 
 
@@ -80,6 +81,8 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
     def list_files(path: RepoPath = ".") -> str:
         """List one directory of the repository (not recursive), sorted by name.
         Directories end with "/"; files with several hard links are marked, and cannot be read.
+        What the repository ignores (.gitignore, virtual environments, caches) is left out and
+        named at the end.
         Paths are relative to the repository root ("/" is the root too) and can be passed to
         read_file or to list_files again. Use search_files to find text across many files.
         """
@@ -101,7 +104,9 @@ def file_tools(root: str | os.PathLike[str]) -> list[Tool]:
         The syntax is Python's re without backreferences or lookaround (RE2), matched one line
         at a time. Each match is printed as "path:line: text", path relative to the repository
         root. At most 200 matches are shown; binary files, files over 2 MB and hard-linked
-        files are skipped.
+        files are skipped, and so is what the repository ignores (its .gitignore files,
+        virtual environments, caches): the result names what it skipped, and a path named
+        explicitly is searched whole.
         """
         return _search(base, pattern, path)
 
@@ -128,13 +133,15 @@ def _list(base: Root, path: str) -> str:
         if not directory.is_dir:  # as `ls FILE` does: the file itself, and how to read it
             size, read = directory.st.st_size, next_read(directory.rel)
             return f"{directory.rel} ({size} bytes) is a file: read it with {read}"
-        entries = base.entries(directory)
+        rules = IgnoreRules.for_walk(base, directory.rel)
+        entries = [
+            (name, st, rel)
+            for name, st in base.entries(directory)
+            if not rules.entry_skipped(directory.fd, name, rel := _join(directory.rel, name), st)
+        ]
     lines: list[str] = []
     outside = 0
-    for name, st in entries:
-        if name in _SKIP_DIRS:
-            continue
-        rel = name if directory.rel == "." else f"{directory.rel}/{name}"
+    for _name, st, rel in entries:
         try:
             target = base.lookup(rel) if stat.S_ISLNK(st.st_mode) else st
         except Outside:
@@ -150,7 +157,18 @@ def _list(base: Root, path: str) -> str:
         shown.append(f"[... {len(lines) - MAX_LIST_ENTRIES} more entries not shown]")
     if outside:
         shown.append(f"[skipped {outside} link(s) leading outside the repository]")
+    note = rules.skipped.note("not listed", _list_call)
+    if note:
+        shown.append(note)
     return "\n".join(shown)
+
+
+def _join(folder: str, name: str) -> str:
+    return name if folder == "." else f"{folder}/{name}"
+
+
+def _list_call(rel: str) -> str:
+    return f"list_files {json.dumps({'path': rel}, ensure_ascii=False)}"
 
 
 def _list_suffix(st: os.stat_result | None) -> str:
@@ -258,13 +276,14 @@ def _count_rest(handle: BinaryIO, counted: int, scanned: int) -> tuple[int, bool
 def _search(base: Root, pattern: str, path: str) -> str:
     compiled = compile_pattern(pattern)
     start = _open(base, path, "no such file or directory")
+    rules = IgnoreRules.for_walk(base, start.rel) if start.is_dir else None
     walk = Walk()
     matches: list[str] = []
     found_at: list[int] = []  # the matching lines' numbers
     first_data = b""  # the text of the file with the first match
     searched = files = 0
     complete = True
-    with start, contextlib.closing(_files(base, start, walk)) as found:
+    with start, contextlib.closing(_files(base, start, walk, rules)) as found:
         for file in found:
             data = _search_text(file)
             if data is None:
@@ -292,6 +311,8 @@ def _search(base: Root, pattern: str, path: str) -> str:
         # A small model given the whole answer sent the same search again and again: say that
         # nothing more is to be found this way (issue 26).
         where = "the repository" if start.rel == "." else start.rel
+        if rules is not None and rules.skipped.anything:
+            where += " outside the folders and files named below"
         lines = "1 matching line" if len(found_at) == 1 else f"{len(found_at)} matching lines"
         matches.append(
             f"[the search is complete: these are all {lines} in {where}; the same search "
@@ -306,12 +327,25 @@ def _search(base: Root, pattern: str, path: str) -> str:
         matches.append(
             f"[{walk.too_deep} folder(s) nested more than {MAX_WALK_DEPTH} deep not searched]"
         )
+    note = rules.skipped.note("not searched", _search_call(pattern)) if rules else None
+    if note:
+        matches.append(note)
     return "\n".join(matches)
 
 
-def _files(base: Root, start: Opened, walk: Walk) -> Generator[Opened, None, None]:
-    if start.is_dir:
-        yield from base.walk(start, _SKIP_DIRS, walk)
+def _search_call(pattern: str) -> Callable[[str], str]:
+    def call(rel: str) -> str:
+        arguments = {"pattern": pattern, "path": rel}
+        return f"search_files {json.dumps(arguments, ensure_ascii=False)}"
+
+    return call
+
+
+def _files(
+    base: Root, start: Opened, walk: Walk, rules: IgnoreRules | None
+) -> Generator[Opened, None, None]:
+    if rules is not None:
+        yield from base.walk(start, rules, walk)
     else:
         yield Opened(start.detach(), start.rel, start.st)
 

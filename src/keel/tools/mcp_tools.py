@@ -33,7 +33,7 @@ from mcp.types import Tool as RemoteTool
 
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.failpoints import failpoint
-from keel.tools.base import Effect, Tool
+from keel.tools.base import MCP_SOURCE, Effect, Tool
 from keel.tools.loop_thread import LoopThread
 from keel.tools.mcp_servers import McpServer
 from keel.tools.mcp_session import (
@@ -196,7 +196,7 @@ def _keel_tool(server: McpServer, remote: RemoteTool, call: Any) -> Tool:
         timeout=server.timeout,
         pass_model=True,
         parameters=schema,
-        source=f"MCP server {server.name!r}",
+        source=f"{MCP_SOURCE} {server.name!r}",
     )
 
 

@@ -98,7 +98,8 @@ __all__ = [
     "map_error",
 ]
 
-DEFAULT_NAME = "local:qwen2.5-coder-0.5b"
+DEFAULT_NAME = f"local:qwen2.5-coder-{DEFAULT_MODEL}"
+"""The name of the default model's transport (`local`): ``local:qwen2.5-coder-1.5b``."""
 SAMPLING: dict[str, float | int] = {
     "temperature": 0.0,
     "top_p": 0.8,
@@ -135,8 +136,9 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         steering: bool = True,
     ) -> None:
         """`model_path` loads that GGUF file as it is (no digest check); without it the shipped
-        model named `model` (a key of `keel.transports.local.weights.MODELS`: "0.5b", "1.5b")
-        is used, joined and verified. `n_threads` defaults to the machine's CPU count.
+        model named `model` (a key of `keel.transports.local.weights.MODELS`: "1.5b", the
+        default, or "0.5b") is used, joined and verified. `n_threads` defaults to the
+        machine's CPU count.
         `logits_processor` (``(input_ids, scores) -> scores``) runs before the grammar, which has
         the last word: it can steer what the model prefers, never what the grammar forbids (the
         tests use it to make the model want a call). `steering=False` names no first call
@@ -159,8 +161,6 @@ class LocalTransport(LocalModel, PinnedSampling, SteersFirstCall):
         """The shipped model's name in `MODELS` (unused when `model_path` is given)."""
         if model_path:
             self.name = f"local:{Path(model_path).stem}"
-        elif model == DEFAULT_MODEL:
-            self.name = DEFAULT_NAME
         else:
             self.name = f"local:qwen2.5-coder-{model}"
         self.model_path = model_path

