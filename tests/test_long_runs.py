@@ -78,7 +78,7 @@ async def test_an_oversized_batch_is_clamped_with_a_pointer_naming_read_result()
 async def test_when_even_the_fitted_request_is_too_long_the_turn_is_a_context_synthesis_turn() -> (
     None
 ):
-    batch = {"tool_calls": [{"name": "fetch_page", "arguments": {"n": n}} for n in range(40)]}
+    batch = {"tool_calls": [{"name": "fetch_page", "arguments": {"n": n}} for n in range(50)]}
     out = await run([batch], context_window=4096)
     assert out.result.status == "completed", out.result.failure
     assert out.result.synthesized == "context"

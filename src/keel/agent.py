@@ -244,6 +244,7 @@ class Agent:
             self.token_counter or _tokenizer(transport) or EstimatingCounter(),
             budget=budget,
             limit=limit,
+            ceiling=None if limit is None else window.prompt_room,
         )
         tools = self.tools
         if limits.read_back and self.executor.get(READ_BACK_NAME) is None:

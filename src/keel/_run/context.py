@@ -141,9 +141,13 @@ class ContextBuilder:
         elide_to: float = ELIDE_TO,
         limit: int | None = None,
         read_back: ToolDefinition | None = None,
+        ceiling: int | None = None,
     ) -> None:
         """`limit`: the most tokens a request may have (the model's window less the answer's
-        room); None: no window binds. `read_back`: the tool offered once a result is elided,
+        room, less a margin for what the builder does not count), which fitting keeps to;
+        `ceiling`: the window less the answer's room, past which a request surely does not
+        fit (`fits`); between the two it is sent, and a refusal handled as the provider's;
+        None: no window binds. `read_back`: the tool offered once a result is elided,
         truncated or clamped (None: read-back is off, and pointers name no call)."""
         if not 0 < elide_to <= 1:
             raise ValueError(f"elide_to must be in (0, 1], not {elide_to}")
@@ -186,6 +190,7 @@ class ContextBuilder:
         self._cited: list[tuple[str, ToolResult]] = []
         self._by_ref: dict[str, ToolResult] = {}
         self.limit = limit
+        self.ceiling = ceiling
         self.read_back = read_back
         self._truncated = False
         self._prefix_changed = False
@@ -213,8 +218,13 @@ class ContextBuilder:
         return self._by_ref.get(ref)
 
     def fits(self, request: ModelRequest) -> bool:
-        """Whether `request` fits in the model's window as Keel counts it."""
-        return self.limit is None or request.estimated_input_tokens <= self.limit
+        """Whether `request` fits in the model's window as Keel counts it. Where the frozen
+        prefix alone (system text and tool definitions, whose count is Keel's estimate of text
+        the transport formats its own way) passes the window, the count is not trusted: the
+        request is sent, and a refusal is handled as the provider's (ADR 0060)."""
+        if self.limit is None or self.prefix_tokens >= self.limit:
+            return True
+        return request.estimated_input_tokens <= max(self.limit, self.ceiling or 0)
 
     def shrink(self, sent: int, window: int | None, requested: int | None = None) -> int:
         """After the provider refused a request of `sent` tokens (as Keel counts them) as too
@@ -270,7 +280,8 @@ class ContextBuilder:
         `squeeze`: a synthesis turn from what fits: the latest batch may be elided too."""
         newly_elided = self._elide_to_budget()
         volatile_tokens = sum(self.counter.count(v) for v in volatile)
-        if self.limit is not None:  # room kept for read_result, which fitting may bring
+        if self.limit is not None and self.prefix_tokens < self.limit:  # see `fits`
+            # room kept for read_result, which fitting may bring
             room = self.limit - volatile_tokens - self._definition_tokens(self._unoffered())
             if self._total > room:
                 newly_elided += self._fit(room, squeeze)

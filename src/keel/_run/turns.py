@@ -189,12 +189,13 @@ def _fitted_request(parts: StepParts, mode: Mode, *, squeeze: bool) -> tuple[Mod
             )
         )
     if not context.fits(request):
+        room = max(context.limit or 0, context.ceiling or 0)
         raise ContextExhausted(
             f"the question and the run's own turns come to ~{request.estimated_input_tokens:,} "
             f"tokens with every result elided, more than the model's window leaves for a "
-            f"request (~{context.limit:,})",
+            f"request (~{room:,})",
             step=parts.state.step,
-            details={"tokens": request.estimated_input_tokens, "limit": context.limit},
+            details={"tokens": request.estimated_input_tokens, "limit": room},
         )
     return request, mode
 
