@@ -19,6 +19,8 @@ from keel.records import ModelRequestSent, ResultClamped, ResultElided, ToolCall
 from keel.transports.local import LocalTransport
 
 QUESTIONS = (
+    "Read src/keel/agent.py part by part, from its first line to its last, and list every "
+    "method of the class Agent.",
     "Which modules does src/keel/agent.py import?",
     "What does the module docstring of src/keel/_run/context.py say happens over the budget?",
     "Which classes does src/keel/records.py define?",
@@ -29,7 +31,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--n-ctx", type=int, default=4096)
     parser.add_argument("--repo", type=Path, default=Path("."))
-    parser.add_argument("--max-model-calls", type=int, default=8)
+    parser.add_argument("--max-model-calls", type=int, default=12)
+    parser.add_argument("--question", action="append", help="instead of the built-in ones")
     args = parser.parse_args()
     model = LocalTransport(model="1.5b", n_ctx=args.n_ctx)
     store = keel.Store(":memory:")
@@ -39,7 +42,7 @@ def main() -> None:
     print("| question | ended | s | model calls | largest request | elided | clamped | "
           "read_result | context synthesis |")
     print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | --- |")
-    for question in QUESTIONS:
+    for question in args.question or QUESTIONS:
         started = time.monotonic()
         result = agent.run(question)
         took = time.monotonic() - started

@@ -141,14 +141,14 @@ def test_a_right_copy_is_not_steered() -> None:
 def test_the_readme_question_on_the_local_model_invents_no_module(
     local_model_path: Path, tmp_path: Path
 ) -> None:
-    """The README's question as `MODEL=local:0.5b make run` asks it, on the real model, with three
-    model calls instead of eight (the 0.5B repeats its search until the synthesis turn: eight
-    took three minutes of the suite): every code span of the answer is a piece of what the run
-    saw, and no module the file does not import is named (before `Grounding`:
-    ```keel.text_listener```)."""
+    """The README's question as `make run` asks it, on the default embedded model (the 1.5B since
+    ADR 0057), with three model calls instead of eight: every code span of the answer is a piece
+    of what the run saw, and no module the file does not import is named (before `Grounding`:
+    ```keel.text_listener```). On the 0.5B, once the run loop's imports changed (issue 43), the
+    answer became the search's raw lines with no code span at all (seen in CI's check)."""
     repo = Path(__file__).resolve().parents[1]
     question = "Which modules does the run loop in src/keel/_run/loop.py depend on?"
-    args = ["run", question, "--model", "local:0.5b", "--repo", str(repo)]
+    args = ["run", question, "--model", "local", "--repo", str(repo)]
     args += ["--max-model-calls", "3", "--first-turn-tool"]
     result = CliRunner().invoke(app, [*args, "--store", str(tmp_path / "r.sqlite"), "--json"])
     assert result.exit_code == 0, result.output
