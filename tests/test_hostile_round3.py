@@ -7,11 +7,26 @@ that hangs, never a fast run from a slow one.
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
 import time
+from http.server import ThreadingHTTPServer
+from pathlib import Path
 from typing import Any
 
+import pytest
+
+import keel
+from keel.records import ToolResultRecorded
 from keel.transports.local.qwen_format import read_output
 from keel.transports.text_calls import read_text_calls
+from loopback_http import QuietHandler, serving
+from support import call
+
+RAW_SERVER = Path(__file__).resolve().parent / "mcp_raw_server.py"
+BACKTRACKING = {"type": "object", "properties": {"s": {"type": "string", "pattern": "^(a+)+$"}}}
+"""Python's `re` takes 2**40 steps to find that "a"*40+"!" does not match it."""
 
 
 def _took(fn: Any) -> float:
@@ -46,3 +61,115 @@ def test_ev01_tool_call_blocks_are_cut_as_the_regex_cut_them() -> None:
     )
     assert found is not None and found.problem is None
     assert found.calls == (("read_file", '{"path": "a"}'), ("read_file", '{"path": "b"}'))
+
+
+# -- MC: MCP tools' input schemas, one bounded path ---------------------------------------------
+
+
+def _keel_run(tmp_path: Path, schema: dict[str, Any], turns: list[Any], *flags: str) -> Any:
+    """`keel run` with the raw MCP server offering `probe` under `schema`, scripted by
+    `turns`, `--deadline 10`: the finished process (pytest fails if it is still running at
+    60 s) and the store's runs."""
+    (tmp_path / "schema.json").write_text(json.dumps(schema))
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": turns}))
+    db = tmp_path / "r.db"
+    mcp = f"{sys.executable} {RAW_SERVER} schema-file {tmp_path / 'schema.json'}"
+    command = [sys.executable, "-m", "keel", "run", "q", "--model", f"script:{script}",
+               "--store", str(db), "--repo", str(tmp_path), "--mcp", mcp, "--deadline", "10",
+               "--json", *flags]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("keel run did not end within 60 s of a 10 s deadline")
+    runs = keel.Store(str(db)).list_runs() if db.exists() else []
+    return done, runs
+
+
+def test_mc01_a_backtracking_pattern_in_an_mcp_input_schema_ends_quickly(
+    tmp_path: Path,
+) -> None:
+    """MC-01: `^(a+)+$` against "a"*40+"!" ran 10 minutes past `--deadline 10`; now the
+    pattern is matched by RE2 and the call is answered with the mismatch."""
+    turns = [call("probe", s="a" * 40 + "!"), {"text": "done"}]
+    done, runs = _keel_run(tmp_path, BACKTRACKING, turns)
+    assert done.returncode == 0, done.stderr[-2000:]
+    (run,) = runs
+    assert run.status == "completed"
+    (result,) = [
+        e for e in keel.Store(str(tmp_path / "r.db")).events(run.run_id)
+        if isinstance(e, ToolResultRecorded)
+    ]  # fmt: skip
+    assert result.is_error and "does not match" in result.content
+
+
+@pytest.mark.parametrize("ref", ["file:///etc/hostname", "other.json#/x"])
+def test_mc03_a_ref_to_a_file_is_refused_at_registration_and_not_read(
+    tmp_path: Path, ref: str
+) -> None:
+    """MC-03: a `$ref` to `file:///etc/hostname` was read when the tool was called, then the
+    run crashed with a traceback, left `running`. Now the tool is refused when the server's
+    tools are listed, naming the $ref; no run starts, nothing is read."""
+    schema = {"type": "object", "properties": {"s": {"$ref": ref}}}
+    done, runs = _keel_run(tmp_path, schema, [call("probe", s=5), {"text": "done"}])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "$ref" in done.stderr and ref in done.stderr and "probe" in done.stderr
+    assert not [r for r in runs if r.status == "running"]
+
+
+def test_mc04_a_ref_to_a_loopback_url_is_never_fetched(tmp_path: Path) -> None:
+    """MC-04: a `$ref` to `http://127.0.0.1:PORT/...` was fetched by Keel's process when the
+    model called the tool, outside the `--allow-host` guard. The server counts requests: 0."""
+    seen: list[str] = []
+
+    class Counting(QuietHandler):
+        def do_GET(self) -> None:
+            seen.append(self.path)
+            self.reply(b'{"type": "string"}')
+
+    with serving(ThreadingHTTPServer(("127.0.0.1", 0), Counting)) as server:
+        ref = f"http://127.0.0.1:{server.server_address[1]}/s.json"
+        schema = {"type": "object", "properties": {"s": {"$ref": ref}}}
+        done, runs = _keel_run(tmp_path, schema, [call("probe", s=5), {"text": "done"}])
+    assert seen == []
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert "never fetches" in done.stderr
+    assert not [r for r in runs if r.status == "running"]
+
+
+FORKING = {"$defs": {"n": {"anyOf": [{"type": "array", "items": {"$ref": "#/$defs/n"}},
+                                     {"type": "array", "items": {"$ref": "#/$defs/n"}}]}},
+           "type": "object", "properties": {"a": {"$ref": "#/$defs/n"}}}  # fmt: skip
+"""Two branches per level: arguments that fail at their bottom are tried 2**depth ways."""
+
+
+async def test_mc01_mcp_arguments_are_checked_off_the_loop_and_cut_off_in_time() -> None:
+    """The executor checks an MCP tool's arguments in a thread of their own: the event loop
+    keeps its turns, and a check whose branches multiply is cut off (an argument error)."""
+    import asyncio
+
+    from mcp.types import Tool as RemoteTool
+
+    from keel.tools.base import ToolArgumentError
+    from keel.tools.mcp_servers import McpServer
+    from keel.tools.mcp_tools import _keel_tool
+
+    server = McpServer.stdio(["unused"], name="raw")
+    remote = RemoteTool(name="probe", inputSchema=FORKING)
+    tool = _keel_tool(server, remote, None)
+    arguments = {"a": json.loads("[" * 40 + '"x"' + "]" * 40)}
+    ticks = 0
+
+    async def tick() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    ticker = asyncio.create_task(tick())
+    started = time.monotonic()
+    with pytest.raises(ToolArgumentError, match="took"):
+        await tool.checked(arguments)
+    took = time.monotonic() - started
+    ticker.cancel()
+    assert took < 30 and ticks >= 10  # the loop went on while the check ran

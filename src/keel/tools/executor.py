@@ -153,7 +153,7 @@ class ToolExecutor:
                 executed[r.index] = self._finish(r.call, outcome)
 
         for index, call in enumerate(calls):
-            checked = self._check(index, call)
+            checked = await self._check(index, call)
             if isinstance(checked, _Outcome):
                 executed[index] = self._finish(call, checked)
             elif checked.tool.effect is Effect.SIDE_EFFECTING:
@@ -167,8 +167,9 @@ class ToolExecutor:
         await flush()
         return [item for item in executed if item is not None]
 
-    def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
-        """Answer what can be answered without running the tool."""
+    async def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
+        """Answer what can be answered without running the tool; arguments checked against a
+        schema from outside are checked off the event loop (`Tool.checked`)."""
         if call.parse_error is not None:
             return _Outcome(
                 f"Error: the arguments for {call.name} could not be read: {call.parse_error}. "
@@ -179,7 +180,7 @@ class ToolExecutor:
         if tool is None:
             return _Outcome(self._unknown_tool_message(call.name), is_error=True)
         try:
-            validated = tool.validate(call.arguments)
+            validated = await tool.checked(call.arguments)
         except ToolArgumentError as exc:
             return _Outcome(
                 f"Error: {exc}. Fix the arguments to match the tool's schema and call again.",
