@@ -173,3 +173,62 @@ async def test_mc01_mcp_arguments_are_checked_off_the_loop_and_cut_off_in_time()
     took = time.monotonic() - started
     ticker.cancel()
     assert took < 30 and ticks >= 10  # the loop went on while the check ran
+
+
+# -- MC-02: edited arguments, the same bounded path, off the loop -------------------------------
+
+_EDITED = """
+import asyncio, json, time, keel, pydantic
+from keel.serve.runs import Decision, RunService
+from keel.tools.base import Effect, Tool
+from keel.transports.scripted import ScriptedTransport
+
+class Anything(pydantic.BaseModel):
+    model_config = pydantic.ConfigDict(extra="allow")
+
+async def probe(arguments: Anything) -> str:
+    return "probed"
+
+tool = Tool(name="probe", description="Probe.", args_model=Anything, fn=probe, pass_model=True,
+            effect=Effect.SIDE_EFFECTING, requires_approval=True, parameters=SCHEMA)
+turns = [{"tool_calls": [{"name": "probe", "arguments": {"s": "aaa"}}]}, {"text": "done"}]
+agent = keel.Agent(ScriptedTransport.from_dict({"turns": turns * 2}), tools=[tool],
+                   store=keel.Store(":memory:"))
+HOSTILE = {"s": "a" * 40 + "!"}
+
+async def main():
+    first = await agent.arun("q")
+    call = first.pending_approvals[0].call_id
+    try:
+        agent.approve(first.run_id, call, arguments=HOSTILE)
+    except keel.ConfigError as refused:
+        print(json.dumps({"library": str(refused)}))
+    ticks = 0
+    async def tick():
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.01)
+            ticks += 1
+    ticker = asyncio.create_task(tick())
+    service = RunService(agent, ":memory:")
+    try:
+        await service.decide(first.run_id, [Decision(call, True, arguments=HOSTILE)])
+    except keel.ConfigError as refused:
+        print(json.dumps({"served": str(refused), "ticks": ticks}))
+    ticker.cancel()
+
+asyncio.run(main())
+"""
+
+
+def test_mc02_edited_arguments_are_checked_by_the_bounded_path_off_the_loop() -> None:
+    """MC-02: edited arguments against `^(a+)+$` were validated with plain jsonschema on the
+    event loop: one A2A decision hung `keel serve` (for 29 minutes, past SIGTERM). Now the
+    library and the server refuse them at once, nothing recorded, the loop ticking."""
+    from isolated import run_python
+
+    done = run_python(f"SCHEMA = {BACKTRACKING!r}\n" + _EDITED, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    library, served = (json.loads(line) for line in done.stdout.splitlines())
+    assert "does not match" in library["library"] and "nothing was recorded" in library["library"]
+    assert "does not match" in served["served"]

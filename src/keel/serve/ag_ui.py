@@ -146,7 +146,7 @@ class AgUiEndpoint:
             return JSONResponse({"error": door[1]}, status_code=door[0])
         try:
             run = parse_input(await read_body(request))
-            stream, decided = self._start(run)
+            stream, decided = await self._start(run)
         except Refused as refused:
             return JSONResponse({"error": refused.message}, status_code=refused.status)
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
@@ -156,12 +156,13 @@ class AgUiEndpoint:
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
 
-    def _start(self, run: RunAgentInput) -> tuple[RunStream, list[ApprovalDecided]]:
+    async def _start(self, run: RunAgentInput) -> tuple[RunStream, list[ApprovalDecided]]:
         """The run's stream, and the decisions this request recorded (a resume's), which no
-        run's stream carries: `keel approve` writes them, not a run (ADR 0024)."""
+        run's stream carries: `keel approve` writes them, not a run (ADR 0024). Decisions are
+        checked and recorded off the event loop (edited arguments: keel/approvals.py)."""
         try:
             if run.resume:
-                run_id, calls = self._decide(run.resume)
+                run_id, calls = await asyncio.to_thread(self._decide, run.resume)
                 decided = [
                     e
                     for e in self.agent.store.events(run_id)

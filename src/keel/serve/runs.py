@@ -128,7 +128,19 @@ class RunService:
                 "and continue it with `keel resume`"
             )
         check_decisions(record, decisions)  # all or nothing: none is recorded unless all can be
-        for decision in decisions:  # edited arguments and the calls seen, checked first too
+        await asyncio.to_thread(self._record, run_id, decisions)  # edited arguments: off the loop
+        if approvals.pending(self.store, run_id):
+            return
+        if is_url(self.target) and (
+            await asyncio.to_thread(self._queued, run_id) or self.foreign(record)
+        ):
+            return  # the workers' queue has it, or will once a worker sets it up
+        self._keep(self.agent.start_resume(run_id))
+
+    def _record(self, run_id: str, decisions: Sequence[Decision]) -> None:
+        """Every decision checked (the calls seen, edited arguments against their schema, in a
+        bounded thread: keel/approvals.py), then recorded; run in a thread of the server's."""
+        for decision in decisions:
             approvals.check(
                 self.store,
                 run_id,
@@ -145,13 +157,6 @@ class RunService:
                 decision.record(self.by),
                 expect_key=decision.call_key,
             )
-        if approvals.pending(self.store, run_id):
-            return
-        if is_url(self.target) and (
-            await asyncio.to_thread(self._queued, run_id) or self.foreign(record)
-        ):
-            return  # the workers' queue has it, or will once a worker sets it up
-        self._keep(self.agent.start_resume(run_id))
 
     def _queued(self, run_id: str) -> bool:
         """On Postgres: handed to the workers' queue (False: no worker has set it up)."""
