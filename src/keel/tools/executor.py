@@ -38,6 +38,7 @@ import asyncio
 import difflib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pydantic
 
@@ -47,7 +48,15 @@ from keel.messages import ToolCall, ToolDefinition, ToolResult, digest_text
 from keel.tools.base import CURRENT_CALL, Effect, Tool, ToolArgumentError
 from keel.trace_hooks import traced_tool
 
-__all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
+__all__ = [
+    "STOP_GRACE",
+    "Closing",
+    "ExecutedCall",
+    "OnDispatch",
+    "ToolExecutor",
+    "name_clash",
+    "stop_abandoning",
+]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
 
@@ -217,16 +226,16 @@ class ToolExecutor:
         if deadline is not None:
             limit_at = min(limit_at, deadline)
         with traced_tool(ready.call):
-            closing = _Closing()
+            closing = Closing()
             work = asyncio.ensure_future(_contained(tool, ready.validated, ready.call, closing))
             try:
                 await asyncio.wait((work,), timeout=max(0.0, limit_at - loop.time()))
             except asyncio.CancelledError:  # the run is cancelled: so is the call
-                await _stop(work, closing)
+                await stop_abandoning(work, closing)
                 raise
             elapsed = loop.time() - started
             if not work.done():
-                stopped = await _stop(work, closing)
+                stopped = await stop_abandoning(work, closing)
                 why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
                 return _timed_out(tool, elapsed, why, stopped)
         raised = work.result()  # `_contained` returns what the tool raised, never raises it
@@ -283,12 +292,13 @@ class ToolExecutor:
 
 
 async def _contained(
-    tool: Tool, validated: pydantic.BaseModel, call: ToolCall, closing: _Closing
+    tool: Tool, validated: pydantic.BaseModel, call: ToolCall, closing: Closing
 ) -> str | BaseException:
     """The tool's text, or what it raised: nothing it raises may leave its task, where
     KeyboardInterrupt and SystemExit would stop the event loop itself. Only a cancellation of
     this task goes on as one (a CancelledError the tool raised on its own is a failure), and
-    a GeneratorExit only when `_stop` closed the coroutine (one the tool raised is a failure).
+    a GeneratorExit only when `stop_abandoning` closed the coroutine (one the tool raised is
+    a failure).
     The call is in `CURRENT_CALL` while the tool runs (in this task's own context)."""
     CURRENT_CALL.set(call)
     try:
@@ -299,21 +309,21 @@ async def _contained(
             raise
         return exc
     except GeneratorExit as exc:
-        if closing.closed:  # closed by `_stop`: the frame must end
+        if closing.closed:  # closed by `stop_abandoning`: the frame must end
             raise
         return exc
     except BaseException as exc:
         return exc
 
 
-class _Closing:
-    """Set by `_stop` before it closes a call's coroutine, so the GeneratorExit that closing
-    throws in is told from one the tool raised itself."""
+class Closing:
+    """Set by `stop_abandoning` before it closes a call's coroutine, so the GeneratorExit
+    that closing throws in is told from one the tool (or hook) raised itself."""
 
     closed = False
 
 
-async def _stop(work: asyncio.Task[str | BaseException], closing: _Closing) -> bool:
+async def stop_abandoning(work: asyncio.Task[Any], closing: Closing) -> bool:
     """Cancel the call; True if it stopped within STOP_GRACE. One that did not (it swallowed
     the cancellation) is abandoned: its coroutine is closed where it waits, so it never runs
     again and no event loop waits for it at exit."""
