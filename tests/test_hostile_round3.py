@@ -232,3 +232,65 @@ def test_mc02_edited_arguments_are_checked_by_the_bounded_path_off_the_loop() ->
     library, served = (json.loads(line) for line in done.stdout.splitlines())
     assert "does not match" in library["library"] and "nothing was recorded" in library["library"]
     assert "does not match" in served["served"]
+
+
+# -- DC-10: a server continues a run only under the policy it was started with -------------------
+
+
+async def test_dc10_a_server_that_pre_approves_more_does_not_continue_the_run(
+    tmp_path: Path,
+) -> None:
+    """DC-10: `keel serve --allow-writes --approve-tools write_file` continued a run started
+    without pre-approval: after one write approved over A2A, the next ran unasked. Now the
+    decision is refused before anything is recorded, naming the difference."""
+    from a2a.utils.errors import InvalidParamsError
+
+    from a2a_serving import WRITE, a2a, collect, decisions, paused, runs_in
+    from test_serve_hostile import serving
+
+    script = tmp_path / "write.json"
+    script.write_text(json.dumps(WRITE))
+    store, repo = tmp_path / "runs.db", tmp_path / "repo"
+    with serving(script, repo, store, "--allow-writes") as (url, _):
+        async with a2a(url) as client:
+            task_id, pending = await paused(client)
+    with serving(script, repo, store, "--allow-writes", "--approve-tools", "write_file") as (
+        url,
+        _,
+    ):
+        async with a2a(url) as client:
+            approve = decisions(task_id, {"call_id": pending["call_id"], "approve": True})
+            with pytest.raises(InvalidParamsError, match="pre-approves write_file"):
+                await collect(client.send_message(approve))
+    assert not (repo / "out.txt").exists()
+    [run] = runs_in(store)
+    assert run.status == "awaiting_approval" and run.state.decisions == {}
+
+
+def test_dc10_allowed_hosts_and_writes_are_compared_too() -> None:
+    """The policy compared: tools pre-approved, hosts let through, writes offered. A server
+    that allows less than the run did may go on (it asks more); one that allows more may not."""
+    from keel.records import RunConfig, RunState
+    from keel.serve.runs import mismatch
+    from keel.store import RunRecord
+
+    def served(**settings: Any) -> keel.Agent:
+        base = {"repo": "/r", "allow_hosts": [], "allow_writes": False}
+        transport = keel.ScriptedTransport.from_dict({"turns": [{"text": "x"}]})
+        return keel.Agent(transport, run_config={**base, **settings.pop("settings", {})},
+                          store=keel.Store(":memory:"), **settings)  # fmt: skip
+
+    started = served(settings={"allow_hosts": ["127.0.0.1"], "allow_writes": True})
+    config = started.config()
+    record = RunRecord("run_x", 0.0, 0.0, "q", config.model, "awaiting_approval", config,
+                       RunState())  # fmt: skip
+    hosts = served(settings={"allow_hosts": ["127.0.0.1", "169.254.169.254"]})
+    assert mismatch(hosts, record) == (
+        "this server lets fetch reach 169.254.169.254, which the run did not allow (--allow-host)"
+    )
+    strict = record.config.settings | {"allow_writes": False}
+    writes = RunRecord("run_y", 0.0, 0.0, "q", config.model, "awaiting_approval",
+                       RunConfig(config.model, config.system_prompt, settings=strict),
+                       RunState())  # fmt: skip
+    assert "offers write_file" in str(mismatch(started, writes))
+    assert mismatch(served(), record) is None  # allows less: it asks more, never less

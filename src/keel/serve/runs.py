@@ -27,7 +27,7 @@ from keel import approvals
 from keel.agent import Agent, RunHandle
 from keel.errors import ConfigError, KeelError, LeaseHeld
 from keel.records import Decision as RecordedDecision
-from keel.records import Event
+from keel.records import Event, RunConfig
 from keel.result import TERMINAL
 from keel.store import RunRecord, RunStore
 from keel.store.locate import is_url
@@ -276,7 +276,10 @@ class RunService:
 def mismatch(agent: Agent, record: RunRecord) -> str | None:
     """Why `agent` cannot continue `record`, or None: it can. Another model, tools it does not
     have, or another folder (`--repo`): a run approved to write in one folder must never write
-    in another's, nor a run started on one model go on with another's answers."""
+    in another's, nor a run started on one model go on with another's answers. Nor under a
+    looser policy than the run was started with (ADR 0062): tools pre-approved, hosts let
+    through, or writes offered that the run did not have. A server that allows less may go
+    on: it asks more, never less."""
     mine = agent.config()
     if record.config.model != mine.model:
         return f"it runs on {record.config.model}, this server on {mine.model}"
@@ -286,7 +289,28 @@ def mismatch(agent: Agent, record: RunRecord) -> str | None:
     theirs, ours = record.config.settings.get("repo"), mine.settings.get("repo")
     if theirs != ours:
         return f"it works in {theirs or 'no named folder'}, this server in {ours or 'none named'}"
+    return _looser(record.config, mine)
+
+
+def _looser(started: RunConfig, mine: RunConfig) -> str | None:
+    """What this server's policy allows that the run's did not, or None."""
+    approved = set(mine.approve_tools) - set(started.approve_tools)
+    if approved:
+        names = ", ".join(sorted(approved))
+        return f"this server pre-approves {names}, which the run did not (--approve-tools)"
+    hosts = _strings(mine.settings.get("allow_hosts")) - _strings(
+        started.settings.get("allow_hosts")
+    )
+    if hosts:
+        names = ", ".join(sorted(hosts))
+        return f"this server lets fetch reach {names}, which the run did not allow (--allow-host)"
+    if mine.settings.get("allow_writes") and not started.settings.get("allow_writes"):
+        return "this server offers write_file, which the run did not have (--allow-writes)"
     return None
+
+
+def _strings(value: object) -> set[str]:
+    return {str(v) for v in value} if isinstance(value, list) else set()
 
 
 def check_decisions(record: RunRecord, decisions: Sequence[Decision]) -> None:
