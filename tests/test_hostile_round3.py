@@ -294,3 +294,75 @@ def test_dc10_allowed_hosts_and_writes_are_compared_too() -> None:
                        RunState())  # fmt: skip
     assert "offers write_file" in str(mismatch(started, writes))
     assert mismatch(served(), record) is None  # allows less: it asks more, never less
+
+
+# -- DC-05: a decision that arrives after the expiry still lets the run go on --------------------
+
+
+def _expiring_agent() -> keel.Agent:
+    @keel.tool(effect="side_effecting", requires_approval=True)
+    def publish(text: str) -> str:
+        """Publish text."""
+        return f"published {text}"
+
+    turns = [call("publish", text="x"), {"text": "not published"}]
+    return keel.Agent(
+        keel.ScriptedTransport.from_dict({"turns": turns}),
+        tools=[publish],
+        store=keel.Store(":memory:"),
+        limits=keel.Limits(approval_timeout=0.2),
+    )
+
+
+async def _ended(agent: keel.Agent, run_id: str) -> str:
+    """The run's status once it has stopped advancing (the test fails if it has not in 30 s)."""
+    import asyncio
+
+    for _ in range(300):
+        record = agent.store.get_run(run_id)
+        assert record is not None
+        if record.status not in ("running", "awaiting_approval"):
+            return record.status
+        await asyncio.sleep(0.1)
+    pytest.fail(f"run {run_id} was left {record.status}")
+
+
+async def test_dc05_an_a2a_decision_after_the_expiry_is_refused_and_the_run_goes_on() -> None:
+    """DC-05: the expiry's denial was recorded but the run never resumed: the task stayed
+    `working`. Now the late decider is told (DecisionExpired) and the run goes on denied."""
+    import asyncio
+
+    from keel.errors import DecisionExpired
+    from keel.serve.runs import Decision, RunService
+
+    agent = _expiring_agent()
+    paused = await agent.arun("q")
+    (pending,) = paused.pending_approvals
+    await asyncio.sleep(0.4)
+    service = RunService(agent, ":memory:")
+    with pytest.raises(DecisionExpired):
+        await service.decide(paused.run_id, [Decision(pending.call_id, True)])
+    assert await _ended(agent, paused.run_id) == "completed"
+
+
+async def test_dc05_an_ag_ui_decision_after_the_expiry_is_refused_and_the_run_goes_on() -> None:
+    import asyncio
+
+    import httpx
+    from starlette.applications import Starlette
+
+    from keel.serve.ag_ui import ag_ui_routes
+
+    agent = _expiring_agent()
+    paused = await agent.arun("q")
+    (pending,) = paused.pending_approvals
+    await asyncio.sleep(0.4)
+    entry = {"interruptId": f"{paused.run_id}:{pending.call_id}", "status": "resolved",
+             "payload": {"approved": True}}  # fmt: skip
+    body = {"threadId": "t", "runId": "r2", "messages": [], "resume": [entry]}
+    app = Starlette(routes=ag_ui_routes(agent))
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://testserver") as http:
+        refused = await http.post("/ag-ui", json=body)
+    assert refused.status_code == 409 and "expired" in refused.text.lower(), refused.text
+    assert await _ended(agent, paused.run_id) == "completed"

@@ -25,7 +25,7 @@ from typing import Any
 
 from keel import approvals
 from keel.agent import Agent, RunHandle
-from keel.errors import ConfigError, KeelError, LeaseHeld
+from keel.errors import ConfigError, DecisionExpired, KeelError, LeaseHeld
 from keel.records import Decision as RecordedDecision
 from keel.records import Event, RunConfig
 from keel.result import TERMINAL
@@ -128,7 +128,16 @@ class RunService:
                 "and continue it with `keel resume`"
             )
         check_decisions(record, decisions)  # all or nothing: none is recorded unless all can be
-        await asyncio.to_thread(self._record, run_id, decisions)  # edited arguments: off the loop
+        try:
+            await asyncio.to_thread(self._record, run_id, decisions)  # off the loop
+        except DecisionExpired:  # the denial it turned into is recorded: the run goes on from it
+            await self._go_on(run_id, record)
+            raise
+        await self._go_on(run_id, record)
+
+    async def _go_on(self, run_id: str, record: RunRecord) -> None:
+        """Let the run go on once no call waits for a decision: here, or on Postgres through
+        the workers' queue."""
         if approvals.pending(self.store, run_id):
             return
         if is_url(self.target) and (
