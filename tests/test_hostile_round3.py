@@ -366,3 +366,38 @@ async def test_dc05_an_ag_ui_decision_after_the_expiry_is_refused_and_the_run_go
         refused = await http.post("/ag-ui", json=body)
     assert refused.status_code == 409 and "expired" in refused.text.lower(), refused.text
     assert await _ended(agent, paused.run_id) == "completed"
+
+
+# -- DC-03, UI-03: edited arguments nested too deep are refused, never a traceback --------------
+
+
+def test_dc03_keel_approve_arguments_nested_5000_deep_is_a_usage_error(tmp_path: Path) -> None:
+    """DC-03: `keel approve --arguments` nested 5,000 deep gave a RecursionError traceback."""
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+
+    deep = '{"a": ' + "[" * 5000 + "]" * 5000 + "}"
+    out = CliRunner().invoke(
+        app, ["approve", "run_x", "k1_0", "--arguments", deep, "--store", str(tmp_path / "r.db")]
+    )
+    assert out.exit_code == 2, (out.exception, out.output[-2000:])
+    assert "nested too deep" in out.output and "Traceback" not in out.output
+
+
+def test_dc03_edited_arguments_nested_past_64_levels_are_refused_before_recording() -> None:
+    agent = _expiring_agent()
+    paused = agent.run("q")
+    (pending,) = paused.pending_approvals
+    deep = json.loads('{"text": ' + "[" * 100 + "]" * 100 + "}")
+    with pytest.raises(keel.ConfigError, match="nested more than 64 levels"):
+        agent.approve(paused.run_id, pending.call_id, arguments=deep)
+    assert agent.store.get_run(paused.run_id).state.decisions == {}  # type: ignore[union-attr]
+
+
+def test_ui03_the_approve_forms_arguments_nested_1500_deep_are_refused_not_a_500() -> None:
+    """UI-03: `keel ui`'s approve form with arguments nested 1,500 deep was a 500."""
+    from keel.ui.actions import edited_arguments
+
+    with pytest.raises(ValueError, match="nested too deep"):
+        edited_arguments('{"a": ' + "[" * 1500 + "]" * 1500 + "}")
