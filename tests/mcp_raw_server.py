@@ -4,6 +4,7 @@ can send what the `mcp` package's servers never would.
     python tests/mcp_raw_server.py deep-schema N     # `probe`'s input schema nests N levels
     python tests/mcp_raw_server.py call-error CODE   # every tools/call answers JSON-RPC CODE
     python tests/mcp_raw_server.py schema-file PATH  # `probe`'s input schema is PATH's JSON
+    python tests/mcp_raw_server.py env-echo NAME     # `probe` answers the server's $NAME
 
 It answers `initialize` with the version the client asked for, lists two tools (`probe`, and a
 plain `echo`) and answers `ping`. The deep schema is written as text, level by level: no
@@ -13,6 +14,7 @@ encoder here would nest that deep.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -75,6 +77,9 @@ def main() -> None:
         elif method == "tools/call" and mode == "call-error" and tool == "probe":
             error = {"code": int(value), "message": "the backend is overloaded; try again later"}
             send(json.dumps({"jsonrpc": "2.0", "id": ident, "error": error}))
+        elif method == "tools/call" and mode == "env-echo" and tool == "probe":
+            text = json.dumps(os.environ.get(value, "(unset)"))
+            answer(ident, '{"content": [{"type": "text", "text": ' + text + "}]}")
         elif method == "tools/call":
             text = json.dumps(message["params"].get("arguments", {}).get("text", ""))
             answer(ident, '{"content": [{"type": "text", "text": ' + text + "}]}")

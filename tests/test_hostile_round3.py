@@ -401,3 +401,46 @@ def test_ui03_the_approve_forms_arguments_nested_1500_deep_are_refused_not_a_500
 
     with pytest.raises(ValueError, match="nested too deep"):
         edited_arguments('{"a": ' + "[" * 1500 + "]" * 1500 + "}")
+
+
+# -- MC-07: a value set over one of Keel's own variables is never replaced by Keel's own ---------
+
+
+def test_mc07_a_resume_never_passes_keels_own_variable_for_a_value_the_user_set(
+    tmp_path: Path,
+) -> None:
+    """MC-07: `keel run --mcp-env OPENAI_API_KEY=dummy`: on `keel resume` the MCP server got the
+    real OPENAI_API_KEY from Keel's environment. Now the resume is refused, naming how to give
+    the value again, and `keel resume --mcp-env` gives it."""
+    import os
+
+    real = "sk-real-" + "x" * 24
+    env = {**os.environ, "OPENAI_API_KEY": real}
+    (tmp_path / "notes.md").write_text("notes\n")
+    write = call("write_file", path="out.txt", content="x\n")
+    script = tmp_path / "script.json"
+    script.write_text(json.dumps({"turns": [write, call("probe"), {"text": "done"}]}))
+    db = tmp_path / "r.db"
+    mcp = f"{sys.executable} {RAW_SERVER} env-echo OPENAI_API_KEY"
+
+    def keel_cli(*args: str) -> subprocess.CompletedProcess[str]:
+        command = [sys.executable, "-m", "keel", *args, "--store", str(db)]
+        return subprocess.run(command, capture_output=True, text=True, timeout=120, env=env,
+                              cwd=tmp_path)  # fmt: skip
+
+    started = keel_cli("run", "q", "--model", f"script:{script}", "--repo", str(tmp_path),
+                       "--allow-writes", "--mcp", mcp, "--mcp-env", "OPENAI_API_KEY=dummy",
+                       "--json")  # fmt: skip
+    run_id = json.loads(started.stdout)["run_id"]
+    assert json.loads(started.stdout)["status"] == "awaiting_approval", started.stderr
+    assert keel_cli("approve", run_id, "--all").returncode == 0
+    refused = keel_cli("resume", run_id, "--json")
+    assert refused.returncode == 2 and "Traceback" not in refused.stderr, refused.stderr
+    assert "--mcp-env OPENAI_API_KEY=VALUE" in refused.stderr
+    resumed = keel_cli("resume", run_id, "--mcp-env", "OPENAI_API_KEY=dummy", "--json")
+    assert json.loads(resumed.stdout)["status"] == "completed", resumed.stderr
+    results = [
+        e.content for e in keel.Store(str(db)).events(run_id) if isinstance(e, ToolResultRecorded)
+    ]
+    assert any("dummy" in r for r in results) and not any(real in r for r in results)
+    assert real.encode() not in db.read_bytes()
