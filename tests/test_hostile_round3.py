@@ -444,3 +444,18 @@ def test_mc07_a_resume_never_passes_keels_own_variable_for_a_value_the_user_set(
     ]
     assert any("dummy" in r for r in results) and not any(real in r for r in results)
     assert real.encode() not in db.read_bytes()
+
+
+# -- C08b: an MCP timeout too large to wait for is refused at start ----------------------------
+
+
+@pytest.mark.parametrize("key", ["timeout", "connect_timeout"])
+def test_c08b_an_mcp_timeout_of_1e12_is_refused_at_start_not_a_traceback(key: str) -> None:
+    """C08b: `[[mcp]] connect_timeout = 1e12` (finite) was a traceback: no thread waits that
+    long. Now a timeout past a day is refused, naming it."""
+    from keel.tools.mcp_servers import McpServer
+
+    table = {"name": "big", "command": [sys.executable, str(RAW_SERVER), "call-error", "1"],
+             key: 1e12}  # fmt: skip
+    with pytest.raises(keel.ConfigError, match=f"{key} must be"):
+        McpServer.from_json(table, "[[mcp]] #1")

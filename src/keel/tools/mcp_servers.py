@@ -39,6 +39,7 @@ from keel.errors import ConfigError
 from keel.records import JsonObject, JsonValue
 
 __all__ = [
+    "MAX_SECONDS",
     "McpServer",
     "resumed_values",
     "servers_from_config",
@@ -52,6 +53,8 @@ _TABLE_KEYS = {
     "timeout", "connect_timeout",
 }  # fmt: skip
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SECONDS = 86_400.0
+"""The longest timeout a server may have: inf, or 1e12, would overflow the clock a wait uses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,10 +103,10 @@ class McpServer:
         if self.url is not None:
             _check_url(self.url)
         for value, what in ((self.timeout, "timeout"), (self.connect_timeout, "connect_timeout")):
-            if not (math.isfinite(value) and value > 0):  # inf would overflow a thread's wait
+            if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):  # a wait must fit a clock
                 raise ConfigError(
                     f"MCP server {self.name!r}: {what} must be a finite, positive number of "
-                    f"seconds, not {value!r}"
+                    f"seconds, at most {MAX_SECONDS:g} (a day), not {value!r}"
                 )
 
     @classmethod
