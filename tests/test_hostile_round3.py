@@ -459,3 +459,33 @@ def test_c08b_an_mcp_timeout_of_1e12_is_refused_at_start_not_a_traceback(key: st
              key: 1e12}  # fmt: skip
     with pytest.raises(keel.ConfigError, match=f"{key} must be"):
         McpServer.from_json(table, "[[mcp]] #1")
+
+
+# -- RP-01: a recording's lines are capped in values, not only in characters --------------------
+
+
+def test_rp01_a_line_of_millions_of_empty_values_is_skipped_not_parsed(tmp_path: Path) -> None:
+    """RP-01: a 184 KB gzip recording of millions of empty values drove `keel replay` to
+    6.5 GB: the caps counted characters, and `{}` is two. A line holding more values than
+    MAX_VALUES is now skipped before it is parsed, naming it; the lines around it are read."""
+    import gzip
+
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+    from keel.replay.lines import MAX_VALUES
+
+    def run_line(run_id: str) -> str:
+        turn = [{"tool": "bash", "arguments": {"command": "ls"}, "kind": "read",
+                 "result_digest": "ls"}]  # fmt: skip
+        return json.dumps({"corpus": "mine", "model": "m", "id": run_id, "turns": [turn]})
+
+    path = tmp_path / "bomb.jsonl.gz"
+    empties = '{"id": "bomb", "turns": [' + "{}," * (MAX_VALUES + 1) + "{}]}"
+    with gzip.open(path, "wt", compresslevel=9) as out:
+        out.write(run_line("first") + "\n" + empties + "\n" + run_line("last") + "\n")
+    assert path.stat().st_size < 1024 * 1024
+    out = CliRunner().invoke(app, ["replay", str(path), "--json"])
+    assert out.exit_code == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
+    assert [json.loads(line)["id"] for line in out.stdout.splitlines()] == ["first", "last"]
+    assert f"skipped {path}:2: it holds more than {MAX_VALUES:,} JSON values" in out.stderr
