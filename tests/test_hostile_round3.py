@@ -489,3 +489,26 @@ def test_rp01_a_line_of_millions_of_empty_values_is_skipped_not_parsed(tmp_path:
     assert out.exit_code == 0 and "Traceback" not in out.stderr, out.stderr[-2000:]
     assert [json.loads(line)["id"] for line in out.stdout.splitlines()] == ["first", "last"]
     assert f"skipped {path}:2: it holds more than {MAX_VALUES:,} JSON values" in out.stderr
+
+
+# -- SO-01: draft-03's in-place keywords are walked by the cycle check ---------------------------
+
+DRAFT3 = "http://json-schema.org/draft-03/schema#"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"$schema": DRAFT3, "extends": {"$ref": "#"}},
+        {"$schema": DRAFT3, "extends": [{"type": "object"}, {"$ref": "#"}]},
+        {"$schema": DRAFT3, "type": ["null", {"$ref": "#"}]},
+        {"$schema": DRAFT3, "disallow": [{"$ref": "#"}]},
+    ],
+)
+def test_so01_a_draft_03_cycle_is_refused_at_start(schema: dict[str, Any]) -> None:
+    """SO-01: draft-03 cycles (`extends`, `type: [schema]`, `disallow`) passed the cycle
+    check, and validating any value against them never ended but in a RecursionError."""
+    from keel.structured import OutputSpec
+
+    with pytest.raises(keel.ConfigError, match=r"\$ref cycle"):
+        OutputSpec.of(schema)

@@ -85,6 +85,9 @@ _MANY_IN_PLACE = ("allOf", "anyOf", "oneOf")
 _MAPS = ("properties", "patternProperties", "$defs", "definitions")
 _MAPS_IN_PLACE = ("dependentSchemas", "dependencies")
 _REFUSED = ("$dynamicRef", "$recursiveRef")
+_DRAFT3_IN_PLACE = ("extends", "disallow", "type")
+"""Draft 3's keywords that may hold schemas applied to the value itself: `extends` (a schema
+or a list), `disallow` and `type` (lists that may hold schemas beside type names)."""
 
 
 def value_depth(value: Any, limit: int) -> int:
@@ -196,6 +199,13 @@ def _children(
         value = node.get(keyword)
         if isinstance(value, dict):
             yield from ((f"{where}/{keyword}/{_escape(k)}", v) for k, v in value.items())
+    for keyword in _DRAFT3_IN_PLACE:
+        value = node.get(keyword)
+        if keyword == "extends" and isinstance(value, dict):
+            yield f"{where}/extends", value
+        elif isinstance(value, list):
+            schemas = ((i, v) for i, v in enumerate(value) if isinstance(v, dict))
+            yield from ((f"{where}/{keyword}/{i}", v) for i, v in schemas)
 
 
 def _target(root: dict[str, Any], anchors: dict[str, Any], ref: object, where: str) -> Any:
