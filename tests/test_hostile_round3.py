@@ -512,3 +512,37 @@ def test_so01_a_draft_03_cycle_is_refused_at_start(schema: dict[str, Any]) -> No
 
     with pytest.raises(keel.ConfigError, match=r"\$ref cycle"):
         OutputSpec.of(schema)
+
+
+# -- ST-01: the chat stream reader is linear in the deltas ---------------------------------------
+
+
+@pytest.mark.parametrize("field", ["reasoning_content", "refusal", "arguments"])
+async def test_st01_the_chat_stream_reader_joins_deltas_once(field: str) -> None:
+    """ST-01: `reasoning_content` and `refusal` deltas (and a call's arguments) were joined by
+    `+` per delta, each copying the whole so far: quadratic in a long stream."""
+    from keel.transports.sse_readers import read_chat
+
+    piece, count = "y" * 20, 300_000
+
+    def delta() -> dict[str, Any]:
+        if field == "arguments":
+            return {"tool_calls": [{"index": 0, "function": {"arguments": piece}}]}
+        return {field: piece}
+
+    async def events() -> Any:
+        for _ in range(count):
+            yield {"id": "c", "choices": [{"index": 0, "delta": delta()}]}
+        yield {"id": "c", "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+
+    started = time.monotonic()
+    read = await read_chat(events(), lambda text: None, "chat")
+    assert time.monotonic() - started < 60
+    assert read is not None
+    message = read["choices"][0]["message"]
+    got = (
+        message["tool_calls"][0]["function"]["arguments"]
+        if field == "arguments"
+        else message[field]
+    )
+    assert len(got) == len(piece) * count
