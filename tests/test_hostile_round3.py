@@ -546,3 +546,31 @@ async def test_st01_the_chat_stream_reader_joins_deltas_once(field: str) -> None
         else message[field]
     )
     assert len(got) == len(piece) * count
+
+
+# -- N-SV09: a JSON-RPC body nested 200,000 deep is refused at the door --------------------------
+
+
+async def test_nsv09_a_json_rpc_body_nested_200000_deep_is_refused_without_a_traceback(
+    tmp_path: Path,
+) -> None:
+    """N-SV09: such a body was -32603 (internal error) with a RecursionError traceback in the
+    server's log. Now the door refuses it, -32600 naming the nesting, before the SDK reads it."""
+    import httpx
+
+    from a2a_serving import ANSWER
+    from test_serve_hostile import serving
+
+    script = tmp_path / "answer.json"
+    script.write_text(json.dumps(ANSWER))
+    deep = "[" * 200_000 + "]" * 200_000
+    body = '{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": ' + deep + "}"
+    headers = {"content-type": "application/json", "A2A-Version": "1.0"}
+    with serving(script, tmp_path / "repo", tmp_path / "runs.db") as (url, process):
+        async with httpx.AsyncClient(timeout=30) as http:
+            answer = await http.post(url + "/a2a/jsonrpc", content=body, headers=headers)
+        process.terminate()
+        _, logged = process.communicate(timeout=30)
+    error = answer.json()["error"]
+    assert error["code"] == -32600 and "nested" in error["message"], error
+    assert "Traceback" not in logged, logged[-3000:]
