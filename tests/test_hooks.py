@@ -432,3 +432,26 @@ def test_hk05_a_deny_or_end_run_whose_reason_is_not_text_is_a_hook_failure(outco
     done = _ends(lambda: a.run("q"))
     assert done.failure is not None and done.failure.kind == "HookFailed", done.failure
     assert "reason" in done.failure.message and "text" in done.failure.message
+
+
+@pytest.mark.parametrize(
+    "hook_point, outcome",
+    [
+        ("after_model_call", keel.Replace(keel.ModelResponse(text="bad \ud800 answer"))),
+        ("before_tool_call", keel.Replace({"topic": "x\udfff"})),
+        ("after_tool_call", keel.Replace("a result \ud800")),
+        ("before_tool_call", keel.Deny("no \ud800")),
+    ],
+)
+def test_hk06_a_lone_surrogate_a_hook_brings_in_is_cleaned_where_it_enters(
+    hook_point: str, outcome: Any
+) -> None:
+    """HK-06: a hook's replaced text could bring in a lone surrogate that inbound cleaning
+    (keel/inbound.py) never saw; the store could not hold it. Now it is U+FFFD, as a model's."""
+    hook = type("Odd", (), {hook_point: lambda self, *args: outcome})()
+    a = agent([call("lookup", topic="x"), {"text": "ok"}], [hook])
+    done = _ends(lambda: a.run("q"))
+    assert done.failure is None or done.failure.kind != "StoreUnavailable", done.failure
+    assert done.status == "completed", done.failure
+    stored = repr(a.store.events(done.run_id)) + repr(done.answer)
+    assert "\\ud800" not in stored and "\\udfff" not in stored

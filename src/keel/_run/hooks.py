@@ -19,7 +19,8 @@ Hooks are bounded like tools (ADR 0062): each call runs as a task of its own, a 
 daemon thread that is abandoned at the timeout (never one `asyncio.run` joins at exit), an
 async hook that swallows its cancellation closed where it waits; whatever a hook raises,
 BaseException included, is HookFailed; and what it returns must be what the run can record:
-arguments that are JSON, a reason and a text that are text.
+arguments that are JSON, a reason and a text that are text; a lone surrogate in what it
+returns is replaced where it enters (keel/inbound.py), as in a model's answer.
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ from keel._run import decisions
 from keel._run.parts import StepParts
 from keel.errors import EndedByHook, HookFailed
 from keel.hooks import Deny, EndRun, Hooks, Replace
+from keel.inbound import clean_response, clean_text, clean_value
 from keel.messages import ModelRequest, ModelResponse, ToolCall, ToolResult, digest_text
 from keel.records import Decision, HookApplied, HookChange, JsonValue
 from keel.tools.executor import Closing, ExecutedCall, stop_abandoning
@@ -129,6 +131,22 @@ async def _call(
             step=parts.state.step,
             details=details,
         )
+    return _cleaned(outcome)
+
+
+def _cleaned(outcome: Any) -> Any:
+    """What a hook returned, with any lone surrogate in its text replaced (U+FFFD)."""
+    if isinstance(outcome, Deny | EndRun):
+        return replace(outcome, reason=clean_text(outcome.reason))
+    if not isinstance(outcome, Replace):
+        return outcome
+    value = outcome.value
+    if isinstance(value, ModelResponse) and isinstance(value.text, str | None):
+        return Replace(clean_response(value))
+    if isinstance(value, ToolResult) and isinstance(value.content, str):
+        return Replace(replace(value, content=clean_text(value.content)))
+    if isinstance(value, str | dict):
+        return Replace(clean_value(value))
     return outcome
 
 
