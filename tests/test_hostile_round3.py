@@ -574,3 +574,38 @@ async def test_nsv09_a_json_rpc_body_nested_200000_deep_is_refused_without_a_tra
     error = answer.json()["error"]
     assert error["code"] == -32600 and "nested" in error["message"], error
     assert "Traceback" not in logged, logged[-3000:]
+
+
+# -- DC-09: a message that says two things decides nothing --------------------------------------
+
+
+async def test_dc09_a_reply_whose_text_denies_and_whose_data_approves_is_refused(
+    tmp_path: Path,
+) -> None:
+    """DC-09: a message whose text said "deny" and whose data part approved was taken as an
+    approval. A conflict is refused, nothing recorded; the same words agreeing are taken."""
+    import uuid
+
+    from a2a.helpers import new_data_part
+    from a2a.types import Message, Part, Role, SendMessageRequest
+    from a2a.utils.errors import InvalidParamsError
+
+    from a2a_serving import WRITE, a2a, collect, keel_serve, paused, runs_in
+
+    def reply(task_id: str, text: str, approve: bool, call_id: str) -> SendMessageRequest:
+        data = {"keel_decisions": [{"call_id": call_id, "approve": approve}]}
+        parts = [Part(text=text), new_data_part(data)]
+        message = Message(message_id=uuid.uuid4().hex, role=Role.ROLE_USER, task_id=task_id,
+                          parts=parts)  # fmt: skip
+        return SendMessageRequest(message=message)
+
+    with keel_serve(tmp_path, WRITE, "--allow-writes") as (url, _):
+        async with a2a(url) as client:
+            task_id, pending = await paused(client)
+            with pytest.raises(InvalidParamsError, match="says two things"):
+                await collect(client.send_message(reply(task_id, "deny", True, pending["call_id"])))
+            [run] = [r for r in runs_in(tmp_path / "runs.db") if r.run_id == task_id]
+            assert run.state.decisions == {}
+            await collect(client.send_message(reply(task_id, "yes", True, pending["call_id"])))
+    [run] = [r for r in runs_in(tmp_path / "runs.db") if r.run_id == task_id]
+    assert run.state.decisions[pending["call_id"]].approved
