@@ -3,6 +3,8 @@ can send what the `mcp` package's servers never would.
 
     python tests/mcp_raw_server.py deep-schema N     # `probe`'s input schema nests N levels
     python tests/mcp_raw_server.py call-error CODE   # every tools/call answers JSON-RPC CODE
+    python tests/mcp_raw_server.py schema-file PATH  # `probe`'s input schema is PATH's JSON
+    python tests/mcp_raw_server.py env-echo NAME     # `probe` answers the server's $NAME
 
 It answers `initialize` with the version the client asked for, lists two tools (`probe`, and a
 plain `echo`) and answers `ping`. The deep schema is written as text, level by level: no
@@ -12,6 +14,7 @@ encoder here would nest that deep.
 from __future__ import annotations
 
 import json
+import os
 import sys
 from typing import Any
 
@@ -29,8 +32,14 @@ def deep_schema(levels: int) -> str:
     return head + '{"type": "string"}' + "}}" * levels
 
 
-def tools_text(mode: str, value: int) -> str:
-    schema = deep_schema(value) if mode == "deep-schema" else '{"type": "object"}'
+def tools_text(mode: str, value: str) -> str:
+    if mode == "deep-schema":
+        schema = deep_schema(int(value))
+    elif mode == "schema-file":
+        with open(value, encoding="utf-8") as file:
+            schema = file.read()
+    else:
+        schema = '{"type": "object"}'
     probe = (
         '{"name": "probe", "description": "Probe the server.", "inputSchema": '
         + schema
@@ -49,7 +58,7 @@ def answer(ident: Any, result: str) -> None:
 
 
 def main() -> None:
-    mode, value = sys.argv[1], int(sys.argv[2])
+    mode, value = sys.argv[1], sys.argv[2]
     for line in sys.stdin:
         if not line.strip():
             continue
@@ -66,8 +75,11 @@ def main() -> None:
         elif method == "tools/list":
             answer(ident, tools_text(mode, value))
         elif method == "tools/call" and mode == "call-error" and tool == "probe":
-            error = {"code": value, "message": "the backend is overloaded; try again later"}
+            error = {"code": int(value), "message": "the backend is overloaded; try again later"}
             send(json.dumps({"jsonrpc": "2.0", "id": ident, "error": error}))
+        elif method == "tools/call" and mode == "env-echo" and tool == "probe":
+            text = json.dumps(os.environ.get(value, "(unset)"))
+            answer(ident, '{"content": [{"type": "text", "text": ' + text + "}]}")
         elif method == "tools/call":
             text = json.dumps(message["params"].get("arguments", {}).get("text", ""))
             answer(ident, '{"content": [{"type": "text", "text": ' + text + "}]}")

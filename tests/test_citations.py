@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import re
+import subprocess
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -619,3 +622,81 @@ def test_a_scenario_a_sub_agents_table_and_keel_eval_may_still_say_evidence(
         "keel: [agents.reader] evidence is deprecated, it is now citations (ADR 0058)",
         "keel: --suite evidence is deprecated, it is now --suite citations (ADR 0058)",
     ]
+
+
+# -- hostile answers (issue 46) ----------------------------------------------------------------
+
+
+def _time(fn: Any) -> float:
+    started = time.monotonic()
+    fn()
+    return time.monotonic() - started
+
+
+def test_ev01_every_check_over_the_answer_is_linear_in_it() -> None:
+    """EV-01: unclosed quotation marks, a flood of distinct ids, quotes and paths: each check
+    ends (well within a generous bound; the backtracking regex took minutes on the first)."""
+    big = source("r1", "filler text " * 20_000)
+    answers = [
+        "\u201c" * 200_000,
+        'x "' * 100_000,
+        "".join(f"[r{n}] " for n in range(2, 150_000)),
+        "".join(f'"q{n}" [r1] ' for n in range(100_000)),
+        "".join(f"see dir{n}/file{n}.py " for n in range(60_000)),
+        "[" + "r1," * 100_000,
+    ]
+    for answer in answers:
+        took = _time(lambda a=answer: check_answer(a, [big, source("r2", LEASE)]))
+        assert took < 20, (answer[:20], took)
+
+
+def test_ev01_an_answer_of_unclosed_quotes_ends_the_run_within_its_deadline(
+    tmp_path: Path,
+) -> None:
+    """EV-01: 200,000 unclosed \u201c after a tool call, `--deadline 5`: the run ends (it hung
+    past the deadline and SIGTERM), with its answer checked."""
+    (tmp_path / "notes.md").write_text("notes\n")
+    script = tmp_path / "script.json"
+    turns = [call("read_file", path="notes.md"), {"text": "\u201c" * 200_000}]
+    script.write_text(json.dumps({"turns": turns}))
+    db = tmp_path / "r.db"
+    command = [sys.executable, "-m", "keel", "run", "q", "--model", f"script:{script}",
+               "--store", str(db), "--repo", str(tmp_path), "--deadline", "5",
+               "--json"]  # fmt: skip
+    try:
+        done = subprocess.run(command, capture_output=True, timeout=60, cwd=tmp_path)
+    except subprocess.TimeoutExpired:
+        pytest.fail("keel run did not end within 60 s of a 5 s deadline")
+    out = json.loads(done.stdout)
+    assert out["status"] in ("completed", "failed"), out
+    (run,) = keel.Store(str(db)).list_runs()
+    assert run.status != "running"
+
+
+_OLD_QUOTE = re.compile(
+    r"(?:\"([^\"]+)\"|\u201c([^\u201d]+)\u201d)\s*\[\s*(r\d+(?:\s*[,;]\s*r\d+)*)\s*\]"
+)
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(st.sampled_from(['"', "\u201c", "\u201d", " ", "[", "]", "r", "1", ",", "a"])))
+def test_ev01_the_linear_quote_scan_finds_what_the_regex_found(text: str) -> None:
+    from keel.citations import _quotes
+
+    expected = [(m.group(1) or m.group(2), m.group(3)) for m in _OLD_QUOTE.finditer(text)]
+    assert list(_quotes(text)) == expected
+
+
+def test_ev01_quotes_past_the_scan_budget_fail_as_not_checked(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import keel.citations
+
+    stored = len(normalise(LEASE))  # two lookups' worth: "renewed" and "q0"
+    monkeypatch.setattr(keel.citations, "SCAN_BUDGET", 2 * stored + len("renewed") + len("q0"))
+    answer = " ".join(f'"renewed" [r1] "q{n}" [r1]' for n in range(5))
+    checked = check_answer(answer, [source("r1", LEASE)])
+    reasons = [f.reason for f in checked.quotes_failed]
+    assert checked.quotes_checked == 5  # the same quote is looked up once
+    assert reasons == ["not_in_result"] + ["not_checked"] * 4
+    assert "was not checked" in checked.failures()[-1] and not checked.passed

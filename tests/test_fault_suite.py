@@ -6,6 +6,10 @@ seconds, without a traceback, and lose nothing that was saved.
 - A store on a full disk (a small tmpfs; skipped where mounting is not allowed): the run ends
   `failed` with the classified kind `StoreUnavailable`, exit 1 and its JSON on stdout; once
   space is freed, `keel resume` completes it.
+- SIGTERM at random moments of runs fed what hung them before (issue 46, ADR 0062): an answer
+  of 200,000 unclosed quotation marks (the citations check), an MCP tool whose schema pattern
+  backtracks (its arguments' check): every process ends within 10 s of the signal,
+  classified, without a traceback.
 """
 
 from __future__ import annotations
@@ -177,3 +181,79 @@ def test_a_full_disk_ends_the_run_failed_classified_and_it_resumes_once_space_is
     resumed = subprocess.run(resume, capture_output=True, text=True, timeout=120, env=clean_env())
     assert resumed.returncode == 0, resumed.stderr
     assert json.loads(resumed.stdout)["status"] == "completed"
+
+
+# -- the surfaces that hung a run before (issue 46) -----------------------------------------------
+
+RAW_SERVER = Path(__file__).resolve().parent / "mcp_raw_server.py"
+HOSTILE_TRIALS = 4
+
+
+def hostile_command(folder: Path, surface: str) -> list[str]:
+    """`keel run` over a script that feeds `surface` what once hung the run, slowly enough
+    (100 ms a turn) that a signal lands inside it."""
+    repo, store = folder / "repo", folder / "runs.sqlite"
+    repo.mkdir(parents=True)
+    (repo / "notes.md").write_text("notes\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+    extra: list[str] = []
+    if surface == "citations":  # an unknown id: `require` sends it back for one more turn
+        turns = [read, {"text": "\u201c" * 200_000 + " [r9]"}, {"text": "Noted [r1]."}]
+        extra = ["--citations", "require"]
+    else:
+        schema = folder / "schema.json"
+        schema.write_text(json.dumps({"type": "object", "properties": {
+            "s": {"type": "string", "pattern": "^(a+)+$"}}}))  # fmt: skip
+        probe = {"tool_calls": [{"name": "probe", "arguments": {"s": "a" * 40 + "!"}}]}
+        turns = [probe, probe, {"text": "Probed."}]
+        extra = ["--mcp", f"{sys.executable} {RAW_SERVER} schema-file {schema}"]
+    script = folder / "script.json"
+    script.write_text(json.dumps({"turns": turns, "latency_ms": 100}))
+    return keel_command(
+        store, "run", "Read the notes.", "--model", f"script:{script}", "--repo", str(repo),
+        "--json", *extra,
+    )  # fmt: skip
+
+
+def one_hostile_trial(folder: Path, surface: str, delay: float) -> dict[str, Any]:
+    proc = subprocess.Popen(
+        hostile_command(folder, surface), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=clean_env(),
+    )  # fmt: skip
+    store = folder / "runs.sqlite"
+    started = time.monotonic()
+    while stored_status(store) is None and proc.poll() is None:
+        if time.monotonic() - started > 30:
+            proc.kill()
+            raise AssertionError("the run did not start within 30 s")
+        time.sleep(0.01)
+    time.sleep(delay)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        out, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.communicate()
+        return {"hung": True, "surface": surface, "delay": delay}
+    return {"hung": False, "surface": surface, "delay": delay, "code": proc.returncode,
+            "seconds": time.monotonic() - signalled, "stdout": out, "stderr": err,
+            "stored": stored_status(store)}  # fmt: skip
+
+
+@pytest.mark.parametrize("surface", ["citations", "mcp-schema"])
+def test_sigterm_ends_runs_fed_what_hung_them_before(tmp_path: Path, surface: str) -> None:
+    rng = random.Random(46)
+    delays = [rng.uniform(0.0, 0.6) for _ in range(HOSTILE_TRIALS)]
+    trials = [
+        one_hostile_trial(tmp_path / f"t{n}", surface, delay) for n, delay in enumerate(delays)
+    ]
+    hung = [t for t in trials if t["hung"]]
+    assert not hung, f"{len(hung)} of {HOSTILE_TRIALS} processes hung after SIGTERM: {hung}"
+    tracebacks = [t for t in trials if "Traceback" in t["stderr"]]
+    assert not tracebacks, tracebacks[0]["stderr"]
+    for trial in trials:
+        result = json.loads(trial["stdout"])
+        ends = {("cancelled", 1), ("completed", 0), ("completed", -signal.SIGTERM)}
+        assert (result["status"], trial["code"]) in ends, trial
+        assert trial["stored"] == result["status"] and trial["seconds"] < 10

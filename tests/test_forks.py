@@ -456,3 +456,32 @@ async def test_a_fork_of_a_parent_runs_none_of_its_finished_children_again(tmp_p
     assert (fork.model_calls, fork.tool_calls) == (original.model_calls, original.tool_calls)
     results = [i.content for i in model_b.requests[0].items if isinstance(i, keel.ToolResult)]
     assert results == ["[r1] A says alpha."]
+
+
+async def test_fk01_a_fork_asks_again_for_a_call_approved_but_not_run_in_the_original(
+    tmp_path: Path,
+) -> None:
+    """FK-01: the original paused on a write, a person approved it, nobody resumed it yet.
+    The fork ran the write without asking, and the original's resume wrote again: one
+    approval, two writes. The fork is a run of its own: it asks again (ADR 0051)."""
+    store = keel.Store(tmp_path / "runs.db")
+    notes: list[str] = []
+
+    def note(text: str) -> str:
+        """Write a note down."""
+        notes.append(text)
+        return f"{len(notes)} notes"
+
+    asks = make_tool(note, effect=Effect.SIDE_EFFECTING, requires_approval=True)
+    turns = [call("note", text="once"), {"text": "noted"}]
+    paused = await keel.Agent(scripted(turns), tools=[asks], store=store).arun("Note it")
+    assert paused.status == "awaiting_approval"
+    (pending,) = paused.pending_approvals
+    store.decide(paused.run_id, pending.call_id, approved=True, by="ana")
+    forker = keel.Agent(scripted([{"text": "fork's answer"}]), tools=[asks], store=store)
+    fork = await forker.afork(paused.run_id, at=1)
+    assert fork.status == "awaiting_approval", fork.failure
+    assert [p.call_id for p in fork.pending_approvals] == [pending.call_id]
+    assert notes == []  # the approval was for the original's call, not the fork's
+    resumed = await keel.Agent(scripted(turns), tools=[asks], store=store).aresume(paused.run_id)
+    assert resumed.status == "completed" and notes == ["once"], resumed.failure

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -315,3 +316,142 @@ def test_the_guardrail_example_refuses_fetch_outside_its_list_and_redacts_e_mail
         "hook: RedactEmails after_tool_call replace",
     ]
     assert "@" not in done.stdout
+
+
+# -- hooks bounded like tools (issue 46) ----------------------------------------------------------
+
+
+def _ends(work: Any, within: float = 60.0) -> Any:
+    """`work()` on a daemon thread; its value, or the test fails if it has not returned."""
+    box: list[Any] = []
+    thread = threading.Thread(target=lambda: box.append(work()), daemon=True)
+    thread.start()
+    thread.join(within)
+    if thread.is_alive():
+        pytest.fail(f"agent.run() had not returned after {within:g}s")
+    return box[0]
+
+
+def test_hk02_a_hanging_sync_hook_is_abandoned_at_its_timeout() -> None:
+    """HK-02: the run failed HookFailed at hook_timeout, but agent.run() returned only when the
+    hook did (the loop's default executor is joined at exit). Now the hook's daemon thread is
+    abandoned: agent.run() returns long before the hook would."""
+    release = threading.Event()
+
+    class Hangs:
+        def before_tool_call(self, call: keel.ToolCall) -> None:
+            release.wait(600)
+
+    try:
+        started = time.monotonic()
+        done = _ends(lambda: agent([call("lookup", topic="x"), {"text": "ok"}], [Hangs()]).run("q"))
+        assert time.monotonic() - started < 60
+        assert done.failure is not None and done.failure.kind == "HookFailed"
+        assert "did not return within 0.5s" in done.failure.message
+    finally:
+        release.set()
+
+
+def test_hk03_an_async_hook_that_ignores_cancellation_is_abandoned() -> None:
+    """HK-03: an async hook that swallows its cancellation hung the run for good."""
+
+    class Stubborn:
+        async def after_model_call(self, response: keel.ModelResponse) -> None:
+            while True:
+                try:
+                    await asyncio.sleep(10)
+                except asyncio.CancelledError:
+                    continue
+
+    done = _ends(lambda: agent([{"text": "ok"}], [Stubborn()]).run("q"))
+    assert done.failure is not None and done.failure.kind == "HookFailed"
+    assert "did not return within 0.5s" in done.failure.message
+
+
+@pytest.mark.parametrize(
+    "error", [KeyboardInterrupt, SystemExit, GeneratorExit, asyncio.CancelledError]
+)
+@pytest.mark.parametrize("sync", [True, False])
+def test_hk01_a_hook_raising_a_base_exception_is_a_recorded_hook_failure(
+    error: type[BaseException], sync: bool
+) -> None:
+    """HK-01: a hook raising KeyboardInterrupt, SystemExit, GeneratorExit or CancelledError
+    escaped agent.run and left the run `running`. Now it is HookFailed, recorded."""
+
+    class SyncRaises:
+        def before_model_call(self, request: keel.ModelRequest) -> None:
+            raise error("from the hook")
+
+    class AsyncRaises:
+        async def before_model_call(self, request: keel.ModelRequest) -> None:
+            raise error("from the hook")
+
+    a = agent([{"text": "ok"}], [SyncRaises() if sync else AsyncRaises()])
+    done = _ends(lambda: a.run("q"))
+    assert done.failure is not None and done.failure.kind == "HookFailed"
+    assert error.__name__ in done.failure.message
+    (record,) = a.store.list_runs()
+    assert record.status == "failed"
+
+
+class _NotJson:
+    pass
+
+
+@pytest.mark.parametrize(
+    "hook_point, outcome, said",
+    [
+        ("before_tool_call", keel.Replace({"topic": _NotJson()}), "not JSON"),
+        ("before_tool_call", keel.Replace({"topic": float("nan")}), "not JSON"),
+        ("after_tool_call", keel.Replace(b"bytes"), "text"),
+        ("after_model_call", keel.Replace(keel.ModelResponse(text=5)), "text"),  # type: ignore[arg-type]
+    ],
+)
+def test_hk04_a_hook_returning_what_is_not_json_or_text_is_a_hook_failure(
+    hook_point: str, outcome: Any, said: str
+) -> None:
+    """HK-04: a hook returning a value that is not JSON escaped as an exception."""
+    hook = type("Odd", (), {hook_point: lambda self, *args: outcome})()
+    a = agent([call("lookup", topic="x"), {"text": "ok"}], [hook])
+    done = _ends(lambda: a.run("q"))
+    assert done.failure is not None and done.failure.kind == "HookFailed", done.failure
+    assert said in done.failure.message
+    (record,) = a.store.list_runs()
+    assert record.status == "failed"
+
+
+@pytest.mark.parametrize("outcome", [keel.Deny(7), keel.EndRun(["a list"])])  # type: ignore[arg-type]
+def test_hk05_a_deny_or_end_run_whose_reason_is_not_text_is_a_hook_failure(outcome: Any) -> None:
+    """HK-05: a Deny or EndRun whose reason was not text was reported as a store failure."""
+
+    class Odd:
+        def before_tool_call(self, call: keel.ToolCall) -> Any:
+            return outcome
+
+    a = agent([call("lookup", topic="x"), {"text": "ok"}], [Odd()])
+    done = _ends(lambda: a.run("q"))
+    assert done.failure is not None and done.failure.kind == "HookFailed", done.failure
+    assert "reason" in done.failure.message and "text" in done.failure.message
+
+
+@pytest.mark.parametrize(
+    "hook_point, outcome",
+    [
+        ("after_model_call", keel.Replace(keel.ModelResponse(text="bad \ud800 answer"))),
+        ("before_tool_call", keel.Replace({"topic": "x\udfff"})),
+        ("after_tool_call", keel.Replace("a result \ud800")),
+        ("before_tool_call", keel.Deny("no \ud800")),
+    ],
+)
+def test_hk06_a_lone_surrogate_a_hook_brings_in_is_cleaned_where_it_enters(
+    hook_point: str, outcome: Any
+) -> None:
+    """HK-06: a hook's replaced text could bring in a lone surrogate that inbound cleaning
+    (keel/inbound.py) never saw; the store could not hold it. Now it is U+FFFD, as a model's."""
+    hook = type("Odd", (), {hook_point: lambda self, *args: outcome})()
+    a = agent([call("lookup", topic="x"), {"text": "ok"}], [hook])
+    done = _ends(lambda: a.run("q"))
+    assert done.failure is None or done.failure.kind != "StoreUnavailable", done.failure
+    assert done.status == "completed", done.failure
+    stored = repr(a.store.events(done.run_id)) + repr(done.answer)
+    assert "\\ud800" not in stored and "\\udfff" not in stored

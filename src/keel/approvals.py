@@ -17,6 +17,12 @@ canonical arguments, recorded with it):
 
 Past a pause's expiry (`Limits.approval_timeout`) a decision is refused with DecisionExpired
 and the denial the call turned into is recorded instead.
+
+Edited arguments are a person's (or a protocol client's) JSON checked against a schema Keel did
+not write, so they go through the one bounded path for such schemas (keel/schema_checks.py,
+ADR 0062): at most 64 levels deep, the recorded schema checked before it is used (nothing
+fetched), RE2 patterns, and the whole check, the tool's own included, in a daemon thread cut
+off at VALIDATION_SECONDS. Servers call `check` and `decide` off their event loop.
 """
 
 from __future__ import annotations
@@ -29,6 +35,15 @@ from keel.canonical import call_key
 from keel.errors import AlreadyDecided, ConfigError, DecisionExpired
 from keel.records import ApprovalDecided, ApprovalRequested, Decision, JsonValue
 from keel.result import PendingApproval
+from keel.schema_checks import (
+    MAX_VALUE_DEPTH,
+    VALIDATION_SECONDS,
+    ValidationTooCostly,
+    checked_validator,
+    in_thread,
+    validation_errors,
+    value_depth,
+)
 from keel.store import RunStore
 from keel.store.protocol import already_decided
 
@@ -196,23 +211,45 @@ def check_arguments(
             f"the edited arguments of {call.call_id} must be a JSON object (the whole "
             f"arguments of {call.name}), not {type(arguments).__name__}"
         )
+    if value_depth(arguments, MAX_VALUE_DEPTH) > MAX_VALUE_DEPTH:
+        raise ConfigError(
+            f"the edited arguments of {call.call_id} are nested more than {MAX_VALUE_DEPTH} "
+            "levels deep; nothing was recorded"
+        )
     schema = _recorded_schema(store, run_id, call.call_id)
-    if isinstance(schema, dict):
-        import jsonschema  # only for an edit: a run never loads it (ADR 0042)
 
-        try:
-            jsonschema.validate(arguments, schema)
-        except jsonschema.ValidationError as invalid:
-            where = "/".join(str(p) for p in invalid.absolute_path) or "the arguments"
-            raise ConfigError(
-                f"the edited arguments do not fit {call.name}'s schema ({where}: "
-                f"{invalid.message}); nothing was recorded"
-            ) from None
-        except jsonschema.SchemaError:
-            pass  # a tool's schema jsonschema cannot read: the tool's own check decides
-    if validate is not None:
-        validate(call.name, arguments)
+    def work() -> None:
+        if isinstance(schema, dict):
+            _fits(call.name, schema, arguments)
+        if validate is not None:
+            validate(call.name, arguments)
+
+    try:
+        in_thread(work, VALIDATION_SECONDS)
+    except ValidationTooCostly:
+        raise ConfigError(
+            f"checking the edited arguments against {call.name}'s schema took over "
+            f"{VALIDATION_SECONDS:g}s; nothing was recorded"
+        ) from None
     return call_key(call.name, arguments)
+
+
+def _fits(name: str, schema: dict[str, Any], arguments: JsonValue) -> None:
+    """Edited arguments against the schema recorded with the call (ConfigError when they do
+    not fit); a recorded schema Keel would not use (one with a $ref outside it, a pattern RE2
+    cannot take, not a JSON Schema) is left to the tool's own check."""
+    try:
+        validator = checked_validator(schema, f"{name}'s schema")
+    except ConfigError:
+        return
+    errors = validation_errors(validator, arguments)
+    if errors:
+        invalid = errors[0]
+        where = "/".join(str(p) for p in invalid.absolute_path) or "the arguments"
+        raise ConfigError(
+            f"the edited arguments do not fit {name}'s schema ({where}: "
+            f"{invalid.message}); nothing was recorded"
+        )
 
 
 def _recorded_schema(store: RunStore, run_id: str, call_id: str) -> JsonValue:

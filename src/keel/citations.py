@@ -22,18 +22,26 @@ order the results entered the history (keel._run.context). An answer cites ids i
 A structured answer is checked the same way: each object with a `result_id` is a citation
 (`{"claim", "result_id", "quote"}`), its quote checked against that result, and every other
 string in the answer is read as text.
+
+The answer is the model's, so the check is linear in it (ADR 0062): quotes are found by a scan
+that reads each character a bounded number of times (a backtracking regex took minutes over
+200,000 unclosed quotation marks, on the event loop), ids are kept in dicts, the same quote is
+looked up once, the lookups of quotes in results stop at `SCAN_BUDGET` characters (the quotes
+left are failed as `not_checked`), and at most `MAX_SOURCES` paths and URLs are matched.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
     "FACTUAL_WORDS",
+    "MAX_SOURCES",
+    "SCAN_BUDGET",
     "CitationCheck",
     "FailedQuote",
     "Quote",
@@ -47,11 +55,18 @@ __all__ = [
 FACTUAL_WORDS = 4
 """Words a sentence needs to be judged a factual claim (shorter ones are labels, list heads)."""
 
+SCAN_BUDGET = 64 << 20
+"""Characters of results (and quotes) one answer's quote lookups may read in all: a real answer
+needs a small part of it; one of 100,000 quotes against a large result would read for minutes.
+The quotes past it fail as `not_checked`."""
+MAX_SOURCES = 200
+"""Paths and URLs of one answer matched to results; the ones named after them are not listed."""
+
 _ID = r"r\d+"
 _IDS = re.compile(rf"\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]")
-_QUOTE = re.compile(
-    rf"(?:\"([^\"]+)\"|\u201c([^\u201d]+)\u201d)\s*\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]"
-)
+_IDS_AFTER = re.compile(rf"\s*\[\s*({_ID}(?:\s*[,;]\s*{_ID})*)\s*\]")
+"""Ids right after a quote's closing mark, matched anchored there: linear in what it reads."""
+_CLOSES = {'"': '"', "\u201c": "\u201d"}
 _FENCE = re.compile(r"```.*?(?:```|\Z)", re.S)
 _URL = re.compile(r"https?://[^\s<>\"'`\]\)]+")
 _PATH = re.compile(
@@ -122,6 +137,8 @@ class Quote:
     refs: tuple[str, ...]
     found_in: str | None
     """The id of the result the quote was found in; None: it is in none it cites."""
+    checked: bool = True
+    """False: the answer's lookups had used up SCAN_BUDGET before this one (not looked up)."""
 
     @property
     def ok(self) -> bool:
@@ -133,7 +150,7 @@ class FailedQuote:
     quote: str
     refs: tuple[str, ...]
     reason: str
-    """"not_in_result" or "unknown_id"."""
+    """"not_in_result", "unknown_id" or "not_checked" (past SCAN_BUDGET)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {"quote": self.quote, "ids": list(self.refs), "reason": self.reason}
@@ -164,13 +181,7 @@ class CitationCheck:
     def quotes_failed(self) -> tuple[FailedQuote, ...]:
         known = set(self.cited)
         return tuple(
-            FailedQuote(
-                q.text,
-                q.refs,
-                "not_in_result" if any(r in known for r in q.refs) else "unknown_id",
-            )
-            for q in self.quotes
-            if not q.ok
+            FailedQuote(q.text, q.refs, _reason(q, known)) for q in self.quotes if not q.ok
         )
 
     @property
@@ -187,11 +198,10 @@ class CitationCheck:
         lines = [f"cited id {ref} names no result of this run" for ref in self.unknown_ids]
         for failed in self.quotes_failed:
             ids = ", ".join(failed.refs)
-            where = (
-                "is in no result it cites"
-                if failed.reason == "not_in_result"
-                else ("cites no result of this run")
-            )
+            where = {
+                "not_in_result": "is in no result it cites",
+                "not_checked": "was not checked: the answer quotes too much to check it all",
+            }.get(failed.reason, "cites no result of this run")
             lines.append(f'the quote "{_short(failed.quote)}" [{ids}] {where}')
         return lines
 
@@ -228,13 +238,22 @@ def check_output(output: Any, sources: Sequence[Source], gaps: Iterable[str] = (
     return checker.done()
 
 
+def _reason(quote: Quote, known: set[str]) -> str:
+    if not quote.checked:
+        return "not_checked"
+    return "not_in_result" if any(r in known for r in quote.refs) else "unknown_id"
+
+
 class _Checker:
     def __init__(self, sources: Sequence[Source]) -> None:
         self.by_ref = {s.ref: s for s in sources}
         self._normalised: dict[str, str] = {}
-        self.cited: list[str] = []
-        self.unknown: list[str] = []
+        self._arguments: dict[str, list[str] | str] = {}
+        self.cited: dict[str, None] = {}  # dicts: ordered, and `in` is not a scan
+        self.unknown: dict[str, None] = {}
         self.quotes: list[Quote] = []
+        self._looked_up: dict[tuple[str, tuple[str, ...]], str | None] = {}
+        self._budget = SCAN_BUDGET
         self.sentences = 0
         self.uncited = 0
         self.named: dict[str, None] = {}
@@ -256,9 +275,8 @@ class _Checker:
 
     def text(self, text: str) -> _Checker:
         self.ids(text)
-        for match in _QUOTE.finditer(text):
-            quoted = match.group(1) if match.group(1) is not None else match.group(2)
-            self.quote(quoted, _split_ids(match.group(3)))
+        for quoted, ids in _quotes(text):
+            self.quote(quoted, _split_ids(ids))
         self._sentences(text)
         self._names(text)
         return self
@@ -273,17 +291,29 @@ class _Checker:
 
     def cite(self, ref: str) -> bool:
         known = ref in self.by_ref
-        seen = self.cited if known else self.unknown
-        if ref not in seen:
-            seen.append(ref)
+        (self.cited if known else self.unknown).setdefault(ref, None)
         return known
 
     def quote(self, quoted: str, refs: tuple[str, ...]) -> None:
         wanted = normalise(quoted)
         if not wanted:
             return  # quotation marks around nothing but white space quote nothing
-        found = next((r for r in refs if r in self.by_ref and wanted in self._text(r)), None)
-        self.quotes.append(Quote(wanted, refs, found))
+        key = (wanted, refs)
+        if key not in self._looked_up:
+            if self._budget <= 0:
+                self.quotes.append(Quote(wanted, refs, None, checked=False))
+                return
+            self._looked_up[key] = self._find(wanted, refs)
+        self.quotes.append(Quote(wanted, refs, self._looked_up[key]))
+
+    def _find(self, wanted: str, refs: tuple[str, ...]) -> str | None:
+        for ref in refs:
+            if ref in self.by_ref:
+                text = self._text(ref)
+                self._budget -= len(text) + len(wanted)
+                if wanted in text:
+                    return ref
+        return None
 
     def _text(self, ref: str) -> str:
         text = self._normalised.get(ref)
@@ -301,11 +331,15 @@ class _Checker:
     def _names(self, text: str) -> None:
         prose = _FENCE.sub(" ", text)
         for url in _URL.findall(prose):
-            self.named.setdefault(url.rstrip(".,;:!?'\""), None)
+            self._name(url.rstrip(".,;:!?'\""))
         for path in _PATH.findall(_URL.sub(" ", prose)):
             path = path.rstrip(".")
             if _is_path(path):
-                self.named.setdefault(path, None)
+                self._name(path)
+
+    def _name(self, name: str) -> None:
+        if len(self.named) < MAX_SOURCES:
+            self.named.setdefault(name, None)
 
     # -- structured answers -----------------------------------------------------------------
 
@@ -347,10 +381,23 @@ class _Checker:
 
     def _readers(self, name: str) -> tuple[str, ...]:
         """The results whose call named `name`, else those whose text holds it."""
-        called = tuple(r for r, s in self.by_ref.items() if _names_in_call(name, s.call_key))
+        called = tuple(r for r in self.by_ref if _names_in_call(name, self._called_with(r)))
         if called:
             return called
         return tuple(r for r, s in self.by_ref.items() if name in s.text)
+
+    def _called_with(self, ref: str) -> list[str] | str:
+        """The strings of the result's call arguments (the raw text when it is not JSON),
+        read once per result however many names are matched against it."""
+        found = self._arguments.get(ref)
+        if found is None:
+            _, _, raw = self.by_ref[ref].call_key.partition(" ")
+            try:
+                found = list(_strings(json.loads(raw)))
+            except (ValueError, RecursionError):
+                found = raw
+            self._arguments[ref] = found
+        return found
 
 
 def summary_line(evidence: Mapping[str, Any]) -> str:
@@ -408,13 +455,44 @@ def _is_path(candidate: str) -> bool:
     return len(parts) >= 3 and all(re.search(r"[A-Za-z]", p) for p in parts)
 
 
-def _names_in_call(name: str, call_key: str) -> bool:
-    _, _, raw = call_key.partition(" ")
-    try:
-        arguments = json.loads(raw)
-    except ValueError:
-        return name in raw
-    for value in _strings(arguments):
+def _quotes(text: str) -> Iterator[tuple[str, str]]:
+    """(quoted text, ids) of each quote: what the regex
+    ``(?:"([^"]+)"|“([^”]+)”)\\s*\\[ids\\]`` finds, in one pass. Each next
+    opening or closing mark is looked for only past the last one found, and the ids after a
+    closing mark are read once, so no character is read more than a few times."""
+    ahead: dict[str, int] = {}  # the next position of each mark at or past `at`; -1: none
+
+    def after(mark: str, at: int) -> int:
+        known = ahead.get(mark)
+        if known is None or (0 <= known < at):
+            known = ahead[mark] = text.find(mark, at)
+        return known
+
+    ids_at: tuple[int, re.Match[str] | None] = (-1, None)
+    at = 0
+    while True:
+        opens = [p for p in (after(m, at) for m in _CLOSES) if p >= 0]
+        if not opens:
+            return
+        start = min(opens)
+        close = after(_CLOSES[text[start]], start + 1)
+        if close < 0 or close == start + 1:  # no closing mark, or nothing between
+            at = start + 1
+            continue
+        if ids_at[0] != close:
+            ids_at = (close, _IDS_AFTER.match(text, close + 1))
+        ids = ids_at[1]
+        if ids is None:
+            at = start + 1
+            continue
+        yield text[start + 1 : close], ids.group(1)
+        at = ids.end()
+
+
+def _names_in_call(name: str, arguments: list[str] | str) -> bool:
+    if isinstance(arguments, str):
+        return name in arguments
+    for value in arguments:
         if value == name or value.rstrip("/") == name.rstrip("/"):
             return True
         if "://" in name:

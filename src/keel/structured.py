@@ -24,14 +24,9 @@ are never kept waiting.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import functools
 import json
 import re
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -39,7 +34,16 @@ import pydantic
 
 from keel.errors import ConfigError
 from keel.messages import OutputSchema
-from keel.schema_checks import check_schema, re2_pattern, value_depth
+from keel.schema_checks import (
+    MAX_VALUE_DEPTH,
+    VALIDATION_SECONDS,
+    ValidationTooCostly,
+    bounded_validator,
+    checked_validator,
+    off_loop,
+    validation_errors,
+    value_depth,
+)
 
 __all__ = [
     "GAPS_KEY",
@@ -59,14 +63,10 @@ MAX_ERRORS = 8
 """Validation errors given back to the model (and kept): the first ones say enough."""
 MAX_ERROR_CHARS = 300
 """Of one validation error, what is kept: a message quotes the value, which may be huge."""
-MAX_ANSWER_DEPTH = 64
+MAX_ANSWER_DEPTH = MAX_VALUE_DEPTH
 """How deep an answer may nest (objects and arrays). A recursive schema is legitimate, and this
-bounds it: the validator recurses a few Python frames per level, and 64 levels stay well inside
-the interpreter's recursion limit while no real answer comes close."""
-VALIDATION_SECONDS = 2.0
-"""How long one answer's validation may take (less when the run's deadline is nearer). A real
-answer takes milliseconds; a schema whose branches multiply (anyOf in anyOf...) can take
-longer than any run has, and is cut off here."""
+bounds it (keel/schema_checks.py). VALIDATION_SECONDS, how long one answer's validation may
+take, is less when the run's deadline is nearer."""
 _FENCE = re.compile(r"^```[a-zA-Z0-9_-]*\s*\n(.*?)\n?```\s*$", re.S)
 
 
@@ -84,10 +84,6 @@ class Rejected:
     """An answer that did not validate: the errors, as text for the model and the failure."""
 
     errors: str
-
-
-class ValidationTooCostly(TimeoutError):
-    """Validating one answer took longer than it was given (`check_bounded`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +113,7 @@ class OutputSpec:
     def from_schema(cls, schema: dict[str, Any], name: str | None = None) -> OutputSpec:
         """A JSON Schema from outside: refused (ConfigError) unless it is valid and passes
         keel/schema_checks.py (a local $ref, no cycle, RE2 patterns, bounded nesting)."""
-        import jsonschema  # only runs with a JSON Schema output pay for importing it
-
-        dialect = jsonschema.validators.validator_for(schema)
-        check_schema(schema, dialect.ID_OF)  # type: ignore[attr-defined]  # first: it bounds the nesting check_schema walks
-        try:
-            dialect.check_schema(schema)
-        except jsonschema.SchemaError as exc:
-            raise ConfigError(
-                f"the output schema is not a valid JSON Schema: {exc.message}"
-            ) from None
+        checked_validator(schema, "the output schema")
         title = schema.get("title")
         return cls(_wire_name(name or (title if isinstance(title, str) else "answer")), schema)
 
@@ -195,34 +182,7 @@ class OutputSpec:
         """`check` in a thread of its own, so the event loop goes on meanwhile; one that takes
         longer than `seconds` raises ValidationTooCostly (the thread stops at its next keyword).
         A daemon thread: a process that is ending never waits for it."""
-        loop = asyncio.get_running_loop()
-        done: asyncio.Future[Checked | str] = loop.create_future()
-
-        def deliver(outcome: Checked | str | BaseException) -> None:
-            if done.done():
-                return
-            if isinstance(outcome, BaseException):
-                done.set_exception(outcome)
-            else:
-                done.set_result(outcome)
-
-        def work() -> None:
-            _clock.deadline = time.monotonic() + seconds
-            outcome: Checked | str | BaseException
-            try:
-                outcome = self.check(text, synthesis)
-            except BaseException as exc:  # handed to the awaiting task, never lost here
-                outcome = exc
-            finally:
-                _clock.deadline = None
-            with contextlib.suppress(RuntimeError):  # the loop closed meanwhile
-                loop.call_soon_threadsafe(deliver, outcome)
-
-        threading.Thread(target=work, name="keel-output-check", daemon=True).start()
-        try:  # the thread keeps its own time; this only backs it up (a model's validator)
-            return await asyncio.wait_for(done, seconds + 1.0)
-        except TimeoutError:
-            raise ValidationTooCostly(f"validating the answer took over {seconds:g}s") from None
+        return await off_loop(lambda: self.check(text, synthesis), seconds)
 
     def to_python(self, value: Any) -> Any:
         """The validated JSON as the caller's type: a model instance, or the JSON itself."""
@@ -256,20 +216,13 @@ class OutputSpec:
                 ]
                 return _joined(lines)
             return _Valid(dumped)
-        import jsonschema
-
-        validator = _bounded(jsonschema.validators.validator_for(self.schema))(self.schema)
-        try:
-            errors = sorted(validator.iter_errors(value), key=lambda e: list(e.absolute_path))
-        except _OutOfTime:
-            raise ValidationTooCostly("validating the answer took too long") from None
+        errors = validation_errors(bounded_validator(self.schema), value)
         if not errors:
             return _Valid(value)
         return _joined(
             f"{'.'.join(str(p) for p in e.absolute_path) or '(top level)'}: {e.message}"
             for e in errors[:MAX_ERRORS]
         )
-
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,95 +255,6 @@ def _joined(lines: Iterator[str] | list[str]) -> str:
     return "; ".join(
         line if len(line) <= MAX_ERROR_CHARS else line[:MAX_ERROR_CHARS] + "..." for line in lines
     )
-
-
-# --- the validator, bounded: RE2 for patterns, and a clock every keyword looks at ------------
-
-_clock = threading.local()
-"""The deadline of the validation running in this thread (`check_bounded`), if any."""
-
-
-class _OutOfTime(Exception):
-    """Raised inside the validator when its thread's deadline has passed."""
-
-
-Keyword = Callable[[Any, Any, Any, dict[str, Any]], Iterator[Any]]
-
-
-def _timed(keyword: Keyword) -> Keyword:
-    """`keyword` that first looks at the clock: every keyword of every subschema the
-    validator applies passes here, so a validation that multiplies stops soon after its time."""
-
-    def timed(validator: Any, value: Any, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
-        deadline = getattr(_clock, "deadline", None)
-        if deadline is not None and time.monotonic() > deadline:
-            raise _OutOfTime
-        yield from keyword(validator, value, instance, schema) or ()
-
-    return timed
-
-
-def _pattern(validator: Any, pattern: str, instance: Any, schema: dict[str, Any]) -> Iterator[Any]:
-    from jsonschema.exceptions import ValidationError
-
-    if validator.is_type(instance, "string") and re2_pattern(pattern).search(instance) is None:
-        yield ValidationError(f"{instance!r} does not match {pattern!r}")
-
-
-def _pattern_properties(
-    validator: Any, patterns: dict[str, Any], instance: Any, schema: dict[str, Any]
-) -> Iterator[Any]:
-    if not validator.is_type(instance, "object"):
-        return
-    for pattern, subschema in patterns.items():
-        compiled = re2_pattern(pattern)
-        for key, item in instance.items():
-            if compiled.search(key) is not None:
-                yield from validator.descend(item, subschema, path=key, schema_path=pattern)
-
-
-def _additional_properties(
-    validator: Any, extra: Any, instance: Any, schema: dict[str, Any]
-) -> Iterator[Any]:
-    """jsonschema's own, with the patternProperties it weeds out matched by RE2."""
-    from jsonschema.exceptions import ValidationError
-
-    if not validator.is_type(instance, "object"):
-        return
-    properties = schema.get("properties", {})
-    patterns = [re2_pattern(p) for p in schema.get("patternProperties", {})]
-    extras = [
-        key
-        for key in instance
-        if key not in properties and not any(p.search(key) is not None for p in patterns)
-    ]
-    if validator.is_type(extra, "object"):
-        for key in extras:
-            yield from validator.descend(instance[key], extra, path=key)
-    elif not extra and extras:
-        names = ", ".join(repr(key) for key in sorted(extras))
-        yield ValidationError(f"Additional properties are not allowed ({names} unexpected)")
-
-
-_RE2_KEYWORDS: dict[str, Keyword] = {
-    "pattern": _pattern,
-    "patternProperties": _pattern_properties,
-    "additionalProperties": _additional_properties,
-}
-
-
-@functools.cache
-def _bounded(dialect: type) -> type:
-    """The dialect's validator with every keyword timed and the pattern keywords on RE2
-    (Python's `re` never sees a schema's pattern: keel/schema_checks.py refuses the one
-    keyword left that would, unevaluatedProperties beside patternProperties)."""
-    import jsonschema
-
-    keywords = cast(dict[str, Keyword], dialect.VALIDATORS)  # type: ignore[attr-defined]
-    bounded = {
-        name: _timed(_RE2_KEYWORDS.get(name, keyword)) for name, keyword in keywords.items()
-    }
-    return cast(type, jsonschema.validators.extend(dialect, bounded))  # type: ignore[no-untyped-call]
 
 
 def _wire_name(name: str) -> str:

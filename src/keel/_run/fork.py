@@ -18,6 +18,10 @@ events is re-computed from the copied events, by the loop's own code where there
                  key and the world version
     elisions     the `result_elided` events of the prefix
 
+A decision on a call the prefix holds no result of (the original paused for it, a person
+decided, nobody resumed it yet) is not copied: it was given for the original's call, and the
+fork asks again (ADR 0051). One approval never gives two side effects (ADR 0062, FK-01).
+
 The same function takes a recording from another runtime (`keel/replay/forks.py` turns
 it into events first), so a fork of a Keel run and a fork of a recording are made alike.
 Nothing here writes but `create_fork`, which `Agent.launch` calls to create the run with the
@@ -38,6 +42,7 @@ from keel._run.resume import ResumePoint, rebuild_items
 from keel.errors import ConfigError
 from keel.limits import Limits
 from keel.records import (
+    ApprovalDecided,
     Event,
     JsonObject,
     KeyCounter,
@@ -158,6 +163,8 @@ def derive(
 ) -> ForkPrefix:
     """The prefix made of `events` (the original's through step `at`), counted under the
     original's `limits`; `children`: the original's answered children, by its call id."""
+    answered = {e.call_id for e in events if isinstance(e, ToolResultRecorded)}
+    events = [e for e in events if not _undelivered(e, answered)]
     copied: list[Event] = []
     for event in events:
         if isinstance(event, _NOT_COPIED):
@@ -176,6 +183,11 @@ def derive(
     state.repeats = breaker.repeats
     elisions = [(e.call_id, e.step) for e in copied if isinstance(e, ResultElided)]
     return ForkPrefix(question, copied, state, breaker.counters, elisions, origin, continues_from)
+
+
+def _undelivered(event: Event, answered: set[str]) -> bool:
+    """A decision on a call that has no result in the prefix: the original's, not the fork's."""
+    return isinstance(event, ApprovalDecided) and event.call_id not in answered
 
 
 def _count(

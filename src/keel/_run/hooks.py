@@ -14,12 +14,21 @@ the hook again. A hook that raises, overruns its timeout or returns something th
 decision it may make fails the step with HookFailed; `EndRun` fails it with EndedByHook. The
 synthesis rule is not theirs: a synthesis-only turn's request keeps its tool choice, and a
 response with tool calls in such a turn is refused (the model's response is kept).
+
+Hooks are bounded like tools (ADR 0062): each call runs as a task of its own, a sync hook in a
+daemon thread that is abandoned at the timeout (never one `asyncio.run` joins at exit), an
+async hook that swallows its cancellation closed where it waits; whatever a hook raises,
+BaseException included, is HookFailed; and what it returns must be what the run can record:
+arguments that are JSON, a reason and a text that are text; a lone surrogate in what it
+returns is replaced where it enters (keel/inbound.py), as in a model's answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
+import json
 from dataclasses import replace
 from typing import Any, Protocol
 
@@ -27,9 +36,11 @@ from keel._run import decisions
 from keel._run.parts import StepParts
 from keel.errors import EndedByHook, HookFailed
 from keel.hooks import Deny, EndRun, Hooks, Replace
+from keel.inbound import clean_response, clean_text, clean_value
 from keel.messages import ModelRequest, ModelResponse, ToolCall, ToolResult, digest_text
 from keel.records import Decision, HookApplied, HookChange, JsonValue
-from keel.tools.executor import ExecutedCall
+from keel.tools.executor import Closing, ExecutedCall, stop_abandoning
+from keel.tools.threads import run_in_daemon_thread
 
 __all__ = ["after_model", "after_tool", "before_model", "before_tools"]
 
@@ -41,41 +52,111 @@ class _Batch(Protocol):  # keel._run.batch.Batch, which imports this module
     def open_calls(self) -> list[ToolCall]: ...
 
 
+class _Raised:
+    """What a hook raised, handed back as a value: nothing a hook raises leaves its task."""
+
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+
+
+def _guarded(method: Any, *args: Any) -> Any:
+    """A sync hook, in its daemon thread: what it returned, or what it raised as `_Raised`."""
+    try:
+        return method(*args)
+    except BaseException as exc:
+        return _Raised(exc)
+
+
+async def _contained(method: Any, args: tuple[Any, ...], closing: Closing) -> Any:
+    """The hook's outcome, or `_Raised`: only this task's own cancellation goes on as one,
+    and a GeneratorExit only when `stop_abandoning` closed the coroutine."""
+    try:
+        if inspect.iscoroutinefunction(method):
+            return await method(*args)
+        outcome = await run_in_daemon_thread(functools.partial(_guarded, method, *args))
+        return await outcome if inspect.isawaitable(outcome) else outcome
+    except asyncio.CancelledError as exc:
+        task = asyncio.current_task()
+        if task is not None and task.cancelling():
+            raise
+        return _Raised(exc)
+    except GeneratorExit as exc:
+        if closing.closed:
+            raise
+        return _Raised(exc)
+    except BaseException as exc:
+        return _Raised(exc)
+
+
 async def _call(
     parts: StepParts, hooks: Hooks, name: str, point: str, method: Any, *args: Any
 ) -> Any:
-    """One hook method, sync (in a thread, so a hanging one cannot hold the loop) or async,
-    within the timeout; what it returned, or HookFailed."""
+    """One hook method, sync (in a daemon thread) or async, as a task of its own within the
+    timeout, abandoned past it; what it returned, or HookFailed."""
+    details: dict[str, JsonValue] = {"hook": name, "point": point}
+    closing = Closing()
+    work = asyncio.ensure_future(_contained(method, args, closing))
     try:
-        async with asyncio.timeout(hooks.timeout):
-            if inspect.iscoroutinefunction(method):
-                outcome = await method(*args)
-            else:
-                outcome = await asyncio.to_thread(method, *args)
-                if inspect.isawaitable(outcome):
-                    outcome = await outcome
-    except TimeoutError:
+        await asyncio.wait((work,), timeout=hooks.timeout)
+    except asyncio.CancelledError:  # the run is cancelled: so is the hook
+        await stop_abandoning(work, closing)
+        raise
+    if not work.done():
+        await stop_abandoning(work, closing)
         raise HookFailed(
             f"the hook {name}.{point} did not return within {hooks.timeout:g}s",
             step=parts.state.step,
-            details={"hook": name, "point": point, "timeout": hooks.timeout},
-        ) from None
-    except asyncio.CancelledError:
-        raise
-    except Exception as exc:
+            details={**details, "timeout": hooks.timeout},
+        )
+    outcome = work.result()
+    if isinstance(outcome, _Raised):
+        error = outcome.error
         raise HookFailed(
-            f"the hook {name}.{point} raised {type(exc).__name__}: {str(exc)[:500]}",
+            f"the hook {name}.{point} raised {type(error).__name__}: {str(error)[:500]}",
             step=parts.state.step,
-            details={"hook": name, "point": point, "error": type(exc).__name__},
-        ) from None
+            details={**details, "error": type(error).__name__},
+        )
     if outcome is not None and not isinstance(outcome, Replace | Deny | EndRun):
         raise HookFailed(
             f"the hook {name}.{point} returned {type(outcome).__name__}, not None or a "
             "keel.Replace, keel.Deny or keel.EndRun",
             step=parts.state.step,
-            details={"hook": name, "point": point},
+            details=details,
         )
+    if isinstance(outcome, Deny | EndRun) and not isinstance(outcome.reason, str):
+        kind = type(outcome).__name__
+        raise HookFailed(
+            f"the hook {name}.{point} returned a {kind} whose reason is "
+            f"{type(outcome.reason).__name__}, not text",
+            step=parts.state.step,
+            details=details,
+        )
+    return _cleaned(outcome)
+
+
+def _cleaned(outcome: Any) -> Any:
+    """What a hook returned, with any lone surrogate in its text replaced (U+FFFD)."""
+    if isinstance(outcome, Deny | EndRun):
+        return replace(outcome, reason=clean_text(outcome.reason))
+    if not isinstance(outcome, Replace):
+        return outcome
+    value = outcome.value
+    if isinstance(value, ModelResponse) and isinstance(value.text, str | None):
+        return Replace(clean_response(value))
+    if isinstance(value, ToolResult) and isinstance(value.content, str):
+        return Replace(replace(value, content=clean_text(value.content)))
+    if isinstance(value, str | dict):
+        return Replace(clean_value(value))
     return outcome
+
+
+def _not_json(value: Any) -> str | None:
+    """Why `value` cannot be recorded as JSON (a non-finite number is not JSON either)."""
+    try:
+        json.dumps(value, allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as exc:
+        return str(exc)[:200]
+    return None
 
 
 def _ended(parts: StepParts, name: str, point: str, end: EndRun, call: str | None) -> EndedByHook:
@@ -159,6 +240,9 @@ async def after_model(
         if not isinstance(outcome.value, ModelResponse):
             raise _refuse(parts, name, point, outcome.value, "Replace takes a ModelResponse here")
         changed: ModelResponse = outcome.value
+        if changed.text is not None and not isinstance(changed.text, str):
+            wanted = "a replaced response's text is text or None"
+            raise _refuse(parts, name, point, changed.text, wanted)
         if synthesis and changed.tool_calls:  # never tools in a synthesis-only turn
             calls = [c.name for c in changed.tool_calls]
             _emit(parts, name, point, "refused", {"tool_calls": list[JsonValue](calls)}, None)
@@ -214,6 +298,9 @@ async def _ask(parts: StepParts, hooks: Hooks, call: ToolCall) -> HookChange:
         if not isinstance(outcome.value, dict):
             wanted = "Replace takes the whole arguments (a dict)"
             raise _refuse(parts, name, point, outcome.value, wanted)
+        why = _not_json(outcome.value)
+        if why is not None:
+            raise _refuse(parts, name, point, outcome.value, f"arguments that are not JSON ({why})")
         arguments = outcome.value
         _emit(parts, name, point, "replace", arguments, call.id)
         current = decisions.with_arguments(current, arguments)

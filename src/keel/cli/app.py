@@ -134,18 +134,24 @@ def resume(
     otel: OtelOption = False,
     otel_content: OtelContentOption = False,
     durability: DurabilityOption = None,
+    mcp_env: Annotated[
+        list[str] | None,
+        typer.Option(help="NAME=VALUE set for the run's --mcp servers, given again (repeatable)."),
+    ] = None,
 ) -> None:
     """Continue a run that has not ended: after a pause for approval, an interruption (Ctrl-C:
     the run is `cancelled`) or a crash."""
     from keel.agent import DEFAULT_SYSTEM_PROMPT
     from keel.assemble import build_agent
     from keel.cli.integrations import RunExtras
+    from keel.tools.mcp_servers import resumed_values
 
     db = open_run_store(store, durability=guard(lambda: resolve_one("durability", durability)))
     record = guard(lambda: known_run(db, run_id))
     config = record.config
     settings = dict(config.settings)
     extras = RunExtras(as_json, events, otel, otel_content)
+    extras.mcp_values = guard(lambda: resumed_values(settings, mcp_env or []))
     if base_url:
         guard(lambda: check_base_url(base_url))
     elif settings.get("base_url_redacted"):

@@ -19,6 +19,8 @@ def edited_arguments(text: str) -> dict[str, Any]:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         usage_error(f"--arguments is not JSON: {exc}")
+    except RecursionError:  # deeper than the decoder goes: no call's arguments are
+        usage_error("--arguments is nested too deep: a call's arguments nest at most 64 levels")
     if not isinstance(value, dict):
         usage_error("--arguments must be a JSON object: the call's whole arguments")
     return value

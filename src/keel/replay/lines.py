@@ -8,6 +8,11 @@ JSON value may cost memory or time out of proportion (ADR 0049).
     MAX_DEPTH        a JSON value nested deeper than this is skipped, its number named:
                      Python's parser and every recursive walk after it (call keys, the
                      loop's copies) would otherwise end in a RecursionError
+    MAX_VALUES       a line (or a document) holding more JSON values than this is skipped
+                     before it is parsed, its number named: `{}` is two characters and a
+                     Python dict, so a cap on characters alone let 184 KB of gzip become
+                     gigabytes (ADR 0062, RP-01). Counted as its `{`, `[` and `,`, an upper
+                     bound of its values, in one pass at C speed
 
 The longest line of the shared corpora is 16 KB and they nest 5 deep; a run of 300,000 turns
 is about 30 MB on one line.
@@ -26,9 +31,12 @@ __all__ = [
     "MAX_DEPTH",
     "MAX_FILE_CHARS",
     "MAX_LINE_CHARS",
+    "MAX_VALUES",
     "Bounds",
     "Overlong",
+    "TooBig",
     "TooDeep",
+    "TooMany",
     "depth",
     "lines",
     "loads",
@@ -38,6 +46,8 @@ __all__ = [
 MAX_LINE_CHARS = 64 * 1024 * 1024
 MAX_FILE_CHARS = 1024 * 1024 * 1024
 MAX_DEPTH = 100
+MAX_VALUES = 4_000_000
+"""About 13 values a turn for the 300,000 turns a 30 MB line holds; a few hundred MB parsed."""
 _PIECE = 1024 * 1024
 """What is read at a time past the end of an overlong line."""
 
@@ -47,6 +57,7 @@ class Bounds:
     line: int = MAX_LINE_CHARS
     file: int = MAX_FILE_CHARS
     depth: int = MAX_DEPTH
+    values: int = MAX_VALUES
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,8 +69,16 @@ class Overlong:
     rest: bool = False
 
 
-class TooDeep(ValueError):
+class TooBig(ValueError):
+    """A JSON value past a cap: not parsed, or not kept."""
+
+
+class TooDeep(TooBig):
     """A JSON value nested deeper than the cap."""
+
+
+class TooMany(TooBig):
+    """A JSON text holding more values than the cap."""
 
 
 def lines(path: Path, bounds: Bounds) -> Generator[tuple[int, str | Overlong]]:
@@ -97,7 +116,10 @@ def text(path: Path, bounds: Bounds) -> str | Overlong:
 
 
 def loads(raw: str, bounds: Bounds) -> Any:
-    """`json.loads`, refusing a value nested deeper than the cap (TooDeep, a ValueError)."""
+    """`json.loads`, refusing a text of more values than the cap before parsing it (TooMany)
+    and a value nested deeper than the cap (TooDeep); both are TooBig, a ValueError."""
+    if raw.count("{") + raw.count("[") + raw.count(",") > bounds.values:
+        raise TooMany(f"it holds more than {bounds.values:,} JSON values")
     try:
         data = json.loads(raw)
     except RecursionError:

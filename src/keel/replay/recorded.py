@@ -13,7 +13,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-from keel.replay.lines import Bounds, TooDeep, loads
+from keel.replay.lines import Bounds, TooBig, loads
 
 __all__ = [
     "WRONG",
@@ -89,7 +89,7 @@ def parse_arguments(raw: Any, bounds: Bounds) -> Any:
         return WRONG
     try:
         return loads(raw, bounds)
-    except TooDeep:
+    except TooBig:
         return WRONG
     except ValueError:
         return raw

@@ -32,7 +32,7 @@ from typing import Any, Literal
 from keel.errors import ConfigError
 from keel.replay import openhands
 from keel.replay.claude_code import is_entry, read_entries
-from keel.replay.lines import Bounds, Overlong, TooDeep, lines, loads, text
+from keel.replay.lines import Bounds, Overlong, TooBig, lines, loads, text
 from keel.replay.otel import is_spans, read_spans
 from keel.replay.recorded import (
     WRONG,
@@ -147,7 +147,7 @@ def _values(
             continue
         try:
             yield where, loads(line, bounds)
-        except TooDeep as exc:
+        except TooBig as exc:
             skipped.append(Skipped(where, str(exc)))
         except json.JSONDecodeError as exc:
             skipped.append(Skipped(where, f"not JSON ({exc.msg})"))
@@ -264,7 +264,7 @@ def _read_document(
         return
     try:
         data = loads(whole, bounds)
-    except TooDeep as exc:
+    except TooBig as exc:
         skipped.append(Skipped(str(path), str(exc)))
         return
     except json.JSONDecodeError as exc:

@@ -202,6 +202,8 @@ class KeelRequestHandler(RequestHandler):
                 decisions = tasks.adk_decision(record, message)
             if decisions is None:
                 decisions = tasks.text_decision(record, get_message_text(message))
+            else:  # a decision in data: words beside it must not say otherwise
+                tasks.check_agreement(decisions, get_message_text(message))
             if decisions is None:
                 raise ValueError(f"the task waits for decisions: {tasks.TEXT_HELP}")
             await self.service.decide(record.run_id, decisions)

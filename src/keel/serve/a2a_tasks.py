@@ -60,6 +60,7 @@ __all__ = [
     "adk_decision",
     "answer_artifact",
     "bounded",
+    "check_agreement",
     "decisions_in",
     "decisions_of",
     "event_update",
@@ -285,6 +286,23 @@ def text_decision(record: RunRecord, text: str) -> list[Decision] | None:
     if word not in APPROVING | DENYING or (reason and word in APPROVING):
         return None
     return [Decision(_the_one_waiting(record), word in APPROVING, reason.strip())]
+
+
+def check_agreement(decisions: list[Decision], text: str) -> None:
+    """A reply whose text is itself a decision word (`deny`, `yes`, ...) must say what its
+    data part says: one that denies in words and approves in data (or the reverse) says two
+    things, and is refused (ValueError), nothing recorded."""
+    word = text.strip().partition(":")[0].strip().rstrip(".!").lower()
+    if word not in APPROVING | DENYING:
+        return
+    approving = word in APPROVING
+    differ = [d.call_id for d in decisions if d.answer is not None or d.approved != approving]
+    if differ:
+        said = "approves" if approving else "denies"
+        raise ValueError(
+            f"the reply says two things: its text {said} and its decisions do not "
+            f"({', '.join(differ)}); nothing was recorded: send the decisions alone"
+        )
 
 
 def _the_one_waiting(record: RunRecord) -> str:

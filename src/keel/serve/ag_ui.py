@@ -50,7 +50,7 @@ from starlette.routing import BaseRoute, Route
 
 from keel import approvals
 from keel.agent import Agent
-from keel.errors import AlreadyDecided, ConfigError, KeelError, LeaseHeld
+from keel.errors import AlreadyDecided, ConfigError, DecisionExpired, KeelError, LeaseHeld
 from keel.events import RunStream
 from keel.records import ApprovalDecided, Decision
 from keel.result import OVER
@@ -146,7 +146,7 @@ class AgUiEndpoint:
             return JSONResponse({"error": door[1]}, status_code=door[0])
         try:
             run = parse_input(await read_body(request))
-            stream, decided = self._start(run)
+            stream, decided = await self._start(run)
         except Refused as refused:
             return JSONResponse({"error": refused.message}, status_code=refused.status)
         encoder = EventEncoder(accept=request.headers.get("accept", ""))
@@ -156,12 +156,13 @@ class AgUiEndpoint:
             headers={"cache-control": "no-store", "x-accel-buffering": "no"},
         )
 
-    def _start(self, run: RunAgentInput) -> tuple[RunStream, list[ApprovalDecided]]:
+    async def _start(self, run: RunAgentInput) -> tuple[RunStream, list[ApprovalDecided]]:
         """The run's stream, and the decisions this request recorded (a resume's), which no
-        run's stream carries: `keel approve` writes them, not a run (ADR 0024)."""
+        run's stream carries: `keel approve` writes them, not a run (ADR 0024). Decisions are
+        checked and recorded off the event loop (edited arguments: keel/approvals.py)."""
         try:
             if run.resume:
-                run_id, calls = self._decide(run.resume)
+                run_id, calls = await asyncio.to_thread(self._decide, run.resume)
                 decided = [
                     e
                     for e in self.agent.store.events(run_id)
@@ -172,6 +173,9 @@ class AgUiEndpoint:
             return self.agent.stream(question, conversation=self._conversation(run)), []
         except LeaseHeld as held:
             raise Refused(409, str(held)) from None
+        except DecisionExpired as expired:  # its denial is recorded: the run goes on from it
+            self._go_on_denied(run)
+            raise Refused(409, str(expired)) from None
         except AlreadyDecided as decided:
             raise Refused(409, str(decided)) from None
         except ConfigError as error:
@@ -255,6 +259,18 @@ class AgUiEndpoint:
         for out in self._snapshots(run, keel_run):
             yield encoder.encode(out)
         yield encoder.encode(ending(run.thread_id, run.run_id, result))
+
+    def _go_on_denied(self, run: RunAgentInput) -> None:
+        """After a decision came too late (the call's approval expired and its denial was
+        recorded instead): once no call of the run waits, it goes on without its client."""
+        named = call_id_of(run.resume[0].interrupt_id) if run.resume else None
+        if named is None:
+            return
+        run_id = named[0]
+        store = self.agent.store
+        with contextlib.suppress(KeelError):
+            if not approvals.pending(store, run_id):
+                self._drain(self.agent.stream_resume(run_id))
 
     def _drain(self, stream: RunStream) -> None:
         """The run goes on without its client: its events are taken and dropped as they come

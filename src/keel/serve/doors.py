@@ -11,6 +11,9 @@
 - **A body past 4 MiB** on the A2A routes (the AG-UI route caps its own): refused, the rest
   dropped without being kept, 413 with the binding's own error shape (a JSON-RPC error object on
   `/a2a/jsonrpc`, the REST error payload on `/a2a/rest`), before the SDK parses anything.
+- **A body nested deeper than JSON's parser goes** on the A2A routes: refused, 400 with the
+  binding's error shape (-32600), where the SDK's own parse ended in a RecursionError, an
+  internal error and a traceback in the log (ADR 0062, N-SV09).
 """
 
 from __future__ import annotations
@@ -60,6 +63,10 @@ class CrossSiteGuard:
         body = await _read(receive, self.limit)
         if body is None:
             await _too_large(send, binding, self.limit)
+            return
+        if _too_deep(body):
+            message = "the request body is nested too deep for JSON's parser: send a flatter one"
+            await _refuse_body(send, binding, 400, message)
             return
         await self.app(scope, _replay(body, receive), send)
 
@@ -130,17 +137,35 @@ def _replay(body: bytes, receive: Receive) -> Receive:
     return again
 
 
+def _too_deep(body: bytes) -> bool:
+    """Whether JSON's parser would give up on `body` with a RecursionError (looked at only
+    when it holds enough brackets to nest that deep)."""
+    if body.count(b"[") + body.count(b"{") < 500:
+        return False
+    try:
+        json.loads(body)
+    except RecursionError:
+        return True
+    except ValueError:  # not JSON at all: the SDK says so in its own words
+        return False
+    return False
+
+
 async def _too_large(send: Send, binding: str, limit: int) -> None:
     message = (
         f"the request body is larger than {limit} bytes ({limit // (1024 * 1024)} MiB): "
         "send a shorter message"
     )
+    await _refuse_body(send, binding, 413, message)
+
+
+async def _refuse_body(send: Send, binding: str, status: int, message: str) -> None:
     payload: dict[str, Any]
     if binding == "jsonrpc":  # -32600: Invalid Request, as the SDK's own 'Payload too large'
         payload = {"jsonrpc": "2.0", "id": None, "error": {"code": -32600, "message": message}}
     else:
-        payload = {"error": {"code": 413, "status": "INVALID_ARGUMENT", "message": message}}
-    await _send(send, 413, JSON, json.dumps(payload).encode())
+        payload = {"error": {"code": status, "status": "INVALID_ARGUMENT", "message": message}}
+    await _send(send, status, JSON, json.dumps(payload).encode())
 
 
 async def _plain(send: Send, status: int, text: str) -> None:

@@ -25,9 +25,9 @@ from typing import Any
 
 from keel import approvals
 from keel.agent import Agent, RunHandle
-from keel.errors import ConfigError, KeelError, LeaseHeld
+from keel.errors import ConfigError, DecisionExpired, KeelError, LeaseHeld
 from keel.records import Decision as RecordedDecision
-from keel.records import Event
+from keel.records import Event, RunConfig
 from keel.result import TERMINAL
 from keel.store import RunRecord, RunStore
 from keel.store.locate import is_url
@@ -128,7 +128,28 @@ class RunService:
                 "and continue it with `keel resume`"
             )
         check_decisions(record, decisions)  # all or nothing: none is recorded unless all can be
-        for decision in decisions:  # edited arguments and the calls seen, checked first too
+        try:
+            await asyncio.to_thread(self._record, run_id, decisions)  # off the loop
+        except DecisionExpired:  # the denial it turned into is recorded: the run goes on from it
+            await self._go_on(run_id, record)
+            raise
+        await self._go_on(run_id, record)
+
+    async def _go_on(self, run_id: str, record: RunRecord) -> None:
+        """Let the run go on once no call waits for a decision: here, or on Postgres through
+        the workers' queue."""
+        if approvals.pending(self.store, run_id):
+            return
+        if is_url(self.target) and (
+            await asyncio.to_thread(self._queued, run_id) or self.foreign(record)
+        ):
+            return  # the workers' queue has it, or will once a worker sets it up
+        self._keep(self.agent.start_resume(run_id))
+
+    def _record(self, run_id: str, decisions: Sequence[Decision]) -> None:
+        """Every decision checked (the calls seen, edited arguments against their schema, in a
+        bounded thread: keel/approvals.py), then recorded; run in a thread of the server's."""
+        for decision in decisions:
             approvals.check(
                 self.store,
                 run_id,
@@ -145,13 +166,6 @@ class RunService:
                 decision.record(self.by),
                 expect_key=decision.call_key,
             )
-        if approvals.pending(self.store, run_id):
-            return
-        if is_url(self.target) and (
-            await asyncio.to_thread(self._queued, run_id) or self.foreign(record)
-        ):
-            return  # the workers' queue has it, or will once a worker sets it up
-        self._keep(self.agent.start_resume(run_id))
 
     def _queued(self, run_id: str) -> bool:
         """On Postgres: handed to the workers' queue (False: no worker has set it up)."""
@@ -271,7 +285,10 @@ class RunService:
 def mismatch(agent: Agent, record: RunRecord) -> str | None:
     """Why `agent` cannot continue `record`, or None: it can. Another model, tools it does not
     have, or another folder (`--repo`): a run approved to write in one folder must never write
-    in another's, nor a run started on one model go on with another's answers."""
+    in another's, nor a run started on one model go on with another's answers. Nor under a
+    looser policy than the run was started with (ADR 0062): tools pre-approved, hosts let
+    through, or writes offered that the run did not have. A server that allows less may go
+    on: it asks more, never less."""
     mine = agent.config()
     if record.config.model != mine.model:
         return f"it runs on {record.config.model}, this server on {mine.model}"
@@ -281,7 +298,28 @@ def mismatch(agent: Agent, record: RunRecord) -> str | None:
     theirs, ours = record.config.settings.get("repo"), mine.settings.get("repo")
     if theirs != ours:
         return f"it works in {theirs or 'no named folder'}, this server in {ours or 'none named'}"
+    return _looser(record.config, mine)
+
+
+def _looser(started: RunConfig, mine: RunConfig) -> str | None:
+    """What this server's policy allows that the run's did not, or None."""
+    approved = set(mine.approve_tools) - set(started.approve_tools)
+    if approved:
+        names = ", ".join(sorted(approved))
+        return f"this server pre-approves {names}, which the run did not (--approve-tools)"
+    hosts = _strings(mine.settings.get("allow_hosts")) - _strings(
+        started.settings.get("allow_hosts")
+    )
+    if hosts:
+        names = ", ".join(sorted(hosts))
+        return f"this server lets fetch reach {names}, which the run did not allow (--allow-host)"
+    if mine.settings.get("allow_writes") and not started.settings.get("allow_writes"):
+        return "this server offers write_file, which the run did not have (--allow-writes)"
     return None
+
+
+def _strings(value: object) -> set[str]:
+    return {str(v) for v in value} if isinstance(value, list) else set()
 
 
 def check_decisions(record: RunRecord, decisions: Sequence[Decision]) -> None:

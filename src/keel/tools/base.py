@@ -21,6 +21,7 @@ import pydantic
 
 from keel.errors import ConfigError, ToolError
 from keel.messages import ToolCall, ToolDefinition
+from keel.schema_checks import VALIDATION_SECONDS, ValidationTooCostly, off_loop
 from keel.tools.threads import run_in_daemon_thread
 
 __all__ = [
@@ -94,6 +95,9 @@ class Tool:
     """Where the tool comes from, for messages (``MCP server 'uvx mcp-server-fetch'``,
     ``Keel's built-in tools``: `MCP_SOURCE`, `BUILTIN_SOURCE`); empty for a tool given in
     code."""
+    bounded_check: bool = False
+    """Its arguments are checked against a schema from outside (an MCP server's): the executor
+    checks them in a thread of their own, cut off at VALIDATION_SECONDS (`checked`)."""
 
     def __post_init__(self) -> None:
         if not self.parameters:
@@ -148,6 +152,18 @@ class Tool:
                 for err in exc.errors()
             )
             raise ToolArgumentError(f"invalid arguments for {self.name}: {problems}") from None
+
+    async def checked(self, arguments: Any) -> pydantic.BaseModel:
+        """`validate`, off the event loop and bounded in time for a `bounded_check` tool."""
+        if not self.bounded_check:
+            return self.validate(arguments)
+        try:
+            return await off_loop(lambda: self.validate(arguments), VALIDATION_SECONDS)
+        except ValidationTooCostly:
+            raise ToolArgumentError(
+                f"invalid arguments for {self.name}: checking them against its schema took "
+                f"over {VALIDATION_SECONDS:g}s"
+            ) from None
 
     async def invoke(self, validated: pydantic.BaseModel) -> str:
         """Run the tool. Plain functions run in a daemon thread so they never block the loop,

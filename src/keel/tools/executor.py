@@ -38,6 +38,7 @@ import asyncio
 import difflib
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import pydantic
 
@@ -54,7 +55,15 @@ from keel.tools.base import (
 )
 from keel.trace_hooks import traced_tool
 
-__all__ = ["STOP_GRACE", "ExecutedCall", "OnDispatch", "ToolExecutor", "name_clash"]
+__all__ = [
+    "STOP_GRACE",
+    "Closing",
+    "ExecutedCall",
+    "OnDispatch",
+    "ToolExecutor",
+    "name_clash",
+    "stop_abandoning",
+]
 
 OnDispatch = Callable[[ToolCall, Tool], Awaitable[None]]
 
@@ -175,7 +184,7 @@ class ToolExecutor:
                 executed[r.index] = self._finish(r.call, outcome)
 
         for index, call in enumerate(calls):
-            checked = self._check(index, call)
+            checked = await self._check(index, call)
             if isinstance(checked, _Outcome):
                 executed[index] = self._finish(call, checked)
             elif checked.tool.effect is Effect.SIDE_EFFECTING:
@@ -189,8 +198,9 @@ class ToolExecutor:
         await flush()
         return [item for item in executed if item is not None]
 
-    def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
-        """Answer what can be answered without running the tool."""
+    async def _check(self, index: int, call: ToolCall) -> _Ready | _Outcome:
+        """Answer what can be answered without running the tool; arguments checked against a
+        schema from outside are checked off the event loop (`Tool.checked`)."""
         if call.parse_error is not None:
             return _Outcome(
                 f"Error: the arguments for {call.name} could not be read: {call.parse_error}. "
@@ -201,7 +211,7 @@ class ToolExecutor:
         if tool is None:
             return _Outcome(self._unknown_tool_message(call.name), is_error=True)
         try:
-            validated = tool.validate(call.arguments)
+            validated = await tool.checked(call.arguments)
         except ToolArgumentError as exc:
             return _Outcome(
                 f"Error: {exc}. Fix the arguments to match the tool's schema and call again.",
@@ -238,16 +248,16 @@ class ToolExecutor:
         if deadline is not None:
             limit_at = min(limit_at, deadline)
         with traced_tool(ready.call):
-            closing = _Closing()
+            closing = Closing()
             work = asyncio.ensure_future(_contained(tool, ready.validated, ready.call, closing))
             try:
                 await asyncio.wait((work,), timeout=max(0.0, limit_at - loop.time()))
             except asyncio.CancelledError:  # the run is cancelled: so is the call
-                await _stop(work, closing)
+                await stop_abandoning(work, closing)
                 raise
             elapsed = loop.time() - started
             if not work.done():
-                stopped = await _stop(work, closing)
+                stopped = await stop_abandoning(work, closing)
                 why = "the run's deadline" if by_deadline else f"its {tool.timeout:g}s limit"
                 return _timed_out(tool, elapsed, why, stopped)
         raised = work.result()  # `_contained` returns what the tool raised, never raises it
@@ -304,12 +314,13 @@ class ToolExecutor:
 
 
 async def _contained(
-    tool: Tool, validated: pydantic.BaseModel, call: ToolCall, closing: _Closing
+    tool: Tool, validated: pydantic.BaseModel, call: ToolCall, closing: Closing
 ) -> str | BaseException:
     """The tool's text, or what it raised: nothing it raises may leave its task, where
     KeyboardInterrupt and SystemExit would stop the event loop itself. Only a cancellation of
     this task goes on as one (a CancelledError the tool raised on its own is a failure), and
-    a GeneratorExit only when `_stop` closed the coroutine (one the tool raised is a failure).
+    a GeneratorExit only when `stop_abandoning` closed the coroutine (one the tool raised is
+    a failure).
     The call is in `CURRENT_CALL` while the tool runs (in this task's own context)."""
     CURRENT_CALL.set(call)
     try:
@@ -320,21 +331,21 @@ async def _contained(
             raise
         return exc
     except GeneratorExit as exc:
-        if closing.closed:  # closed by `_stop`: the frame must end
+        if closing.closed:  # closed by `stop_abandoning`: the frame must end
             raise
         return exc
     except BaseException as exc:
         return exc
 
 
-class _Closing:
-    """Set by `_stop` before it closes a call's coroutine, so the GeneratorExit that closing
-    throws in is told from one the tool raised itself."""
+class Closing:
+    """Set by `stop_abandoning` before it closes a call's coroutine, so the GeneratorExit
+    that closing throws in is told from one the tool (or hook) raised itself."""
 
     closed = False
 
 
-async def _stop(work: asyncio.Task[str | BaseException], closing: _Closing) -> bool:
+async def stop_abandoning(work: asyncio.Task[Any], closing: Closing) -> bool:
     """Cancel the call; True if it stopped within STOP_GRACE. One that did not (it swallowed
     the cancellation) is abandoned: its coroutine is closed where it waits, so it never runs
     again and no event loop waits for it at exit."""

@@ -6,8 +6,13 @@ starts or reaches the same servers. It never holds a secret: a stdio server gets
 variables the `mcp` package always passes (HOME, LOGNAME, PATH, SHELL, TERM, USER), the ones
 its spec passes by name from Keel's environment (`env_pass`), and the ones it sets (`env =
 {NAME = "value"}`, `--mcp-env NAME=VALUE`); only their names are saved, and a resume reads each
-value again where it came from (the `[[mcp]]` table, else Keel's environment). A URL with a user
-or password in it is refused.
+value again where it came from (`keel resume --mcp-env`, the `[[mcp]]` table, else Keel's
+environment). A URL with a user or password in it is refused.
+
+A value set over one of Keel's own variables (`--mcp-env OPENAI_API_KEY=dummy`, where Keel's
+environment holds the real key) is marked so (`env_override`, a name, never a value): a resume
+never reads that one from Keel's environment, which holds exactly what the user chose not to
+pass; it must be given again (ADR 0062, MC-07).
 
 `[[mcp]]` tables are read from the `keel.toml` in the user's config folder only, never from the
 working directory's: a `keel.toml` that came with a repository being researched must not start
@@ -34,7 +39,9 @@ from keel.errors import ConfigError
 from keel.records import JsonObject, JsonValue
 
 __all__ = [
+    "MAX_SECONDS",
     "McpServer",
+    "resumed_values",
     "servers_from_config",
     "servers_from_flags",
     "servers_from_settings",
@@ -42,10 +49,12 @@ __all__ = [
 ]
 
 _TABLE_KEYS = {
-    "name", "command", "url", "approve", "prefix", "env", "env_pass", "env_set", "timeout",
-    "connect_timeout",
+    "name", "command", "url", "approve", "prefix", "env", "env_pass", "env_set", "env_override",
+    "timeout", "connect_timeout",
 }  # fmt: skip
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+MAX_SECONDS = 86_400.0
+"""The longest timeout a server may have: inf, or 1e12, would overflow the clock a wait uses."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,9 @@ class McpServer:
     """Seconds one tool call may take (the run's deadline shortens it further)."""
     connect_timeout: float = 30.0
     """Seconds to start the server (or reach it) and list its tools."""
+    env_override: tuple[str, ...] = field(default=(), compare=False)
+    """Set variables whose value differed from Keel's own variable of that name when the run
+    started: never read from Keel's environment on resume (see the module docstring)."""
 
     def __post_init__(self) -> None:
         if bool(self.command) == bool(self.url):
@@ -91,10 +103,10 @@ class McpServer:
         if self.url is not None:
             _check_url(self.url)
         for value, what in ((self.timeout, "timeout"), (self.connect_timeout, "connect_timeout")):
-            if not (math.isfinite(value) and value > 0):  # inf would overflow a thread's wait
+            if not (math.isfinite(value) and 0 < value <= MAX_SECONDS):  # a wait must fit a clock
                 raise ConfigError(
                     f"MCP server {self.name!r}: {what} must be a finite, positive number of "
-                    f"seconds, not {value!r}"
+                    f"seconds, at most {MAX_SECONDS:g} (a day), not {value!r}"
                 )
 
     @classmethod
@@ -167,16 +179,38 @@ class McpServer:
         data["env"] = list(self.env)
         if self.env_values:  # names only: a value may be a secret
             data["env_set"] = [name for name, _ in self.env_values]
+        overrides = self.overrides()
+        if overrides:  # names only: which set values Keel's own environment must not stand in for
+            data["env_override"] = list(overrides)
         data["timeout"] = self.timeout
         data["connect_timeout"] = self.connect_timeout
         return data
 
+    def overrides(self) -> tuple[str, ...]:
+        """The set variables whose value is not Keel's own of that name (marked before, or
+        differing from Keel's environment now)."""
+        now = {
+            name
+            for name, value in self.env_values
+            if value is not None and name in os.environ and os.environ[name] != value
+        }
+        return tuple(sorted(now | set(self.env_override)))
+
     def start_env(self) -> dict[str, str]:
         """The variables this stdio server is started with, beside the `mcp` package's
         defaults: the passed names Keel's environment has, then the ones set. A set value the
-        saved settings could not hold is read from Keel's environment, else a ConfigError."""
+        saved settings could not hold is read from Keel's environment (never one that was set
+        over Keel's own), else a ConfigError."""
         env = {k: os.environ[k] for k in self.env if k in os.environ}
         for name, value in self.env_values:
+            if value is None and name in self.env_override:
+                raise ConfigError(
+                    f"MCP server {self.name!r}: {name} was set for it to a value of its own, "
+                    f"not Keel's {name}, when the run started; that value is not saved and "
+                    f"Keel's own is not passed in its place: give it again with "
+                    f"`keel resume RUN --mcp-env {name}=VALUE`, or in the server's [[mcp]] "
+                    f"table in {user_config_file()}"
+                )
             if value is None:
                 value = os.environ.get(name)
             if value is None:
@@ -232,7 +266,9 @@ class McpServer:
                 env.update(given)
             else:  # a list of names: passed from Keel's environment (as env_pass)
                 passed[:0] = _names(given, "env", where)
-            return cls.stdio(argv, env=env, env_pass=passed, **common)
+            server = cls.stdio(argv, env=env, env_pass=passed, **common)
+            overrides = _names(data.get("env_override", ()), "env_override", where)
+            return dataclasses.replace(server, env_override=overrides) if overrides else server
         if url is not None and command is None:
             if data.get("env") or data.get("env_pass"):
                 raise ConfigError(
@@ -288,6 +324,17 @@ def servers_from_flags(
         prefix, url = _flag_prefix(text)
         servers.append(McpServer.http(url, prefix=prefix))
     return servers
+
+
+def resumed_values(
+    settings: Mapping[str, JsonValue], flags: Sequence[str]
+) -> dict[str, dict[str, str]]:
+    """`keel resume --mcp-env NAME=VALUE`: the values given again, for every saved server of
+    the run that sets NAME, by server name."""
+    values = _flag_env(flags)
+    saved = settings.get("mcp") or []
+    names = [s.get("name") for s in saved if isinstance(s, dict)] if isinstance(saved, list) else []
+    return {str(name): dict(values) for name in names if isinstance(name, str)}
 
 
 def _flag_env(flags: Sequence[str]) -> dict[str, str]:

@@ -4,7 +4,12 @@
         agent = keel.Agent(model, tools=[*mcp, *keel.file_tools(".")])
 
 Each tool keeps its server's name, description and JSON Schema; arguments are checked against
-the schema before the call, so a bad call is answered like any other tool's. The effect comes
+the schema before the call, so a bad call is answered like any other tool's. The schema is the
+server's, so it goes through Keel's one bounded path for schemas from outside
+(keel/schema_checks.py, ADR 0062): checked when the tools are listed (a `$ref` only inside the
+schema, so nothing is ever fetched or read; no cycle; RE2 patterns; bounded nesting), a tool
+whose schema fails it refused there, naming it; and arguments validated with RE2 and a clock,
+at most 64 levels deep, in a thread of their own (`Tool.bounded_check`). The effect comes
 from the tool's annotations: `readOnlyHint` true is read_only; anything else is side_effecting,
 which asks a person's approval unless pre-approved (the server's `approve` list, or the run's
 `--approve-tools`), is journaled before it runs, and after a crash is answered "effect unknown"
@@ -26,13 +31,19 @@ from collections.abc import Iterator, Sequence
 from types import TracebackType
 from typing import Any
 
-import jsonschema
 import pydantic
 from mcp.types import CallToolResult, EmbeddedResource, ImageContent, ResourceLink, TextContent
 from mcp.types import Tool as RemoteTool
 
 from keel.errors import ConfigError, EffectUnknown, ToolError
 from keel.failpoints import failpoint
+from keel.schema_checks import (
+    MAX_VALUE_DEPTH,
+    ValidationTooCostly,
+    checked_validator,
+    validation_errors,
+    value_depth,
+)
 from keel.tools.base import MCP_SOURCE, Effect, Tool
 from keel.tools.loop_thread import LoopThread
 from keel.tools.mcp_servers import McpServer
@@ -172,13 +183,8 @@ def _keel_tool(server: McpServer, remote: RemoteTool, call: Any) -> Tool:
     schema = dict(remote.input_schema or {})
     schema.setdefault("type", "object")
     schema.setdefault("properties", {})
-    try:
-        jsonschema.validators.validator_for(schema).check_schema(schema)
-    except jsonschema.SchemaError as exc:
-        raise ConfigError(
-            f"MCP server {server.name!r}: the input schema of its tool {remote.name!r} is not "
-            f"a valid JSON Schema: {exc.message}"
-        ) from None
+    what = f"MCP server {server.name!r}, tool {remote.name!r}: the input schema"
+    validator = checked_validator(schema, what)
     name = server.prefix + remote.name
 
     async def run(arguments: pydantic.BaseModel) -> str:
@@ -189,7 +195,7 @@ def _keel_tool(server: McpServer, remote: RemoteTool, call: Any) -> Tool:
         description=remote.description
         or remote.title
         or f"{remote.name} (MCP server {server.name})",
-        args_model=_schema_model(name, schema),
+        args_model=_schema_model(name, validator),
         fn=run,
         effect=effect,
         requires_approval=not read_only and remote.name not in server.approve,
@@ -197,6 +203,7 @@ def _keel_tool(server: McpServer, remote: RemoteTool, call: Any) -> Tool:
         pass_model=True,
         parameters=schema,
         source=f"{MCP_SOURCE} {server.name!r}",
+        bounded_check=True,
     )
 
 
@@ -255,12 +262,17 @@ def result_text(result: CallToolResult) -> str:
     return "\n".join(parts)
 
 
-def _schema_model(name: str, schema: dict[str, Any]) -> type[pydantic.BaseModel]:
-    """A model that accepts exactly what the tool's JSON Schema accepts, and keeps it whole."""
-    validator = jsonschema.validators.validator_for(schema)(schema)
+def _schema_model(name: str, validator: Any) -> type[pydantic.BaseModel]:
+    """A model that accepts exactly what the tool's JSON Schema accepts, and keeps it whole;
+    validated by the bounded validator (RE2, the thread's clock, at most MAX_VALUE_DEPTH)."""
 
     def check(cls: type[pydantic.BaseModel], data: Any) -> Any:
-        errors = sorted(validator.iter_errors(data), key=lambda e: list(e.path))
+        if value_depth(data, MAX_VALUE_DEPTH) > MAX_VALUE_DEPTH:
+            raise ValueError(f"the arguments are nested more than {MAX_VALUE_DEPTH} levels deep")
+        try:
+            errors = validation_errors(validator, data)
+        except ValidationTooCostly:
+            raise ValueError("checking them against the schema took too long") from None
         if errors:
             raise ValueError(
                 "; ".join(

@@ -9,6 +9,9 @@ ended before the answer was complete:
   provider sends it whole; text from `response.output_text.delta`.
 - Chat Completions: the chunks folded into one `chat.completion` (content and each tool call's
   arguments concatenated by index, the finish reason, the usage of the last chunk).
+
+Every text that arrives in deltas is kept as a list of its pieces and joined once at the end: a
+string grown by `+` per delta copies itself whole each time, quadratic in a long stream.
 - Anthropic Messages: `message_start`'s message, each content block from its start and deltas
   (text, tool input JSON, thinking, signature), `message_delta`'s stop reason and usage.
 """
@@ -49,9 +52,12 @@ async def read_chat(events: Events, on_text: OnText, provider: str) -> dict[str,
     first: dict[str, Any] | None = None
     content: list[str] = []
     calls: dict[int, dict[str, Any]] = {}
+    pieces: dict[tuple[int, str], list[str]] = {}
+    """Each call's name and arguments deltas, by index, joined at the end."""
     finish: Any = None
     usage: Any = None
-    for_message: dict[str, Any] = {"role": "assistant"}
+    extra: dict[str, list[str]] = {}
+    """The refusal and reasoning deltas, joined at the end."""
     async for chunk in events:
         first = first or chunk
         if chunk.get("usage") is not None:
@@ -66,14 +72,18 @@ async def read_chat(events: Events, on_text: OnText, provider: str) -> dict[str,
                 on_text(text)
             for key in ("refusal", "reasoning_content"):
                 if isinstance(delta, dict) and isinstance(delta.get(key), str):
-                    for_message[key] = for_message.get(key, "") + delta[key]
+                    extra.setdefault(key, []).append(delta[key])
             for call in (delta.get("tool_calls") if isinstance(delta, dict) else None) or ():
-                _fold_call(calls, call)
+                _fold_call(calls, pieces, call)
             if choice.get("finish_reason") is not None:
                 finish = choice["finish_reason"]
     if first is None or finish is None:
         return None
-    message: dict[str, Any] = {**for_message, "content": "".join(content) if content else None}
+    for (index, key), parts in pieces.items():
+        calls[index]["function"][key] = "".join(parts)
+    message: dict[str, Any] = {"role": "assistant"}
+    message.update((key, "".join(parts)) for key, parts in extra.items())
+    message["content"] = "".join(content) if content else None
     if calls:
         message["tool_calls"] = [calls[i] for i in sorted(calls)]
     return {
@@ -86,7 +96,9 @@ async def read_chat(events: Events, on_text: OnText, provider: str) -> dict[str,
     }
 
 
-def _fold_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
+def _fold_call(
+    calls: dict[int, dict[str, Any]], pieces: dict[tuple[int, str], list[str]], part: Any
+) -> None:
     if not isinstance(part, dict) or not isinstance(part.get("index"), int):
         return
     call = calls.setdefault(
@@ -98,7 +110,7 @@ def _fold_call(calls: dict[int, dict[str, Any]], part: Any) -> None:
     if isinstance(function, dict):
         for key in ("name", "arguments"):
             if isinstance(function.get(key), str):
-                call["function"][key] += function[key]
+                pieces.setdefault((part["index"], key), []).append(function[key])
 
 
 async def read_anthropic(events: Events, on_text: OnText, provider: str) -> dict[str, Any] | None:

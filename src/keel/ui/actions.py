@@ -88,6 +88,10 @@ def edited_arguments(written: str) -> Any:
         return json.loads(written)
     except ValueError as exc:
         raise ValueError(f"the edited arguments are not JSON: {exc}") from None
+    except RecursionError:  # deeper than the decoder goes: no call's arguments are
+        raise ValueError(
+            "the edited arguments are nested too deep: a call's arguments nest at most 64 levels"
+        ) from None
 
 
 def going_on(target: str | Path) -> Resumer | Enqueuer:

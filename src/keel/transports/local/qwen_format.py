@@ -41,6 +41,7 @@ from keel.messages import (
     ToolDefinition,
     ToolResult,
 )
+from keel.transports.text_calls import tool_call_blocks
 
 __all__ = [
     "CALL_CLOSE",
@@ -74,7 +75,6 @@ _TOOLS_TAIL = (
 _DEFUSE = re.compile(r"<(?=\|\w{1,40}\|>|/?(?:tool_call|tool_response|tools)>)")
 _ZERO_WIDTH = "\u200b"
 _CALL_NUMBER = re.compile(r"local_(\d{1,18})")
-_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|\Z)", re.DOTALL)
 
 
 def clean(text: str) -> str:
@@ -182,7 +182,7 @@ def read_output(
     """
     stripped = text.strip()
     if tool_choice != "none" and stripped.startswith("<tool_call>"):
-        return None, tuple(_read_call(block, new_id()) for block in _BLOCK.findall(text))
+        return None, tuple(_read_call(block, new_id()) for block in tool_call_blocks(text))
     if tool_choice != "none" and stripped.startswith('{"name"'):  # a call without its tags
         return None, (_read_call(stripped, new_id()),)
     return (text if stripped else None), ()
