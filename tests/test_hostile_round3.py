@@ -609,3 +609,49 @@ async def test_dc09_a_reply_whose_text_denies_and_whose_data_approves_is_refused
             await collect(client.send_message(reply(task_id, "yes", True, pending["call_id"])))
     [run] = [r for r in runs_in(tmp_path / "runs.db") if r.run_id == task_id]
     assert run.state.decisions[pending["call_id"]].approved
+
+
+# -- N-RP01, RP-04: a first line that starts with "[" is one line of a JSON-lines file -----------
+
+
+def _trajectory(run_id: str) -> str:
+    turn = [{"tool": "bash", "arguments": {"command": "ls"}, "kind": "read", "result_digest": "l"}]
+    return json.dumps({"corpus": "mine", "model": "m", "id": run_id, "turns": [turn]})
+
+
+def test_nrp01_a_too_deep_first_line_does_not_lose_the_good_line_after_it(
+    tmp_path: Path,
+) -> None:
+    """N-RP01: a first line too deep to parse that starts with `[` was taken for a whole-file
+    document: the good second line was lost with it."""
+    from keel.replay.recordings import Skipped, read_file
+
+    path = tmp_path / "runs.jsonl"
+    path.write_text("[" * 200_000 + "]" * 200_000 + "\n" + _trajectory("good") + "\n")
+    skipped: list[Skipped] = []
+    assert [r.id for r in read_file(path, skipped)] == ["good"]
+    assert [s.where for s in skipped] == [f"{path}:1"]
+
+
+def test_rp04_a_json_lines_file_of_bare_message_lists_is_read_line_by_line(
+    tmp_path: Path,
+) -> None:
+    """RP-04: each line a bare message list (as the reader's docstring allows) was read as one
+    document, and failed as one."""
+    from keel.replay.recordings import Skipped, read_file
+
+    def messages(command: str) -> str:
+        return json.dumps([
+            {"role": "user", "content": "Find it."},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c1", "function": {"name": "bash", "arguments": json.dumps({"c": command})}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        ])  # fmt: skip
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text(messages("ls") + "\n" + messages("pwd") + "\n")
+    skipped: list[Skipped] = []
+    recordings = list(read_file(path, skipped))
+    assert len(recordings) == 2 and skipped == [], skipped
+    assert [r.turns[0][0].arguments for r in recordings] == [{"c": "ls"}, {"c": "pwd"}]
