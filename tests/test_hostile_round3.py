@@ -676,3 +676,44 @@ def test_pc02_a_pseudo_call_written_in_a_synthesis_turn_does_not_fail_the_run() 
     ordinary = keel.ModelRequest("s", tools, (keel.UserMessage("q"),))
     read = calls_in_text(response, ordinary, new_id=lambda: "c1")
     assert [c.name for c in read.tool_calls] == ["read_file"] and read.text is None
+
+
+# -- TR-02: keel trust says what it grants, and grants each risky key only when asked -----------
+
+
+def test_tr02_keel_trust_names_what_it_grants_and_each_risky_key_needs_its_own_grant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TR-02: `keel trust` said it let `keel run` use a folder's model and base_url, printed
+    `trusted PATH`, and granted everything else too: sending the real key to the base_url
+    (api_key_env), pre-approving writes (allow_writes, approve_tools), opening loopback and
+    cloud-metadata hosts (allow_hosts). Now it lists each key with what it grants; the risky
+    ones are used only when granted by name (`--grant KEY`), and say so when they are not."""
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+    from keel.config import config_files
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "keel.toml").write_text(
+        'model = "openai-chat:m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'api_key_env = "OPENAI_API_KEY"\nallow_writes = true\napprove_tools = ["write_file"]\n'
+        'allow_hosts = ["169.254.169.254"]\n'
+    )
+    out = CliRunner().invoke(app, ["trust", str(repo)])
+    assert out.exit_code == 0, out.output
+    for key in ("model", "base_url", "api_key_env", "allow_writes", "approve_tools", "allow_hosts"):
+        assert key in out.output
+    assert "not granted" in out.output and "--grant api_key_env" in out.output
+    (used,), warnings = config_files(repo)
+    assert set(used.data) == {"model", "base_url"}
+    assert any("api_key_env" in w and "--grant" in w for w in warnings)
+
+    out = CliRunner().invoke(app, ["trust", str(repo), "--grant", "allow_writes"])
+    assert out.exit_code == 0, out.output
+    (used,), _ = config_files(repo)
+    assert set(used.data) == {"model", "base_url", "allow_writes"}
+    refused = CliRunner().invoke(app, ["trust", str(repo), "--grant", "colour"])
+    assert refused.exit_code == 2 and "colour" in refused.output
