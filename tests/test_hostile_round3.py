@@ -609,3 +609,111 @@ async def test_dc09_a_reply_whose_text_denies_and_whose_data_approves_is_refused
             await collect(client.send_message(reply(task_id, "yes", True, pending["call_id"])))
     [run] = [r for r in runs_in(tmp_path / "runs.db") if r.run_id == task_id]
     assert run.state.decisions[pending["call_id"]].approved
+
+
+# -- N-RP01, RP-04: a first line that starts with "[" is one line of a JSON-lines file -----------
+
+
+def _trajectory(run_id: str) -> str:
+    turn = [{"tool": "bash", "arguments": {"command": "ls"}, "kind": "read", "result_digest": "l"}]
+    return json.dumps({"corpus": "mine", "model": "m", "id": run_id, "turns": [turn]})
+
+
+def test_nrp01_a_too_deep_first_line_does_not_lose_the_good_line_after_it(
+    tmp_path: Path,
+) -> None:
+    """N-RP01: a first line too deep to parse that starts with `[` was taken for a whole-file
+    document: the good second line was lost with it."""
+    from keel.replay.recordings import Skipped, read_file
+
+    path = tmp_path / "runs.jsonl"
+    path.write_text("[" * 200_000 + "]" * 200_000 + "\n" + _trajectory("good") + "\n")
+    skipped: list[Skipped] = []
+    assert [r.id for r in read_file(path, skipped)] == ["good"]
+    assert [s.where for s in skipped] == [f"{path}:1"]
+
+
+def test_rp04_a_json_lines_file_of_bare_message_lists_is_read_line_by_line(
+    tmp_path: Path,
+) -> None:
+    """RP-04: each line a bare message list (as the reader's docstring allows) was read as one
+    document, and failed as one."""
+    from keel.replay.recordings import Skipped, read_file
+
+    def messages(command: str) -> str:
+        return json.dumps([
+            {"role": "user", "content": "Find it."},
+            {"role": "assistant", "tool_calls": [
+                {"id": "c1", "function": {"name": "bash", "arguments": json.dumps({"c": command})}}
+            ]},
+            {"role": "tool", "tool_call_id": "c1", "content": "found"},
+        ])  # fmt: skip
+
+    path = tmp_path / "chats.jsonl"
+    path.write_text(messages("ls") + "\n" + messages("pwd") + "\n")
+    skipped: list[Skipped] = []
+    recordings = list(read_file(path, skipped))
+    assert len(recordings) == 2 and skipped == [], skipped
+    assert [r.turns[0][0].arguments for r in recordings] == [{"c": "ls"}, {"c": "pwd"}]
+
+
+# -- PC-02: a pseudo-call written in a synthesis turn is that turn's answer ----------------------
+
+
+def test_pc02_a_pseudo_call_written_in_a_synthesis_turn_does_not_fail_the_run() -> None:
+    """PC-02: a llama.cpp-style pseudo-call written in a synthesis turn (tool_choice "none")
+    failed the run with a ProviderError. A synthesis turn's text is its answer, whatever it
+    looks like; in an ordinary turn the pseudo-call is still read as a call."""
+    from keel.messages import ToolDefinition
+    from keel.transports.openai_chat import calls_in_text
+
+    tools = (ToolDefinition("read_file", "Read a file.", {"type": "object"}),)
+    text = 'functions.read_file:{"path": "notes.md"}'
+    response = keel.ModelResponse(text=text)
+    synthesis = keel.ModelRequest("s", tools, (keel.UserMessage("q"),), tool_choice="none")
+    kept = calls_in_text(response, synthesis)
+    assert kept.text == text and kept.tool_calls == ()
+    ordinary = keel.ModelRequest("s", tools, (keel.UserMessage("q"),))
+    read = calls_in_text(response, ordinary, new_id=lambda: "c1")
+    assert [c.name for c in read.tool_calls] == ["read_file"] and read.text is None
+
+
+# -- TR-02: keel trust says what it grants, and grants each risky key only when asked -----------
+
+
+def test_tr02_keel_trust_names_what_it_grants_and_each_risky_key_needs_its_own_grant(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """TR-02: `keel trust` said it let `keel run` use a folder's model and base_url, printed
+    `trusted PATH`, and granted everything else too: sending the real key to the base_url
+    (api_key_env), pre-approving writes (allow_writes, approve_tools), opening loopback and
+    cloud-metadata hosts (allow_hosts). Now it lists each key with what it grants; the risky
+    ones are used only when granted by name (`--grant KEY`), and say so when they are not."""
+    from typer.testing import CliRunner
+
+    from keel.cli.app import app
+    from keel.config import config_files
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "keel.toml").write_text(
+        'model = "openai-chat:m"\nbase_url = "http://127.0.0.1:9/v1"\n'
+        'api_key_env = "OPENAI_API_KEY"\nallow_writes = true\napprove_tools = ["write_file"]\n'
+        'allow_hosts = ["169.254.169.254"]\n'
+    )
+    out = CliRunner().invoke(app, ["trust", str(repo)])
+    assert out.exit_code == 0, out.output
+    for key in ("model", "base_url", "api_key_env", "allow_writes", "approve_tools", "allow_hosts"):
+        assert key in out.output
+    assert "not granted" in out.output and "--grant api_key_env" in out.output
+    (used,), warnings = config_files(repo)
+    assert set(used.data) == {"model", "base_url"}
+    assert any("api_key_env" in w and "--grant" in w for w in warnings)
+
+    out = CliRunner().invoke(app, ["trust", str(repo), "--grant", "allow_writes"])
+    assert out.exit_code == 0, out.output
+    (used,), _ = config_files(repo)
+    assert set(used.data) == {"model", "base_url", "allow_writes"}
+    refused = CliRunner().invoke(app, ["trust", str(repo), "--grant", "colour"])
+    assert refused.exit_code == 2 and "colour" in refused.output

@@ -8,6 +8,11 @@ repository's choosing. So a working-directory file is read only once the user ha
 untrusted again until the user looks at it anew. An untrusted file is ignored with a warning
 that says how to trust it.
 
+Trust grants the file's model, base_url and ordinary settings. The keys that would reach
+further (`RISKY`: the key sent to the base_url, writes and pre-approved tools, hosts the guard
+lets through, sub-agents) are each granted by name (`keel trust --grant KEY`), and recorded
+beside the digest; one not granted is left out, with a warning naming it (ADR 0062, TR-02).
+
 A key Keel does not know is named on stderr with the closest valid one
 (`keel.run_options.unknown_keys`), not
 refused: the same file is read by older and newer Keels (dotfiles, a repository trusted on
@@ -24,6 +29,7 @@ import hashlib
 import json
 import os
 import tomllib
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,9 +44,11 @@ if TYPE_CHECKING:  # httpx is imported by the checks that parse a URL, not by ev
 
 __all__ = [
     "CONFIG_NAME",
+    "RISKY",
     "TABLES",
     "ConfigFile",
     "config_files",
+    "granted",
     "http_url",
     "public_url",
     "trust",
@@ -53,6 +61,16 @@ SECRET_PARAMETERS = frozenset(
     {"key", "api-key", "api_key", "apikey", "token", "access_token", "auth", "password",
      "secret", "sig", "signature", "code", "x-api-key"}
 )  # fmt: skip
+
+RISKY: dict[str, str] = {
+    "api_key_env": "sends the key in that variable of your environment to the file's base_url",
+    "allow_writes": "offers write_file, so the model may write under --repo",
+    "approve_tools": "runs those tools without asking you, writes included",
+    "allow_hosts": "lets fetch reach those loopback, private or cloud-metadata hosts",
+    "agents": "declares sub-agents, with their own tools and pre-approvals",
+}
+"""What a working-directory keel.toml may say that trust alone does not grant: each is
+granted by name, and what it does is said when trust is asked for."""
 
 TABLES = ("mcp", "prices", "agents")
 """The keel.toml tables beside the run options' keys (keel/run_options.py): `[[mcp]]`
@@ -90,17 +108,29 @@ def trust_state(path: Path) -> str:
     known = _trusted().get(str(path.resolve()))
     if known is None:
         return "untrusted"
-    return "trusted" if known == _digest(path) else "changed"
+    return "trusted" if known.partition("+")[0] == _digest(path) else "changed"
 
 
-def trust(folder: Path) -> Path:
-    """Trust the `keel.toml` in `folder` as it is now; returns the file trusted."""
+def granted(path: Path) -> frozenset[str]:
+    """The risky keys trust granted the file by name (none for an entry that names none)."""
+    known = _trusted().get(str(path.resolve()), "")
+    return frozenset(k for k in known.partition("+")[2].split(",") if k)
+
+
+def trust(folder: Path, grant: Collection[str] = ()) -> Path:
+    """Trust the `keel.toml` in `folder` as it is now, and the risky keys in `grant` (which
+    must be keys of `RISKY`); returns the file trusted."""
+    unknown = sorted(set(grant) - set(RISKY))
+    if unknown:
+        raise ConfigError(
+            f"--grant {unknown[0]}: not a key trust grants by name; those are {', '.join(RISKY)}"
+        )
     path = (folder / CONFIG_NAME).resolve()
     if not path.is_file():
         raise ConfigError(f"no {CONFIG_NAME} in {folder.resolve()}")
     _read(path)  # refuse to trust a file Keel cannot read
     entries = _trusted()
-    entries[str(path)] = _digest(path)
+    entries[str(path)] = _digest(path) + ("+" + ",".join(sorted(grant)) if grant else "")
     target = user_config_dir() / TRUST_NAME
     target.parent.mkdir(parents=True, exist_ok=True)
     temporary = target.with_suffix(".tmp")
@@ -123,7 +153,14 @@ def config_files(cwd: Path | None = None) -> tuple[list[ConfigFile], list[str]]:
     if here.is_file():
         state = trust_state(here)
         if state == "trusted":
-            files.append(ConfigFile(here, _read(here)))
+            data, allowed = _read(here), granted(here)
+            for key in sorted(set(data) & set(RISKY) - allowed):
+                warnings.append(
+                    f"ignoring {key} in {here}: trusting the file did not grant it ({key} "
+                    f"{RISKY[key]}); `keel trust --grant {key}` grants it"
+                )
+            kept = {k: v for k, v in data.items() if k not in RISKY or k in allowed}
+            files.append(ConfigFile(here, kept))
         else:
             why = "changed since you trusted it" if state == "changed" else "not trusted"
             warnings.append(

@@ -41,12 +41,11 @@ from keel.cli.inspect import approve, deny, runs, show
 from keel.cli.output import keep_standard_fds
 from keel.cli.serve import serve
 from keel.cli.signals import own_process, stoppable
-from keel.config import config_files, trust
+from keel.config import trust
 from keel.errors import ConfigError
 from keel.evals.command import eval_command
 from keel.models import available_models, check_base_url, choose_model, model_file_line
 from keel.pool.commands import submit_run, worker_command
-from keel.present.terminal import safe_text
 from keel.replay.command import replay_command
 from keel.run_options import resolve_one, unknown_keys
 from keel.ui.command import ui_command
@@ -87,15 +86,29 @@ def trust_command(
     folder: Annotated[
         Path, typer.Argument(help="The folder whose keel.toml to trust [default: here].")
     ] = Path("."),
+    grant: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Also grant this key, which trust alone does not (repeatable): api_key_env, "
+            "allow_writes, approve_tools, allow_hosts, agents."
+        ),
+    ] = None,
 ) -> None:
-    """Trust the keel.toml in FOLDER as it is now, so `keel run` uses its model and base_url.
+    """Trust the keel.toml in FOLDER as it is now, so `keel run` uses its model, base_url and
+    ordinary settings; the keys that reach further are granted one by one (--grant KEY, or
+    asked about each on a terminal), and each is named with what it does.
 
     A keel.toml in the working directory is ignored until trusted: a repository could otherwise
     send your API key to a host of its choosing. Editing the file withdraws the trust."""
-    path = guard(lambda: trust(folder))
-    data = guard(lambda: config_files(path.parent)[0][0].data)
-    what = ", ".join(f"{k} = {v!r}" for k, v in data.items() if k in ("model", "base_url"))
-    typer.echo(f"trusted {path}" + (f" ({safe_text(what)})" if what else ""))
+    from keel.cli.trusting import ask_each, keys_of, lines
+
+    path = guard(lambda: trust(folder, grant or []))
+    data = guard(lambda: keys_of(path))
+    chosen = ask_each(data, grant or [])
+    if chosen != (grant or []):
+        guard(lambda: trust(folder, chosen))
+    for line in lines(path, data, chosen):
+        typer.echo(line)
 
 
 @app.command("submit")

@@ -107,13 +107,19 @@ def _read_file(
     if first is None:
         return
     _, line = first
+    rest: Iterator[tuple[int, str | Overlong]] = read
     if isinstance(line, str):
         stripped = line.lstrip()
-        if stripped.startswith("[") or (stripped.startswith("{") and not _is_one_line(line)):
+        whole = not _is_one_line(line)
+        if stripped.startswith("[") and not whole:  # a value of its own: lines, if more follow
+            second = _next(read, path, skipped)
+            rest = itertools.chain([] if second is None else [second], read)
+            whole = second is None
+        if whole and stripped.startswith(("[", "{")):
             read.close()
             yield from _read_document(path, skipped, bounds, fmt)
             return
-    values = _values(_chain(first, read, path, skipped), path, skipped, bounds)
+    values = _values(_chain(first, rest, path, skipped), path, skipped, bounds)
     head = next(values, None)
     if head is None:
         return
@@ -370,6 +376,17 @@ def _from_messages(
             turns.append(tuple(calls))
             texts.append(len(content_text(message.get("content"))))
     return Recording(id=run_id, turns=tuple(turns), question_chars=opening, texts=tuple(texts))
+
+
+def _next(
+    read: Iterator[tuple[int, str | Overlong]], path: Path, skipped: list[Skipped]
+) -> tuple[int, str | Overlong] | None:
+    """The next line, or None at the end (or where a truncated gzip stream ends)."""
+    try:
+        return next(read, None)
+    except (OSError, EOFError) as exc:
+        skipped.append(Skipped(str(path), f"the file ends early ({exc})"))
+        return None
 
 
 def _is_one_line(line: str) -> bool:
