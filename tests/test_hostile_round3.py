@@ -657,27 +657,6 @@ def test_rp04_a_json_lines_file_of_bare_message_lists_is_read_line_by_line(
     assert [r.turns[0][0].arguments for r in recordings] == [{"c": "ls"}, {"c": "pwd"}]
 
 
-# -- PC-02: a pseudo-call written in a synthesis turn is that turn's answer ----------------------
-
-
-def test_pc02_a_pseudo_call_written_in_a_synthesis_turn_does_not_fail_the_run() -> None:
-    """PC-02: a llama.cpp-style pseudo-call written in a synthesis turn (tool_choice "none")
-    failed the run with a ProviderError. A synthesis turn's text is its answer, whatever it
-    looks like; in an ordinary turn the pseudo-call is still read as a call."""
-    from keel.messages import ToolDefinition
-    from keel.transports.openai_chat import calls_in_text
-
-    tools = (ToolDefinition("read_file", "Read a file.", {"type": "object"}),)
-    text = 'functions.read_file:{"path": "notes.md"}'
-    response = keel.ModelResponse(text=text)
-    synthesis = keel.ModelRequest("s", tools, (keel.UserMessage("q"),), tool_choice="none")
-    kept = calls_in_text(response, synthesis)
-    assert kept.text == text and kept.tool_calls == ()
-    ordinary = keel.ModelRequest("s", tools, (keel.UserMessage("q"),))
-    read = calls_in_text(response, ordinary, new_id=lambda: "c1")
-    assert [c.name for c in read.tool_calls] == ["read_file"] and read.text is None
-
-
 # -- TR-02: keel trust says what it grants, and grants each risky key only when asked -----------
 
 

@@ -147,17 +147,15 @@ def calls_in_text(
     response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
 ) -> ModelResponse:
     """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
-    calls; a ProviderError (not retried) when they cannot be read. A synthesis turn's text
-    (tool_choice "none") is its answer as written: refusing it there failed the run where the
-    turn exists to give one (ADR 0062, PC-02)."""
+    calls; a ProviderError (not retried) when they cannot be read, or the turn allows none."""
     if response.tool_calls or not response.text or not request.tools:
-        return response
-    if request.tool_choice == "none":
         return response
     found = read_text_calls(response.text, {tool.name for tool in request.tools})
     if found is None:
         return response
     problem = found.problem
+    if problem is None and request.tool_choice == "none":
+        problem = "this turn allows no tool calls (it is the run's answer)"
     if problem is None:
         make = new_id or _new_call_id
         calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)
