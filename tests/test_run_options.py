@@ -129,7 +129,7 @@ def test_a_value_that_cannot_be_used_names_where_it_came_from(
 ) -> None:
     if toml:
         (tmp_path / "keel.toml").write_text(toml)
-        trust(tmp_path)
+        trust(tmp_path, grant=["allow_hosts"] if "allow_hosts" in toml else ())  # ADR 0062
     with pytest.raises(ConfigError, match=message):
         resolve({}, cwd=tmp_path, env=env)
 
