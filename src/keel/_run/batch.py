@@ -26,6 +26,7 @@ from keel._run.parts import StepParts
 from keel._run.tree import CURRENT, Delegations
 from keel.errors import ToolError
 from keel.failpoints import failpoint
+from keel.ledger import BUDGET_REFUSAL
 from keel.messages import ToolCall, ToolResult, digest_text
 from keel.records import ApprovalRequested, Decision, ToolDispatched
 from keel.result import PendingApproval
@@ -152,7 +153,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     if paused:  # a child waits for a person: so does this run, its other results kept
         return _pause_for_children(parts, paused)
     for call in to_run[allowed:]:
-        text = "not run: the run's tool-call budget is spent"
+        text = BUDGET_REFUSAL  # the ledger reads it in runs stored before `spent`
         results[call.id] = _record(
             parts, ToolResult(call.id, call.name, call.key, text, is_error=True, size=len(text))
         )

@@ -12,11 +12,13 @@ from collections.abc import Callable
 
 from keel import ledger
 from keel._run.breaker import Restart
+from keel._run.context import Clamp
 from keel.messages import ToolResult
 from keel.records import (
     Event,
     EvidenceReset,
     KeyCounter,
+    ResultClamped,
     ResultElided,
     RunConfig,
     RunState,
@@ -106,6 +108,20 @@ class StepRecorder:
                     call_key=result.call_key,
                     size=result.size,
                     digest=result.digest,
+                )
+            )
+
+    def clamped(self, clamps: list[Clamp]) -> None:
+        """Results of the latest batch shown cut to fit the model's window (keel._run.context)."""
+        for clamp in clamps:
+            result = clamp.result
+            self.emit(
+                ResultClamped(
+                    step=self.state.step,
+                    call_id=result.call_id,
+                    call_key=result.call_key,
+                    size=result.size,
+                    shown=clamp.shown_chars,
                 )
             )
 

@@ -41,7 +41,6 @@ from keel.records import (
     ModelRequestSent,
     ModelResponseReceived,
     RecordedCall,
-    ResultClamped,
     ToolChoiceIgnored,
 )
 from keel.trace_hooks import traced_attempt
@@ -177,17 +176,7 @@ def _fitted_request(parts: StepParts, mode: Mode, *, squeeze: bool) -> tuple[Mod
         request, more = context.build(mode.tool_choice, _controls(parts, mode), squeeze=True)
         elided += more
     parts.recorder.elided(elided)
-    for clamp in context.take_clamps():
-        result = clamp.result
-        parts.recorder.emit(
-            ResultClamped(
-                step=parts.state.step,
-                call_id=result.call_id,
-                call_key=result.call_key,
-                size=result.size,
-                shown=clamp.shown_chars,
-            )
-        )
+    parts.recorder.clamped(context.take_clamps())
     if not context.fits(request):
         room = max(context.limit or 0, context.ceiling or 0)
         raise ContextExhausted(
