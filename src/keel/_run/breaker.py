@@ -23,9 +23,11 @@ count as one repeat, each a counter in the same run-wide, checkpointed table und
 own (`~TIER TOOL` or `~alternation TOOLS DIGEST`, which no call key can be: one per tool,
 not per result), counted when a result is in:
 
-    same_result   calls of one tool whose results are identical and non-empty count together,
-                  whatever their arguments; any other side-effecting call answered in between,
-                  or a call whose result differs from its key's last one (the world changed),
+    same_result   calls of one tool whose results are identical and say something (not empty,
+                  not an exit status or a fixed success line alone: `keel._run.informative`,
+                  ADR 0064) count together, whatever their arguments; any other
+                  side-effecting call answered in between, or a call whose result differs
+                  from its key's last one (the world changed),
                   restarts the count (a side effect of the chain's own tool that got the
                   chain's result again is one more of the chain: it changed nothing it shows)
     alternation   two or three distinct calls taking turns, each with the result it had one
@@ -47,6 +49,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from keel._run.informative import NOTHING_DIGESTS
 from keel.limits import REPEAT_TIERS, LoopPolicy, RepeatTier
 from keel.records import KeyCounter, RepeatState
 
@@ -198,11 +201,14 @@ class IdenticalCallBreaker:
         self, key: str, tool: str, digest: str, *, error: bool, empty: bool, side_effect: bool
     ) -> None:
         """A call's result is in, error or not (in request order, after `settle`): count it
-        in the tiers in force. A side effect answered without error, or any call whose result
+        in the tiers in force. `empty` (or a digest of a bare acknowledgement): the result
+        says nothing (`keel._run.informative`), so it makes no chain, and a side effect that
+        got it took: progress. A side effect answered without error, or any call whose result
         differs from its key's last one, moves `repeats.writes`: what happened since may have
         changed what a chain's calls would see."""
         changed, self._changed = self._changed and not error, False
         chained = None
+        empty = empty or digest in NOTHING_DIGESTS  # says nothing: never a chain (ADR 0064)
         if changed:  # evidence that something changed: every chain restarts
             self.repeats = replace(self.repeats, writes=self.repeats.writes + 1)
         if "same_result" in self.tiers and not error and not empty:

@@ -20,6 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
+from keel._run import says_nothing
 from keel.replay.lines import Bounds
 from keel.replay.recorded import (
     WRONG,
@@ -68,6 +69,8 @@ def is_entry(data: Any) -> bool:
         return False
     if "sessionId" in data or "leafUuid" in data:
         return True
+    if data.get("type") == "file-history-snapshot" and ("snapshot" in data or "messageId" in data):
+        return True  # Claude Code 2.1.x opens a session with one (ADR 0064)
     return data.get("type") in ENTRY_TYPES and isinstance(data.get("message"), dict)
 
 
@@ -149,5 +152,5 @@ def _results(session: _Session, content: list[Any]) -> None:
     for block in content:
         if isinstance(block, dict) and block.get("type") == "tool_result":
             text = content_text(block.get("content"))
-            answer = (digest(text), not text.strip(), block.get("is_error") is True, len(text))
+            answer = (digest(text), says_nothing(text), block.get("is_error") is True, len(text))
             session.results[str(block.get("tool_use_id"))] = answer

@@ -43,8 +43,9 @@ def replay_command(
         typer.Argument(
             metavar="[FILE]...",
             help="Recorded runs: trajectories JSON lines (.jsonl, .jsonl.gz), OpenAI chat "
-            "message lists, OTel GenAI / OpenAI Agents SDK traces, Claude Code sessions or "
-            "OpenHands event logs (.json, .jsonl) [default: the runs of --store].",
+            "message lists, OTel GenAI / OpenAI Agents SDK traces, Claude Code sessions, "
+            "OpenHands event logs (.json, .jsonl, or an events/ folder), SWE-agent .traj or "
+            "mini-swe-agent .traj.json files [default: the runs of --store].",
             show_default=False,
         ),
     ] = None,
@@ -53,7 +54,7 @@ def replay_command(
         typer.Option(
             "--format",
             help="The files' format: auto (told apart by their content), trajectories, chat, "
-            "otel, claude-code or openhands.",
+            "otel, claude-code, openhands or swe-agent.",
         ),
     ] = "auto",
     store: Annotated[
@@ -123,6 +124,7 @@ def replay_command(
     passed a context window."""
     import asyncio
 
+    from keel.present.terminal import safe_text
     from keel.replay.playback import EFFECT_CHOICES
     from keel.replay.recordings import FORMATS
     from keel.replay.report import rows, table, window_rows, window_table
@@ -159,7 +161,7 @@ def replay_command(
             opened.close()
     for where in skipped:
         _err.print(
-            f"keel replay: skipped {where.where}: {where.reason}",
+            safe_text(f"keel replay: skipped {where.where}: {where.reason}"),
             markup=False,
             highlight=False,
             soft_wrap=True,
@@ -191,12 +193,21 @@ def _recordings(
     skipped: list[Skipped],
     file_format: Format,
 ) -> Iterator[Recording]:
+    from keel.replay.openhands import is_events_file, read_events, read_folder
     from keel.replay.recordings import read_file, read_store
 
+    folders: dict[Path, list[Path]] = {}  # an OpenHands events/ folder's files: one run
     for path in files:
-        if not path.is_file():
+        if path.is_dir():
+            yield from read_folder(path, skipped)
+        elif not path.is_file():
             raise ConfigError(f"no such file: {path}")
-        yield from read_file(path, skipped, format=file_format)
+        elif file_format in ("auto", "openhands") and is_events_file(path):
+            folders.setdefault(path.parent, []).append(path)
+        else:
+            yield from read_file(path, skipped, format=file_format)
+    for group in folders.values():
+        yield from read_events(group, skipped)
     if store is not None:
         yield from read_store(store, run_ids)
 

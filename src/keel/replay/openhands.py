@@ -25,10 +25,15 @@ The OpenHands SDK's events (a conversation's events as a JSON list, or one per l
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import json
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
 from typing import Any
 
-from keel.replay.lines import Bounds
+from keel._run import says_nothing
+from keel.errors import ConfigError
+from keel.replay.lines import Bounds, Overlong, TooBig, loads, text
 from keel.replay.recorded import (
     WRONG,
     Recorded,
@@ -39,7 +44,14 @@ from keel.replay.recorded import (
     parse_arguments,
 )
 
-__all__ = ["from_events", "is_event", "is_log"]
+__all__ = [
+    "from_events",
+    "is_event",
+    "is_events_file",
+    "is_log",
+    "read_events",
+    "read_folder",
+]
 
 ACTING = frozenset(
     {"run", "run_ipython", "read", "write", "edit", "browse", "browse_interactive", "delegate"}
@@ -124,7 +136,7 @@ def from_events(
         model = model or _model(event)
         text, error = answers.get(ids[0]) or answers.get(ids[1]) or (None, False)
         result = None if text is None else digest(text)
-        empty = text is not None and not text.strip()
+        empty = text is not None and says_nothing(text)
         chars = None if text is None else len(text)
         recorded = Recorded(
             tool, arguments, result, kind=kind, empty=empty, error=error, chars=chars
@@ -259,3 +271,78 @@ def _model(event: dict[str, Any]) -> str:
     metadata = event.get("tool_call_metadata")
     response = metadata.get("model_response") if isinstance(metadata, dict) else None
     return str(response.get("model") or "") if isinstance(response, dict) else ""
+
+
+MAX_EVENT_FILES = 100_000
+"""Event files read from one OpenHands `events/` folder; the rest are counted, not read."""
+
+
+_EVENT_FILE = re.compile(r"(?:event-)?(\d+)(?:-[^/]*)?\.json")
+"""An event file's name: `N.json` (OpenHands' file store) or `event-NNNNN-ID.json` (the
+OpenHands SDK's persistence folder)."""
+
+
+def _event_number(path: Path) -> int | None:
+    found = _EVENT_FILE.fullmatch(path.name)
+    return int(found.group(1)) if found else None
+
+
+def is_events_file(path: Path) -> bool:
+    """One file of an OpenHands `events/` folder: a numbered event file in a folder named
+    `events`."""
+    return path.parent.name == "events" and _event_number(path) is not None
+
+
+def read_folder(
+    path: Path, skipped: list[Skipped], bounds: Bounds | None = None
+) -> Iterator[Recording]:
+    """An OpenHands `events/` folder (a session's events, one per numbered file) as one
+    run, in the files' numeric order."""
+    try:
+        files = [p for p in path.iterdir() if _event_number(p) is not None]
+    except OSError as exc:
+        raise ConfigError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if not files:
+        skipped.append(
+            Skipped(str(path), "no numbered event files in it: not an OpenHands events/ folder")
+        )
+        return
+    yield from read_events(files, skipped, bounds)
+
+
+def read_events(
+    files: list[Path], skipped: list[Skipped], bounds: Bounds | None = None
+) -> Iterator[Recording]:
+    """The files of one OpenHands `events/` folder (each one event) as one run."""
+    bounds = bounds or Bounds()
+    ordered = sorted(files, key=lambda p: (_event_number(p) or 0, p.name))
+    if len(ordered) > MAX_EVENT_FILES:
+        more = len(ordered) - MAX_EVENT_FILES
+        skipped.append(Skipped(str(ordered[0].parent), f"{more} more event files not read"))
+        ordered = ordered[:MAX_EVENT_FILES]
+    events = []
+    for file in ordered:
+        try:
+            whole = text(file, bounds)
+        except (OSError, EOFError) as exc:
+            raise ConfigError(
+                f"cannot read {file}: {getattr(exc, 'strerror', None) or exc}"
+            ) from None
+        if isinstance(whole, Overlong):
+            skipped.append(Skipped(str(file), whole.reason))
+            continue
+        try:
+            event = loads(whole, bounds)
+        except TooBig as exc:
+            skipped.append(Skipped(str(file), str(exc)))
+            continue
+        except json.JSONDecodeError as exc:
+            skipped.append(Skipped(f"{file}:{exc.lineno}", f"not JSON ({exc.msg})"))
+            continue
+        if not is_event(event):
+            skipped.append(Skipped(str(file), "not an OpenHands event"))
+            continue
+        events.append(event)
+    folder = ordered[0].parent if ordered else Path(".")
+    run_id = folder.parent.name if folder.name == "events" and folder.parent.name else str(folder)
+    yield from_events(events, run_id, str(folder), skipped, bounds)

@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from keel._run import says_nothing
 from keel.replay.lines import Bounds
 from keel.replay.recorded import WRONG, Recorded, Recording, Skipped, digest, parse_arguments
 
@@ -181,7 +182,7 @@ def _span(
         name,
         arguments,
         None if text is None else digest(text),
-        empty=text is not None and not text.strip(),
+        empty=text is not None and says_nothing(text),
         error=error,
         chars=None if text is None else len(text),
     )

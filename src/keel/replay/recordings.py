@@ -7,7 +7,10 @@
                    `{"messages": [...]}` (or a bare list of messages), what logging tools export
     otel           OpenTelemetry GenAI spans and OpenAI Agents SDK traces (`keel.replay.otel`)
     claude-code    Claude Code session JSON lines (`keel.replay.claude_code`)
-    openhands      OpenHands event logs and SDK events (`keel.replay.openhands`)
+    openhands      OpenHands event logs and SDK events (`keel.replay.openhands`), and an
+                   OpenHands `events/` folder (one event per numbered file) as one run
+    swe-agent      SWE-agent `.traj` files and mini-swe-agent `.traj.json` files
+                   (`keel.replay.swe_agent`)
     store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
                    digests of the results they got
 
@@ -29,8 +32,9 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
+from keel._run import says_nothing
 from keel.errors import ConfigError
-from keel.replay import openhands
+from keel.replay import openhands, swe_agent
 from keel.replay.claude_code import is_entry, read_entries
 from keel.replay.lines import Bounds, Overlong, TooBig, lines, loads, text
 from keel.replay.otel import is_spans, read_spans
@@ -57,10 +61,18 @@ __all__ = [
     "read_store",
 ]
 
-Format = Literal["auto", "trajectories", "chat", "otel", "claude-code", "openhands"]
+Format = Literal["auto", "trajectories", "chat", "otel", "claude-code", "openhands", "swe-agent"]
 
 
-FORMATS: tuple[Format, ...] = ("auto", "trajectories", "chat", "otel", "claude-code", "openhands")
+FORMATS: tuple[Format, ...] = (
+    "auto",
+    "trajectories",
+    "chat",
+    "otel",
+    "claude-code",
+    "openhands",
+    "swe-agent",
+)
 """`keel replay --format`: auto tells them apart by the first value of the file."""
 
 
@@ -161,6 +173,8 @@ def _values(
 
 def _sniff(data: Any) -> Format:
     """The format a file's first value is in; auto for none of them."""
+    if swe_agent.is_traj(data) or swe_agent.is_mini(data):
+        return "swe-agent"
     if isinstance(data, dict) and ("turns" in data or "messages" in data):
         return "trajectories" if "turns" in data else "chat"
     if openhands.is_log(data) or openhands.is_event(data):
@@ -188,6 +202,9 @@ def _chain(
 def _from_object(
     data: Any, where: str, skipped: list[Skipped], bounds: Bounds, fmt: Format = "auto"
 ) -> Recording | None:
+    swe = _from_swe_agent(data, where, skipped, fmt)
+    if swe is not False:
+        return swe
     if fmt in ("auto", "openhands") and openhands.is_log(data):
         return _from_openhands(data, where, skipped, bounds)
     if fmt == "openhands":
@@ -287,6 +304,11 @@ def _read_document(
             ((f"{path}#{n}", e) for n, e in enumerate(entries, 1)), skipped, bounds
         )
         return
+    if swe_agent.is_traj(data) or swe_agent.is_mini(data) or fmt == "swe-agent":
+        recording = _from_object(data, str(path), skipped, bounds, fmt)
+        if recording is not None:
+            yield recording
+        return
     if fmt in ("auto", "openhands") and openhands.is_log(data):
         yield _from_openhands(data, str(path), skipped, bounds)
         return
@@ -297,6 +319,29 @@ def _read_document(
         recording = _from_object(item, f"{path}#{n}", skipped, bounds, fmt)
         if recording is not None:
             yield recording
+
+
+def _from_swe_agent(
+    data: Any, where: str, skipped: list[Skipped], fmt: Format
+) -> Recording | bool | None:
+    """A SWE-agent or mini-swe-agent trajectory read as one (auto, swe-agent), or refused by
+    name under another format: never read as a run of another kind. False: neither."""
+    traj, mini = swe_agent.is_traj(data), swe_agent.is_mini(data)
+    if fmt == "swe-agent" and not (traj or mini):
+        skipped.append(Skipped(where, "not a SWE-agent or mini-swe-agent trajectory"))
+        return None
+    if not (traj or mini):
+        return False
+    if fmt not in ("auto", "swe-agent"):
+        name = "a SWE-agent .traj" if traj else "a mini-swe-agent trajectory"
+        skipped.append(Skipped(where, f"{name}, not {fmt}: give --format swe-agent (or auto)"))
+        return None
+    name = where.rsplit("/", 1)[-1]
+    stem = name.removesuffix(".json").removesuffix(".traj")
+    run_id = str(data.get("instance_id") or (where if ":" in name or "#" in name else stem))
+    if traj:
+        return swe_agent.from_traj(data, run_id, where, skipped)
+    return swe_agent.from_mini(data, run_id, where, skipped)
 
 
 def _from_openhands(data: Any, where: str, skipped: list[Skipped], bounds: Bounds) -> Recording:
@@ -330,7 +375,7 @@ def _from_messages(
             content = content_text(message.get("content"))
             results[str(message.get("tool_call_id"))] = digest(content)
             sizes[str(message.get("tool_call_id"))] = len(content)
-            if not content.strip():
+            if says_nothing(content):
                 empty.add(str(message.get("tool_call_id")))
     turns: list[tuple[Recorded, ...]] = []
     texts: list[int] = []

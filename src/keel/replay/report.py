@@ -19,7 +19,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rich.table import Table
+from rich.text import Text
 
+from keel.present.terminal import safe_text
 from keel.replay.playback import Replayed
 from keel.replay.recorded import Recording
 from keel.replay.window import Fit, WindowCheck
@@ -115,7 +117,8 @@ def rows(replayed: Iterable[Replayed]) -> list[Row]:
 
 
 def _group(r: Recording) -> str:
-    return " / ".join(part for part in (r.corpus, r.model) if part) or "recordings"
+    """A row's name: the recording's own corpus and model names, made inert (ADR 0064)."""
+    return safe_text(" / ".join(part for part in (r.corpus, r.model) if part) or "recordings")
 
 
 def table(found: list[Row], title: str) -> Table:
@@ -135,7 +138,7 @@ def table(found: list[Row], title: str) -> Table:
     for row in found:
         cut = f"{row.resolved_cut} of {row.resolved}" if row.resolved and row.writes_known else "-"
         grid.add_row(
-            row.name,
+            Text(row.name),  # never read as markup
             str(row.runs),
             _share(row.synthesis, row.runs),
             _share(row.hard_limit, row.runs),
@@ -243,7 +246,7 @@ def window_table(found: list[WindowRow], check: WindowCheck, source: str) -> Tab
         grid.add_column(header, justify="left" if header == "corpus / model" else "right")
     for row in found:
         grid.add_row(
-            row.name,
+            Text(row.name),
             str(row.runs),
             _share(len(row.over), row.runs),
             _turn(row.over),

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
+from keel._run import NOTHING_DIGESTS
 from keel.errors import ConfigError
 from keel.records import (
     ModelResponseReceived,
@@ -57,7 +58,8 @@ def read_store(store: RunStore, run_ids: list[str] | None) -> Iterator[Recording
                             arguments,
                             answer.digest if answer is not None else None,
                             effect=effect,
-                            empty=answer is not None and not answer.content.strip(),
+                            empty=answer is not None
+                            and (not answer.content.strip() or answer.digest in NOTHING_DIGESTS),
                             error=answer is not None and answer.is_error,
                             chars=_chars(answer),
                         )
