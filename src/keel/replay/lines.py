@@ -38,6 +38,7 @@ __all__ = [
     "TooDeep",
     "TooMany",
     "depth",
+    "documents",
     "lines",
     "loads",
     "text",
@@ -127,6 +128,41 @@ def loads(raw: str, bounds: Bounds) -> Any:
     if depth(data, bounds.depth) > bounds.depth:
         raise TooDeep(f"nested deeper than {bounds.depth} levels")
     return data
+
+
+def documents(whole: str, bounds: Bounds) -> tuple[list[tuple[int, Any]], list[int]]:
+    """The JSON values of a text that holds many, one after another and each over many lines
+    (what OpenTelemetry's console exporter prints: each span indented, with a program's own
+    output between them), with the line each starts on; and the lines that start no value
+    (program output, a value cut short), passed over. Raises TooBig as `loads` does."""
+    if whole.count("{") + whole.count("[") + whole.count(",") > bounds.values:
+        raise TooMany(f"it holds more than {bounds.values:,} JSON values")
+    decoder = json.JSONDecoder()
+    found: list[tuple[int, Any]] = []
+    passed: list[int] = []
+    at, line = 0, 1
+    while at < len(whole):
+        end = whole.find("\n", at)
+        end = len(whole) if end < 0 else end
+        head = whole[at:end].strip()
+        if head.startswith(("{", "[")):
+            try:
+                value, stop = decoder.raw_decode(whole, at + whole[at:end].index(head[0]))
+            except RecursionError:
+                raise TooDeep(f"nested deeper than {bounds.depth} levels") from None
+            except ValueError:
+                value, stop = None, -1
+            if stop > 0:
+                if depth(value, bounds.depth) > bounds.depth:
+                    raise TooDeep(f"nested deeper than {bounds.depth} levels")
+                found.append((line, value))
+                line += whole.count("\n", at, stop)
+                at = stop
+                continue
+        if head:
+            passed.append(line)
+        at, line = end + 1, line + 1
+    return found, passed
 
 
 def depth(value: Any, stop: int) -> int:

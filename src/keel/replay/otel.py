@@ -16,8 +16,11 @@ Three shapes of span are read, from a JSON document or JSON lines (a line may ho
 A tool call is a span with `gen_ai.operation.name` `execute_tool` or a `gen_ai.tool.name`
 (GenAI semantic conventions), its arguments `gen_ai.tool.call.arguments`, its result
 `gen_ai.tool.call.result` (opt-in content: None where absent), an error from the span's status
-or `error.type`; in the Agents SDK, a `function` span. A model call (`gen_ai.operation.name`
-chat, text_completion or generate_content; a `generation` or `response` span) starts a turn:
+or `error.type`; in the Agents SDK, a `function` span; in OpenInference's conventions (Arize
+Phoenix and its instrumentors), a span whose `openinference.span.kind` is `TOOL`: `tool.name`,
+its arguments `input.value`, its result `output.value`. A model call (`gen_ai.operation.name`
+chat, text_completion or generate_content; a `generation` or `response` span; an OpenInference
+`LLM` span, its model `llm.model_name`) starts a turn:
 the tool spans after it, by start time, are that turn's calls. A trace without model spans
 gives one call per turn. One recording per trace id, in the order the traces first appear.
 """
@@ -162,7 +165,7 @@ def _span(
             return _Span(trace, start, order, None, str(model or ""))
         tool = attributes.get("gen_ai.tool.name")
         if operation != "execute_tool" and tool is None:
-            return None
+            return _openinference(item, attributes, trace, start, order, where, skipped, bounds)
         if not isinstance(tool, str):
             name = str(item.get("name") or "").strip()
             name = name.removeprefix("execute_tool").strip()  # the span name: `execute_tool NAME`
@@ -242,3 +245,43 @@ def _text(value: Any) -> str:
         return json.dumps(value, sort_keys=True, ensure_ascii=False)
     except (TypeError, ValueError):
         return str(value)
+
+
+def _openinference(
+    item: dict[str, Any],
+    attributes: dict[str, Any],
+    trace: str,
+    start: float,
+    order: int,
+    where: str,
+    skipped: list[Skipped],
+    bounds: Bounds,
+) -> _Span | None:
+    """A span in OpenInference's conventions: an `LLM` span starts a turn, a `TOOL` span is a
+    call; any other span (a chain, an agent, a retriever) is passed over."""
+    kind = str(attributes.get("openinference.span.kind") or "").upper()
+    if kind == "LLM":
+        model = attributes.get("llm.model_name") or attributes.get("gen_ai.request.model")
+        return _Span(trace, start, order, None, str(model or ""))
+    if kind != "TOOL":
+        return None
+    name = attributes.get("tool.name")
+    if not isinstance(name, str) or not name.strip():
+        name = str(item.get("name") or "").strip()
+    if not name:
+        skipped.append(Skipped(where, "an OpenInference TOOL span without a tool name"))
+        return None
+    raw, output = attributes.get("input.value"), attributes.get("output.value")
+    arguments = parse_arguments(raw, bounds)
+    if arguments is WRONG:
+        arguments = raw
+    text = output if isinstance(output, str) or output is None else _text(output)
+    call = Recorded(
+        name,
+        arguments,
+        None if text is None else digest(text),
+        empty=text is not None and says_nothing(text),
+        error=_status_error(item.get("status")) or "exception.type" in attributes,
+        chars=None if text is None else len(text),
+    )
+    return _Span(trace, start, order, call)

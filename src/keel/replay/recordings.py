@@ -36,7 +36,7 @@ from keel._run import says_nothing
 from keel.errors import ConfigError
 from keel.replay import openhands, swe_agent
 from keel.replay.claude_code import is_entry, read_entries
-from keel.replay.lines import Bounds, Overlong, TooBig, lines, loads, text
+from keel.replay.lines import Bounds, Overlong, TooBig, documents, lines, loads, text
 from keel.replay.otel import is_spans, read_spans
 from keel.replay.recorded import (
     WRONG,
@@ -127,7 +127,7 @@ def _read_file(
             second = _next(read, path, skipped)
             rest = itertools.chain([] if second is None else [second], read)
             whole = second is None
-        if whole and stripped.startswith(("[", "{")):
+        if whole and (stripped.startswith(("[", "{")) or fmt == "otel"):
             read.close()
             yield from _read_document(path, skipped, bounds, fmt)
             return
@@ -291,7 +291,10 @@ def _read_document(
         skipped.append(Skipped(str(path), str(exc)))
         return
     except json.JSONDecodeError as exc:
-        skipped.append(Skipped(f"{path}:{exc.lineno}", f"not JSON ({exc.msg})"))
+        if exc.msg != "Extra data":
+            skipped.append(Skipped(f"{path}:{exc.lineno}", f"not JSON ({exc.msg})"))
+            return
+        yield from _read_documents(path, whole, skipped, bounds, fmt)
         return
     if fmt == "otel" or (fmt == "auto" and is_spans(data)):
         yield from read_spans([(str(path), data)], skipped, bounds)
@@ -317,6 +320,33 @@ def _read_document(
         items = [data]  # one bare message list
     for n, item in enumerate(items, start=1):
         recording = _from_object(item, f"{path}#{n}", skipped, bounds, fmt)
+        if recording is not None:
+            yield recording
+
+
+def _read_documents(
+    path: Path, whole: str, skipped: list[Skipped], bounds: Bounds, fmt: Format
+) -> Iterator[Recording]:
+    """A file of many JSON documents one after another (the console exporter's spans, each
+    printed over many lines), with whatever else was printed between them passed over."""
+    try:
+        found, passed = documents(whole, bounds)
+    except TooBig as exc:
+        skipped.append(Skipped(str(path), str(exc)))
+        return
+    if passed:
+        first = passed[0]
+        lines_passed = f"{len(passed)} lines that start no JSON value (from line {first})"
+        skipped.append(Skipped(str(path), f"{lines_passed} passed over"))
+    values = [(f"{path}:{line}", value) for line, value in found]
+    if not values:
+        return
+    chosen = _sniff(values[0][1]) if fmt == "auto" else fmt
+    if chosen == "otel":
+        yield from read_spans(values, skipped, bounds)
+        return
+    for where, value in values:
+        recording = _from_object(value, where, skipped, bounds, fmt)
         if recording is not None:
             yield recording
 
