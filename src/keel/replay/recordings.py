@@ -368,7 +368,8 @@ def _from_swe_agent(
         return None
     name = where.rsplit("/", 1)[-1]
     stem = name.removesuffix(".json").removesuffix(".traj")
-    run_id = str(data.get("instance_id") or (where if ":" in name or "#" in name else stem))
+    given = data.get("instance_id") if isinstance(data, dict) else None
+    run_id = str(given or (where if ":" in name or "#" in name else stem))
     if traj:
         return swe_agent.from_traj(data, run_id, where, skipped)
     return swe_agent.from_mini(data, run_id, where, skipped)

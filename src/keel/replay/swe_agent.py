@@ -50,8 +50,12 @@ _READS = re.compile(
     r"|sed -n)\b"
 )
 _WRITES = re.compile(r"\bsed -i\b|^(?:cat|echo|printf)\b.*>|\b(?:mkdir|mv|cp|rm|touch|patch)\b")
-_BASH_BLOCK = re.compile(r"```(?:bash|sh)\s*\n(.*?)\n?```", re.DOTALL)
-_SUBMIT = ("echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "echo MINI_SWE_AGENT_FINAL_OUTPUT")
+_BASH_BLOCK = re.compile(r"```(?:bash|sh|mswea_bash_command)\s*\n(.*?)\n?```", re.DOTALL)
+_SUBMIT = ("COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT", "MINI_SWE_AGENT_FINAL_OUTPUT")
+_PATH = re.compile(r"(?:\[File: )?((?:/|\.{0,2}/)?[\w.-]+(?:/[\w.-]+)*\.\w+)")
+_NOT_SOURCE = re.compile(
+    r"(?:^|/)(?:tests?|testing|repro\w*|reproduce\w*|scratch|debug\w*|tmp)(?:/|_|\.|$)"
+)
 
 
 def is_traj(data: Any) -> bool:
@@ -64,7 +68,20 @@ def is_traj(data: Any) -> bool:
 
 
 def is_mini(data: Any) -> bool:
-    """Whether a parsed document is a mini-swe-agent trajectory."""
+    """Whether a parsed document is a mini-swe-agent trajectory: `{"info", "messages"}` with
+    its version, or (what its first releases saved) a bare message list whose observations
+    are `<returncode>` blocks."""
+    if isinstance(data, list):
+        return (
+            bool(data)
+            and all(isinstance(m, dict) and "role" in m for m in data[:2])
+            and any(
+                isinstance(m, dict)
+                and m.get("role") == "user"
+                and content_text(m.get("content")).startswith("<returncode>")
+                for m in data
+            )
+        )
     if not isinstance(data, dict) or not isinstance(data.get("messages"), list):
         return False
     info = data.get("info")
@@ -83,21 +100,34 @@ def call_of(command: str) -> tuple[str, dict[str, str], str]:
         if first == "str_replace_editor" and " view " in f" {text} ":
             kind = "read"
         return first, {"command": text}, kind
-    if text in _SUBMIT or first == "submit":
+    if any(marker in text for marker in _SUBMIT) or first == "submit":
         return "submit", {"command": text}, "submit"
     kind = "write" if _WRITES.search(text) else "read" if _READS.match(text) else "run"
     return "bash", {"command": text}, kind
 
 
+def source_write(command: str, observation: str | None, kind: str) -> bool:
+    """Whether a write changed a file of the project (not a test, a reproduce script or a
+    scratch file), guessed as the shared trajectories guess it: from the paths the command
+    names, or the file SWE-agent's editor says it shows."""
+    if kind != "write":
+        return False
+    shown = re.search(r"\[File: (\S+)", observation or "")
+    paths = [shown.group(1)] if shown else [p for p in _PATH.findall(command.split("\n", 1)[0])]
+    return any(not _NOT_SOURCE.search(path.lower()) for path in paths)
+
+
 def _recorded(command: str, observation: str | None) -> Recorded:
     tool, arguments, kind = call_of(command)
+    wrote = source_write(command, observation, kind)
     if observation is None:
-        return Recorded(tool, arguments, None, kind=kind)
+        return Recorded(tool, arguments, None, kind=kind, source_write=wrote)
     return Recorded(
         tool,
         arguments,
         digest(observation),
         kind=kind,
+        source_write=wrote,
         empty=says_nothing(observation),
         chars=len(observation),
     )
@@ -138,10 +168,11 @@ def from_traj(data: dict[str, Any], run_id: str, where: str, skipped: list[Skipp
     )
 
 
-def from_mini(data: dict[str, Any], run_id: str, where: str, skipped: list[Skipped]) -> Recording:
+def from_mini(data: Any, run_id: str, where: str, skipped: list[Skipped]) -> Recording:
     """One recording from a mini-swe-agent trajectory: a turn per assistant message with one
     bash block, its result the next user message."""
-    messages = [m for m in data["messages"] if isinstance(m, dict)]
+    listed = data if isinstance(data, list) else data["messages"]
+    messages = [m for m in listed if isinstance(m, dict)]
     turns = []
     opening = 0
     for n, message in enumerate(messages):
@@ -160,11 +191,11 @@ def from_mini(data: dict[str, Any], run_id: str, where: str, skipped: list[Skipp
         turns.append((_recorded(blocks[0], result),))
     if not turns:
         skipped.append(Skipped(where, "no bash commands in the mini-swe-agent messages"))
-    info = data.get("info")
+    info = data.get("info") if isinstance(data, dict) else None
     return Recording(
         id=run_id,
         turns=tuple(turns),
         corpus="mini-swe-agent",
-        model=_model(info, data),
+        model=_model(info, data) if isinstance(data, dict) else "",
         question_chars=opening,
     )
