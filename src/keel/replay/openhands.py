@@ -339,8 +339,8 @@ def read_events(
         except json.JSONDecodeError as exc:
             skipped.append(Skipped(f"{file}:{exc.lineno}", f"not JSON ({exc.msg})"))
             continue
-        if not is_event(event):
-            skipped.append(Skipped(str(file), "not an OpenHands event"))
+        if not isinstance(event, dict):  # other kinds of event (state updates) pass by
+            skipped.append(Skipped(str(file), "not an OpenHands event (not an object)"))
             continue
         events.append(event)
     folder = ordered[0].parent if ordered else Path(".")
