@@ -13,8 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 import keel
-from keel._run.informative import NOTHING_DIGESTS, says_nothing
 from keel.cli.app import app
+from keel.informative import NOTHING_DIGESTS, says_nothing
 from keel.messages import digest_text
 from support import call, run_script
 

@@ -182,15 +182,17 @@ async def test_same_error_on_the_live_loop_brings_the_synthesis_turn() -> None:
 
 
 def test_each_tier_is_on_or_off_by_name_and_progress_gains_the_measured_ones() -> None:
-    assert keel.Limits().repeat_tiers == ("same_result", "alternation")
+    assert keel.Limits().repeat_tiers == ("alternation",)  # same_result by name (ADR 0064)
     assert keel.Limits(loop_policy="adr").repeat_tiers == ()
-    assert keel.Limits(repeat_alternation=False).repeat_tiers == ("same_result",)
+    assert keel.Limits(repeat_same_result=True).repeat_tiers == ("same_result", "alternation")
+    assert keel.Limits(repeat_alternation=False).repeat_tiers == ()
     assert keel.Limits(loop_policy="adr", repeat_same_error=True).repeat_tiers == ("same_error",)
 
 
 def test_the_tiers_are_saved_as_they_were_in_force() -> None:
     saved = keel.Limits().to_dict()
-    assert saved["repeat_same_result"] is True and saved["repeat_same_error"] is False
+    assert saved["repeat_same_result"] is False and saved["repeat_alternation"] is True
+    assert keel.Limits(repeat_same_result=True).to_dict()["repeat_same_result"] is True
     old = RunConfig.decode({"model": "script:x", "system_prompt": "", "limits": {}})
     assert old.limits.repeat_tiers == ()  # saved before the tiers: resumes without them
 
@@ -210,6 +212,7 @@ async def test_a_tier_count_is_checkpointed_and_continues_on_resume(tmp_path: Pa
             keel.ScriptedTransport.from_dict(script),
             tools=[find_file, ask_person],
             store=keel.Store(db),
+            limits=keel.Limits(repeat_same_result=True),
         )
 
     first = agent()
@@ -252,15 +255,24 @@ def test_the_replay_names_each_loop_by_its_own_definition() -> None:
 def test_keel_replay_json_names_the_tier_that_triggered(tmp_path: Path) -> None:
     path = tmp_path / "runs.jsonl"
     turns = [
-        [{"tool": "find_file", "arguments": {"command": f"find_file P{n}"}, "kind": "nav",
-          "result_digest": "aaaa", "result_chars": 17}]
+        [
+            {
+                "tool": "find_file",
+                "arguments": {"command": f"find_file P{n}"},
+                "kind": "nav",
+                "result_digest": "aaaa",
+                "result_chars": 17,
+            }
+        ]
         for n in range(6)
     ]
     path.write_text(json.dumps({"id": "r1", "turns": turns, "resolved": False}) + "\n")
-    out = CliRunner().invoke(app, ["replay", str(path), "--json"])
+    out = CliRunner().invoke(app, ["replay", str(path), "--json", "--tiers", "same_result"])
     assert out.exit_code == 0, out.output
     row = json.loads(out.stdout)
-    assert row["tier"] == "same_result" and row["tiers"] == ["same_result", "alternation"]
+    assert row["tier"] == "same_result" and row["tiers"] == ["same_result"]
+    policy = CliRunner().invoke(app, ["replay", str(path), "--json"])
+    assert json.loads(policy.stdout)["tiers"] == ["alternation"]  # same_result by name only
     none = CliRunner().invoke(app, ["replay", str(path), "--json", "--tiers", "none"])
     assert json.loads(none.stdout)["tier"] is None
     bad = CliRunner().invoke(app, ["replay", str(path), "--tiers", "same_results"])
@@ -273,22 +285,22 @@ def test_keel_replay_json_names_the_tier_that_triggered(tmp_path: Path) -> None:
 async def test_the_nudge_names_the_tool_at_t_minus_2_and_is_never_stored() -> None:
     turns = [call("find_file", pattern=f"JsonParser{n}") for n in range(3)]
     script = {"turns": [*turns, {"text": "Not there."}], "on_synthesis": {"text": "Stopped."}}
-    out = await run_script(script, [find_file], nudge=True)
+    out = await run_script(script, [find_file], nudge=True, repeat_same_result=True)
     notes = [v for r in out.requests for v in r.volatile if v.startswith(NUDGE_PREFIX)]
     assert notes == [nudge_control("find_file")]  # once, after the third call (T-2 = 3)
     assert "JsonParser" not in notes[0] and "No matches" not in notes[0]
     assert out.result.synthesized is None  # it changed course: no synthesis turn
     stored = json.dumps([str(e) for e in out.events])
     assert NUDGE_PREFIX not in stored
-    off = await run_script(script, [find_file], nudge=False)
+    off = await run_script(script, [find_file], nudge=False, repeat_same_result=True)
     assert not [v for r in off.requests for v in r.volatile if v.startswith(NUDGE_PREFIX)]
 
 
 async def test_the_replay_counts_where_the_nudge_would_come() -> None:
     turns = [("find_file", f"find_file P{n}", "nomatch", READ) for n in range(8)]
-    out = await replay(calls(*turns), nudge=True)
+    out = await replay(calls(*turns), nudge=True, tiers=("same_result",))
     assert out.nudge_after == 2 and out.synthesis_after == 3
-    assert (await replay(calls(*turns))).nudge_after is None
+    assert (await replay(calls(*turns), tiers=("same_result",))).nudge_after is None
 
 
 def test_nudge_is_an_option_of_its_own() -> None:

@@ -46,7 +46,8 @@ async def test_each_reader_replays_its_fixture_to_the_synthesis_point_of_the_sha
     theirs, ours = _one(fixture), _one(shared)
     assert len(theirs.turns) == len(ours.turns)
     assert [len(turn) for turn in theirs.turns] == [len(turn) for turn in ours.turns]
-    mine, twin = await replay(theirs), await replay(ours)
+    both = ("same_result", "alternation")  # same_result is on by name only (ADR 0064)
+    mine, twin = await replay(theirs, tiers=both), await replay(ours, tiers=both)
     assert (mine.synthesis_after, mine.tier) == (twin.synthesis_after, twin.tier) == (after, tier)
     assert mine.key == twin.key
     assert mine.hard_limit_at == twin.hard_limit_at
@@ -57,7 +58,9 @@ async def test_each_reader_replays_its_fixture_to_the_synthesis_point_of_the_sha
 
 def test_keel_replay_tells_the_formats_apart_by_their_content() -> None:
     for fixture, _, after, tier in SAME_RUNS:
-        out = CliRunner().invoke(app, ["replay", str(FIXTURES / fixture), "--json"])
+        out = CliRunner().invoke(
+            app, ["replay", str(FIXTURES / fixture), "--json", "--tiers", "same_result,alternation"]
+        )
         assert out.exit_code == 0, out.stderr
         assert out.stderr == ""
         (found,) = [json.loads(line) for line in out.stdout.splitlines()]

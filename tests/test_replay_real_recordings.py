@@ -67,7 +67,7 @@ def test_the_console_exporter_s_spans_one_after_another_are_one_trace() -> None:
 
 def test_openinference_spans_replay_to_their_same_result_loop() -> None:
     for name in ("otel-console-openinference.txt", "otel-otlp-openinference.json"):
-        (run,) = _replay(str(DATA / name), "--threshold", "4")
+        (run,) = _replay(str(DATA / name), "--threshold", "4", "--tiers", "same_result")
         assert (run["synthesis_after"], run["tier"]) == (2, "same_result"), name
         (off,) = _replay(str(DATA / name), "--threshold", "4", "--tiers", "none")
         assert off["synthesis_after"] is None, name
@@ -99,7 +99,7 @@ def test_an_openhands_events_folder_replays_as_one_run(tmp_path: Path) -> None:
     skipped: list[Skipped] = []
     (run,) = list(read_folder(folder, skipped))
     assert skipped == [] and run.id == "conversation-1" and run.turns == whole.turns
-    by_dir = _replay(str(folder))
+    by_dir = _replay(str(folder), "--tiers", "same_result")
     by_files = _replay(*sorted(str(p) for p in folder.iterdir()))
     assert len(by_dir) == len(by_files) == 1 and by_dir[0]["synthesis_after"] == 5
 

@@ -43,18 +43,21 @@ CITATION_POLICIES: tuple[CitationPolicy, ...] = get_args(CitationPolicy)
 
 RepeatTier = Literal["same_result", "alternation", "same_error"]
 """Rules of the loop policy beyond the identical call (docs/adr/0050, keel._run.breaker): other
-ways for calls to count as one repeat. `same_result`: calls of one tool with the same non-empty
-result and no side effect in between, whatever their arguments. `alternation`: two or three
+ways for calls to count as one repeat. `same_result`: calls of one tool with the same result
+that says something (not empty, not a success status or fixed success line alone: ADR 0064)
+and no side effect in between, whatever their arguments. `alternation`: two or three
 calls taking turns with unchanged results. `same_error`: a tool failing with the same error,
 whatever its arguments."""
 REPEAT_TIERS: tuple[RepeatTier, ...] = get_args(RepeatTier)
 
 POLICY_TIERS: dict[LoopPolicy, tuple[RepeatTier, ...]] = {
-    "progress": ("same_result", "alternation"),
+    "progress": ("alternation",),
     "adr": (),
 }
-"""The tiers a policy turns on when the run does not name them (`Limits.repeat_*` None):
-chosen from `keel replay` on the shared corpora (docs/adr/0050)."""
+"""The tiers a policy turns on when the run does not name them (`Limits.repeat_*` None). A
+tier is a default only if it held at most 1% resolved runs cut on recordings it was not tuned
+on (docs/loop-rules.md, "Calibration"); `same_result` did not (27 of 455 on held-out runs,
+issue 47) and is available by name until a held-out set shows it does (docs/adr/0064)."""
 
 
 def _help(text: str, **extra: str) -> dict[str, str]:
@@ -174,9 +177,10 @@ class Limits:
     repeat_same_result: bool | None = field(
         default=None,
         metadata=_help(
-            "Loop tier same_result: calls of one tool with the same non-empty result and no "
-            "side effect in between count as one repeat, whatever their arguments.",
-            default_help="as the loop policy has it",
+            "Loop tier same_result: calls of one tool with the same result that says "
+            "something (not empty, not a success status alone) and no side effect in between "
+            "count as one repeat, whatever their arguments.",
+            default_help="as the loop policy has it: off (ADR 0064)",
         ),
     )
     """Tier `same_result` on or off; None: as `loop_policy` has it (`POLICY_TIERS`), decided

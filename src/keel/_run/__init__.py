@@ -40,7 +40,6 @@ if _typing.TYPE_CHECKING:
         prefix_of_run,
     )
     from keel._run.history import continuation
-    from keel._run.informative import NOTHING_DIGESTS, says_nothing
     from keel._run.loop import RunLoop
     from keel._run.openings import (
         Child,
@@ -71,8 +70,6 @@ _WHERE: dict[str, str] = {
     "CONTROLS": "keel._run.synthesis",
     "NUDGE_PREFIX": "keel._run.synthesis",
     "continuation": "keel._run.history",
-    "says_nothing": "keel._run.informative",
-    "NOTHING_DIGESTS": "keel._run.informative",
     "RunLoop": "keel._run.loop",
     "RunSetup": "keel._run.parts",
     "Child": "keel._run.openings",
@@ -94,7 +91,6 @@ _WHERE: dict[str, str] = {
 __all__ = [
     "CONTROLS",
     "CURRENT",
-    "NOTHING_DIGESTS",
     "NUDGE_PREFIX",
     "Child",
     "ContextBuilder",
@@ -119,7 +115,6 @@ __all__ = [
     "new_run_id",
     "prefix_of_run",
     "qualified",
-    "says_nothing",
     "tier_of",
 ]
 __getattr__, __dir__ = _lazy.exports(__name__, _WHERE)

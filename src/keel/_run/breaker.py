@@ -24,7 +24,7 @@ own (`~TIER TOOL` or `~alternation TOOLS DIGEST`, which no call key can be: one 
 not per result), counted when a result is in:
 
     same_result   calls of one tool whose results are identical and say something (not empty,
-                  not an exit status or a fixed success line alone: `keel._run.informative`,
+                  not an exit status or a fixed success line alone: `keel.informative`,
                   ADR 0064) count together, whatever their arguments; any other
                   side-effecting call answered in between, or a call whose result differs
                   from its key's last one (the world changed),
@@ -49,7 +49,7 @@ import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
-from keel._run.informative import NOTHING_DIGESTS
+from keel.informative import NOTHING_DIGESTS
 from keel.limits import REPEAT_TIERS, LoopPolicy, RepeatTier
 from keel.records import KeyCounter, RepeatState
 
@@ -202,7 +202,7 @@ class IdenticalCallBreaker:
     ) -> None:
         """A call's result is in, error or not (in request order, after `settle`): count it
         in the tiers in force. `empty` (or a digest of a bare acknowledgement): the result
-        says nothing (`keel._run.informative`), so it makes no chain, and a side effect that
+        says nothing (`keel.informative`), so it makes no chain, and a side effect that
         got it took: progress. A side effect answered without error, or any call whose result
         differs from its key's last one, moves `repeats.writes`: what happened since may have
         changed what a chain's calls would see."""

@@ -20,7 +20,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from keel._run import says_nothing
+from keel.informative import says_nothing
 from keel.replay.lines import Bounds
 from keel.replay.recorded import (
     WRONG,

@@ -31,8 +31,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
-from keel._run import says_nothing
 from keel.errors import ConfigError
+from keel.informative import says_nothing
 from keel.replay.lines import Bounds, Overlong, TooBig, loads, text
 from keel.replay.recorded import (
     WRONG,

@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from keel._run import says_nothing
+from keel.informative import says_nothing
 from keel.replay.lines import Bounds
 from keel.replay.recorded import WRONG, Recorded, Recording, Skipped, digest, parse_arguments
 

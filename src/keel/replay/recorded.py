@@ -42,7 +42,7 @@ class Recorded:
     """The effect Keel's own record declares (read_only, side_effecting, observation)."""
     empty: bool = False
     """The result says nothing (empty, an exit status alone, a fixed success line:
-    `keel._run.informative`), where the recording holds its text or says it was empty: the
+    `keel.informative`), where the recording holds its text or says it was empty: the
     repeat tiers never chain on it (ADR 0064)."""
     error: bool = False
     """The call failed (an error result), where the recording says so."""

@@ -32,8 +32,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any, Literal
 
-from keel._run import says_nothing
 from keel.errors import ConfigError
+from keel.informative import says_nothing
 from keel.replay import openhands, swe_agent
 from keel.replay.claude_code import is_entry, read_entries
 from keel.replay.lines import Bounds, Overlong, TooBig, documents, lines, loads, text
@@ -202,8 +202,8 @@ def _chain(
 def _from_object(
     data: Any, where: str, skipped: list[Skipped], bounds: Bounds, fmt: Format = "auto"
 ) -> Recording | None:
-    swe = _from_swe_agent(data, where, skipped, fmt)
-    if swe is not False:
+    handled, swe = _from_swe_agent(data, where, skipped, fmt)
+    if handled:
         return swe
     if fmt in ("auto", "openhands") and openhands.is_log(data):
         return _from_openhands(data, where, skipped, bounds)
@@ -353,26 +353,26 @@ def _read_documents(
 
 def _from_swe_agent(
     data: Any, where: str, skipped: list[Skipped], fmt: Format
-) -> Recording | bool | None:
+) -> tuple[bool, Recording | None]:
     """A SWE-agent or mini-swe-agent trajectory read as one (auto, swe-agent), or refused by
-    name under another format: never read as a run of another kind. False: neither."""
+    name under another format: never read as a run of another kind. (False, None): neither."""
     traj, mini = swe_agent.is_traj(data), swe_agent.is_mini(data)
     if fmt == "swe-agent" and not (traj or mini):
         skipped.append(Skipped(where, "not a SWE-agent or mini-swe-agent trajectory"))
-        return None
+        return True, None
     if not (traj or mini):
-        return False
+        return False, None
     if fmt not in ("auto", "swe-agent"):
         name = "a SWE-agent .traj" if traj else "a mini-swe-agent trajectory"
         skipped.append(Skipped(where, f"{name}, not {fmt}: give --format swe-agent (or auto)"))
-        return None
+        return True, None
     name = where.rsplit("/", 1)[-1]
     stem = name.removesuffix(".json").removesuffix(".traj")
     given = data.get("instance_id") if isinstance(data, dict) else None
     run_id = str(given or (where if ":" in name or "#" in name else stem))
     if traj:
-        return swe_agent.from_traj(data, run_id, where, skipped)
-    return swe_agent.from_mini(data, run_id, where, skipped)
+        return True, swe_agent.from_traj(data, run_id, where, skipped)
+    return True, swe_agent.from_mini(data, run_id, where, skipped)
 
 
 def _from_openhands(data: Any, where: str, skipped: list[Skipped], bounds: Bounds) -> Recording:

@@ -10,8 +10,8 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 
-from keel._run import NOTHING_DIGESTS
 from keel.errors import ConfigError
+from keel.informative import NOTHING_DIGESTS
 from keel.records import (
     ModelResponseReceived,
     ToolCallRequested,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from keel._run import says_nothing
+from keel.informative import says_nothing
 from keel.replay.recorded import Recorded, Recording, Skipped, content_text, digest
 
 __all__ = ["from_mini", "from_traj", "is_mini", "is_traj"]
@@ -173,7 +173,7 @@ def from_mini(data: Any, run_id: str, where: str, skipped: list[Skipped]) -> Rec
     bash block, its result the next user message."""
     listed = data if isinstance(data, list) else data["messages"]
     messages = [m for m in listed if isinstance(m, dict)]
-    turns = []
+    turns: list[tuple[Recorded, ...]] = []
     opening = 0
     for n, message in enumerate(messages):
         role = message.get("role")
