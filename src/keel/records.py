@@ -34,6 +34,7 @@ __all__ = [
     "EvidenceReset",
     "HookApplied",
     "HookChange",
+    "HostedToolCalled",
     "JsonObject",
     "JsonValue",
     "KeyCounter",
@@ -146,6 +147,27 @@ class ModelResponseReceived(_EventBase):
     took: float | None = field(default=None, metadata=OMIT_EMPTY)
     """Seconds the attempt took, as the loop timed it (what the deadline reserve is estimated
     from, keel.ledger); None in runs recorded before it was kept."""
+
+
+@dataclass(slots=True, kw_only=True)
+class HostedToolCalled(_EventBase):
+    """A call the provider ran on its own servers within the turn's model call (a hosted web
+    search, ADR 0067), recorded after that turn's response: never approved, never re-run,
+    counted in the run's tool calls and priced per call."""
+
+    type: ClassVar[str] = "hosted_tool_call"
+    call_id: str
+    """The provider's id for the call."""
+    name: str
+    """The hosted tool: web_search, web_fetch, file_search."""
+    input: str
+    """What it was asked: the query (queries, one per line) or the URL."""
+    sources: tuple[str, ...] = ()
+    """The URLs or files it found or read, in the provider's order."""
+    error: str | None = field(default=None, metadata=OMIT_EMPTY)
+    """The provider's error code; a failed call is not billed."""
+    cost: float | None = None
+    """US dollars the call cost (keel/pricing.py); None: not billed, or no known price."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -388,6 +410,7 @@ Event: TypeAlias = (
     | ModelRequestSent
     | ModelResponseReceived
     | ModelErrorSeen
+    | HostedToolCalled
     | ToolCallRequested
     | ToolDispatched
     | ToolResultRecorded
@@ -415,6 +438,7 @@ _KINDS: dict[str, type[Any]] = {
         ModelRequestSent,
         ModelResponseReceived,
         ModelErrorSeen,
+        HostedToolCalled,
         ToolCallRequested,
         ToolDispatched,
         ToolResultRecorded,
