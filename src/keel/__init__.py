@@ -61,6 +61,7 @@ if _typing.TYPE_CHECKING:
         Usage,
         UserMessage,
     )
+    from keel.hosted import HostedTool
     from keel.pricing import Price, PriceTable
     from keel.result import Failure, PendingApproval, RunResult, RunStatus
     from keel.store import RunStore, Store, open_store
@@ -97,6 +98,7 @@ _WHERE: dict[str, str] = {
     "EmptyModelTurn": "keel.errors",
     "Failure": "keel.result",
     "FailureKind": "keel.errors",
+    "HostedTool": "keel.hosted",
     "InvalidOutput": "keel.errors",
     "KeelError": "keel.errors",
     "LeaseHeld": "keel.errors",
@@ -161,6 +163,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "HookFailed",
+    "HostedTool",
     "InvalidOutput",
     "KeelError",
     "LeaseHeld",

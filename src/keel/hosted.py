@@ -79,11 +79,12 @@ class HostedTool:
 
     @classmethod
     def parse(cls, text: str) -> HostedTool:
-        """``KIND`` or ``KIND:OPTION,OPTION`` where an option is ``max_uses=N``,
-        ``domains=a.org+b.com`` or ``stores=vs_1+vs_2``."""
+        """``KIND`` or ``KIND:OPTION:OPTION`` where an option is ``max_uses=N``,
+        ``domains=a.org+b.com`` or ``stores=vs_1+vs_2`` (no commas: a list of tools in an
+        environment variable is comma-separated)."""
         kind, _, rest = text.strip().partition(":")
         fields: dict[str, Any] = {}
-        for option in filter(None, (o.strip() for o in rest.split(","))):
+        for option in filter(None, (o.strip() for o in rest.split(":"))):
             found = _OPTION.match(option)
             if found is None:
                 raise ConfigError(
@@ -109,7 +110,7 @@ class HostedTool:
             options.append("domains=" + "+".join(self.domains))
         if self.stores:
             options.append("stores=" + "+".join(self.stores))
-        return self.kind + (":" + ",".join(options) if options else "")
+        return ":".join((self.kind, *options))
 
 
 def hosted_tools_from(values: Iterable[HostedTool | str]) -> tuple[HostedTool, ...]:

@@ -182,6 +182,17 @@ OPTIONS: tuple[Option, ...] = (
         default_help="no web_search",
     ),
     Option(
+        "hosted_tool",
+        "list",
+        "Let the model's provider run this tool of its own: web_search (openai:, anthropic:), "
+        "web_fetch (anthropic:) or file_search:stores=VS_ID (openai:); options after colons, "
+        "e.g. web_search:max_uses=3:domains=a.org+b.org (repeatable; billed per call, never "
+        "approved or re-run by Keel).",
+        toml="hosted_tools",
+        env="KEEL_HOSTED_TOOLS",
+        default_help="none",
+    ),
+    Option(
         "allow_writes",
         "bool",
         "Offer write_file under --repo (each write asks approval).",
