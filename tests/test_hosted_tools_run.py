@@ -1,0 +1,196 @@
+"""Provider-hosted tools in a run (ADR 0067), through the real Anthropic SDK under an
+``httpx.MockTransport``: their calls recorded as events, counted as tool calls and priced per
+call, counted by the repeat tiers, kept in the history a resumed run sends, and refused where
+they cannot be kept."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+import keel
+from contract import hosted_shapes as shapes
+from keel.assemble import agent_from_options
+from keel.errors import ConfigError
+from keel.hosted import HostedTool
+from keel.limits import Limits
+from keel.pricing import PriceTable
+from keel.records import HostedToolCalled, ModelResponseReceived
+from keel.transports.anthropic import AnthropicTransport
+
+MODEL = "claude-sonnet-4-6"
+
+
+@keel.tool
+def page(n: int) -> str:
+    """Read page n of the notes."""
+    return f"page {n}: retry with backoff"
+
+
+@keel.tool(effect="side_effecting", requires_approval=True)
+def publish(text: str) -> str:
+    """Publish the text."""
+    return "published"
+
+
+class Provider:
+    """The Messages API under the SDK: answers in order, keeps every request body."""
+
+    def __init__(self, *answers: dict[str, Any]) -> None:
+        self.answers = list(answers)
+        self.bodies: list[dict[str, Any]] = []
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=self.answers.pop(0))
+
+    def transport(self, *hosted: HostedTool) -> AnthropicTransport:
+        http = httpx.AsyncClient(transport=httpx.MockTransport(self))
+        return AnthropicTransport(
+            MODEL, http_client=http, api_key="sk-ant-api03-run-test", hosted_tools=hosted
+        )
+
+
+def use(n: int, name: str = "page", **arguments: Any) -> dict[str, Any]:
+    return {"type": "tool_use", "id": f"toolu_01K{n}", "name": name, "input": arguments or {"n": n}}
+
+
+def search(n: int, query: str) -> list[dict[str, Any]]:
+    """One web search that finds the two pages of `shapes.SEARCH_RESULT`."""
+    call_id = f"srvtoolu_01R{n}"
+    return [
+        {**shapes.SEARCH_USE, "id": call_id, "input": {"query": query}},
+        {**shapes.SEARCH_RESULT, "tool_use_id": call_id},
+    ]
+
+
+async def test_hosted_calls_are_recorded_counted_and_priced() -> None:
+    provider = Provider(shapes.anthropic_message(shapes.ANTHROPIC_CONTENT))
+    transport = provider.transport(HostedTool("web_search"), HostedTool("web_fetch"))
+    store = keel.Store(":memory:")
+    result = await keel.Agent(transport, tools=[page], store=store).arun("When to retry a 503?")
+    assert result.status == "completed" and result.answer == shapes.ANSWER
+    events = store.events(result.run_id)
+    hosted = [e for e in events if isinstance(e, HostedToolCalled)]
+    assert [(e.name, e.input, e.sources, e.error, e.cost) for e in hosted] == [
+        ("web_search", "HTTP 503 Retry-After semantics", (shapes.RFC_URL, shapes.MDN_URL),
+         None, 0.01),
+        ("web_fetch", shapes.RFC_URL, (shapes.RFC_URL,), None, 0.0),
+        ("web_search", "Retry-After header 503 RFC", (), "max_uses_exceeded", 0.0),
+    ]  # fmt: skip
+    response = next(e for e in events if isinstance(e, ModelResponseReceived))
+    assert events.index(response) < events.index(hosted[0])  # after the turn that made them
+    tokens = (10_412 * 3.0 + 236 * 15.0) / 1_000_000
+    assert response.cost == pytest.approx(tokens)
+    assert result.cost == pytest.approx(tokens + 0.01)  # one billed search on top
+    assert result.tool_calls == 3  # the provider's calls are the run's tool calls
+    store.close()
+
+
+async def test_hosted_calls_spend_the_tool_call_budget() -> None:
+    """Three hosted calls against a budget of two: Keel's own call in the same turn is not run
+    and the next turn is the synthesis turn, its history holding the server blocks."""
+    first = [*shapes.ANTHROPIC_CONTENT[:7], use(1)]
+    provider = Provider(
+        shapes.anthropic_message(first, "tool_use"),
+        shapes.anthropic_message([{"type": "text", "text": "Retry after the delay."}]),
+    )
+    transport = provider.transport(HostedTool("web_search"), HostedTool("web_fetch"))
+    limits = Limits(max_tool_calls=2)
+    result = await keel.Agent(transport, tools=[page], limits=limits).arun("q")
+    assert result.status == "completed" and result.synthesized == "budget"
+    second = provider.bodies[1]
+    assert second["tool_choice"] == {"type": "none"}
+    assert second["messages"][1]["content"][:7] == shapes.ANTHROPIC_CONTENT[:7]
+
+
+@pytest.mark.parametrize("tier", [True, False], ids=["same_result", "without_the_tier"])
+async def test_reworded_hosted_searches_with_the_same_hits_bring_the_synthesis_turn(
+    tier: bool,
+) -> None:
+    queries = ["retry 503", "when to retry HTTP 503"]
+    answers = [shapes.anthropic_message([*search(n, q), use(n)], "tool_use")
+               for n, q in enumerate(queries)]  # fmt: skip
+    answers.append(shapes.anthropic_message([{"type": "text", "text": "Back off."}]))
+    provider = Provider(*answers)
+    limits = Limits(loop_threshold=3, repeat_same_result=tier)
+    agent = keel.Agent(provider.transport(HostedTool("web_search")), tools=[page], limits=limits)
+    result = await agent.arun("q")
+    assert result.status == "completed"
+    choices = [body.get("tool_choice") for body in provider.bodies]
+    if tier:  # two searches found the same pages: T-1, so the third turn only answers
+        assert choices == [None, None, {"type": "none"}]
+        assert result.synthesized == "repeated_tool"
+    else:
+        assert choices == [None, None, None]
+
+
+async def test_a_resumed_run_sends_the_server_blocks_back_as_received(tmp_path: Path) -> None:
+    content = [*search(1, "retry 503"), {"type": "text", "text": "Publishing."},
+               use(2, "publish", text="retry later")]  # fmt: skip
+    store = keel.Store(tmp_path / "runs.sqlite")
+    before = Provider(shapes.anthropic_message(content, "tool_use"))
+    agent = keel.Agent(before.transport(HostedTool("web_search")), tools=[publish], store=store)
+    paused = await agent.arun("q")
+    assert paused.status == "awaiting_approval"
+    agent.approve(paused.run_id)
+    after = Provider(shapes.anthropic_message([{"type": "text", "text": "Done."}]))
+    again = keel.Agent(after.transport(HostedTool("web_search")), tools=[publish], store=store)
+    resumed = await again.aresume(paused.run_id)
+    assert resumed.status == "completed"
+    assert after.bodies[0]["messages"][1]["content"] == content
+    hosted = [e for e in store.events(paused.run_id) if isinstance(e, HostedToolCalled)]
+    assert len(hosted) == 1  # recorded once, never re-run
+    tokens = (10_412 * 3.0 + 236 * 15.0) / 1_000_000  # each answer's usage, priced
+    assert paused.cost == pytest.approx(tokens + 0.01)
+    assert resumed.cost == pytest.approx(2 * tokens + 0.01)  # the search billed once
+    store.close()
+
+
+def test_agent_takes_hosted_tools_with_a_spec_and_refuses_what_it_cannot_keep(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-run-test")
+    agent = keel.Agent(f"anthropic:{MODEL}", hosted_tools=["web_search:max_uses=2"])
+    assert agent.transport.hosted_tools == (HostedTool("web_search", max_uses=2),)  # type: ignore[attr-defined]
+
+    @keel.tool
+    def web_search(query: str) -> str:
+        """Search."""
+        return ""
+
+    with pytest.raises(ConfigError, match="have one name"):
+        keel.Agent(f"anthropic:{MODEL}", tools=[web_search], hosted_tools=["web_search"])
+    unpriced = PriceTable.shipped().merged(PriceTable(hosted={}))
+    no_search_price = PriceTable(unpriced.prices, unpriced.date, {"anthropic": {}})
+    with pytest.raises(ConfigError, match="no price per call is known for the hosted tool"):
+        keel.Agent(
+            f"anthropic:{MODEL}",
+            hosted_tools=["web_search"],
+            limits=Limits(max_cost=1.0),
+            prices=no_search_price,
+        )
+    with pytest.raises(ConfigError, match="a transport passed in declares its own"):
+        keel.Agent(keel.ScriptedTransport.from_dict({"turns": []}), hosted_tools=["web_search"])
+
+
+def test_the_hosted_tool_option_is_saved_with_the_run_and_rebuilds_the_transport(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-api03-run-test")
+    monkeypatch.chdir(tmp_path)
+    agent = agent_from_options(
+        model=f"anthropic:{MODEL}",
+        hosted_tool=["web_search:domains=rfc-editor.org", "web_fetch"],
+        store=str(tmp_path / "runs.sqlite"),
+        repo=tmp_path,
+    )
+    assert agent.transport.hosted_tools == (  # type: ignore[attr-defined]
+        HostedTool("web_search", domains=("rfc-editor.org",)),
+        HostedTool("web_fetch"),
+    )
+    assert agent.run_config["hosted_tools"] == ["web_search:domains=rfc-editor.org", "web_fetch"]
