@@ -88,6 +88,11 @@ async def test_hosted_calls_are_recorded_counted_and_priced() -> None:
     assert response.cost == pytest.approx(tokens)
     assert result.cost == pytest.approx(tokens + 0.01)  # one billed search on top
     assert result.tool_calls == 3  # the provider's calls are the run's tool calls
+    cited = {"url": shapes.RFC_URL, "title": "RFC 9110: HTTP Semantics", "cited_text": shapes.CITED}
+    assert result.sources == (cited,)  # kept with the answer
+    assert result.to_dict()["sources"] == [cited]
+    stored = store.get_run(result.run_id)
+    assert stored is not None and stored.state.result(result.run_id).sources == (cited,)
     store.close()
 
 

@@ -50,6 +50,7 @@ if _typing.TYPE_CHECKING:
     )
     from keel.events import ChildEvent, RunStream
     from keel.hooks import Deny, EndRun, Replace
+    from keel.hosted import HostedTool
     from keel.limits import Limits
     from keel.messages import (
         AssistantMessage,
@@ -61,7 +62,6 @@ if _typing.TYPE_CHECKING:
         Usage,
         UserMessage,
     )
-    from keel.hosted import HostedTool
     from keel.pricing import Price, PriceTable
     from keel.result import Failure, PendingApproval, RunResult, RunStatus
     from keel.store import RunStore, Store, open_store

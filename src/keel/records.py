@@ -378,6 +378,9 @@ class RunCompleted(_EventBase):
     gaps: tuple[str, ...] = ()
     evidence: JsonValue = None
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067), each
+    ``{"url", "title", "cited_text"}``; None: none marked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -608,6 +611,8 @@ class RunState:
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
     evidence_retries: int = 0
     """Answers sent back under `--citations require` (at most one per run)."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067); None: none."""
     evidence_feedback: str | None = None
     """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
@@ -691,7 +696,14 @@ class RunState:
             pending_approvals=self.pending,
             children=tuple(self.children.values()),
             evidence=self.evidence if isinstance(self.evidence, dict) else None,
+            sources=_sources(self.sources),
         )
+
+
+def _sources(value: JsonValue) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple({str(k): str(v) for k, v in s.items()} for s in value if isinstance(s, dict))
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
@@ -720,6 +732,8 @@ class Ending:
     failure: Failure | None = None
     evidence: JsonValue = None
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067); None: none."""
 
     @classmethod
     def completed(
@@ -733,13 +747,14 @@ class Ending:
         gaps: tuple[str, ...] = (),
         evidence: JsonValue = None,
         unsupported: bool = False,
+        sources: JsonValue = None,
     ) -> Ending:
         """`unsupported`: under `--citations require` the answer still failed its check, so it
         is kept as partial, like a synthesized structured answer."""
         partial = (output is not None and synthesized is not None) or unsupported
         return cls(
             "completed", step, answer, synthesized, cut_off, output, partial, gaps,
-            evidence=evidence,
+            evidence=evidence, sources=sources,
         )  # fmt: skip
 
     @classmethod
