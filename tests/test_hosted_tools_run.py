@@ -106,7 +106,8 @@ async def test_hosted_calls_spend_the_tool_call_budget() -> None:
     )
     transport = provider.transport(HostedTool("web_search"), HostedTool("web_fetch"))
     limits = Limits(max_tool_calls=2)
-    result = await keel.Agent(transport, tools=[page], limits=limits).arun("q")
+    agent = keel.Agent(transport, tools=[page], limits=limits, store=":memory:")
+    result = await agent.arun("q")
     assert result.status == "completed" and result.synthesized == "budget"
     second = provider.bodies[1]
     assert second["tool_choice"] == {"type": "none"}
@@ -123,7 +124,8 @@ async def test_reworded_hosted_searches_with_the_same_hits_bring_the_synthesis_t
     answers.append(shapes.anthropic_message([{"type": "text", "text": "Back off."}]))
     provider = Provider(*answers)
     limits = Limits(loop_threshold=3, repeat_same_result=tier)
-    agent = keel.Agent(provider.transport(HostedTool("web_search")), tools=[page], limits=limits)
+    transport = provider.transport(HostedTool("web_search"))
+    agent = keel.Agent(transport, tools=[page], limits=limits, store=":memory:")
     result = await agent.arun("q")
     assert result.status == "completed"
     choices = [body.get("tool_choice") for body in provider.bodies]
