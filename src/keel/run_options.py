@@ -177,8 +177,8 @@ OPTIONS: tuple[Option, ...] = (
         "search",
         "str",
         "Offer web_search over this backend: searxng:URL (a SearXNG instance; a loopback or "
-        "private one needs --allow-host), local:DIR (a folder indexed by keel index DIR) or "
-        "tavily (its key in TAVILY_API_KEY).",
+        "private one needs --allow-host), local:DIR (a folder indexed by keel index DIR), "
+        "tavily (its key in TAVILY_API_KEY) or exa (its key in EXA_API_KEY).",
         default_help="no web_search",
     ),
     Option(
