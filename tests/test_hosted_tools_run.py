@@ -11,6 +11,7 @@ from typing import Any
 
 import httpx
 import pytest
+from rich.console import Console
 
 import keel
 from contract import hosted_shapes as shapes
@@ -18,6 +19,7 @@ from keel.assemble import agent_from_options
 from keel.errors import ConfigError
 from keel.hosted import HostedTool
 from keel.limits import Limits
+from keel.present.timeline import timeline
 from keel.pricing import PriceTable
 from keel.records import HostedToolCalled, ModelResponseReceived
 from keel.transports.anthropic import AnthropicTransport
@@ -93,6 +95,14 @@ async def test_hosted_calls_are_recorded_counted_and_priced() -> None:
     assert result.to_dict()["sources"] == [cited]
     stored = store.get_run(result.run_id)
     assert stored is not None and stored.state.result(result.run_id).sources == (cited,)
+    shown = Console(width=220, record=True)
+    shown.print(timeline(events))  # what `keel show` prints
+    text = shown.export_text()
+    assert "hosted_tool_call" in text
+    assert (
+        "web_search by the provider: 'HTTP 503 Retry-After semantics' · 2 sources · $0.0100" in text
+    )
+    assert "web_search by the provider: 'Retry-After header 503 RFC' · max_uses_exceeded" in text
     store.close()
 
 
