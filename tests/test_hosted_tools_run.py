@@ -15,6 +15,7 @@ from rich.console import Console
 
 import keel
 from contract import hosted_shapes as shapes
+from keel._run.fork import prefix_of_run
 from keel.assemble import agent_from_options
 from keel.errors import ConfigError
 from keel.hosted import HostedTool
@@ -209,3 +210,31 @@ def test_the_hosted_tool_option_is_saved_with_the_run_and_rebuilds_the_transport
         HostedTool("web_fetch"),
     )
     assert agent.run_config["hosted_tools"] == ["web_search:domains=rfc-editor.org", "web_fetch"]
+
+
+async def test_a_fork_counts_the_hosted_calls_as_the_original_did(tmp_path: Path) -> None:
+    """The breaker's counters, the spend and the tool calls of a fork's prefix are the
+    original's: the fork counts the recorded hosted calls with the loop's own code."""
+    answers = [
+        shapes.anthropic_message([*search(1, "retry 503"), use(1)], "tool_use"),
+        shapes.anthropic_message([*search(2, "503 retry"), use(2)], "tool_use"),
+        shapes.anthropic_message([{"type": "text", "text": "Back off."}]),
+    ]
+    store = keel.Store(tmp_path / "runs.sqlite")
+    limits = Limits(repeat_same_result=True)
+    provider = Provider(*answers)
+    agent = keel.Agent(
+        provider.transport(HostedTool("web_search")), tools=[page], limits=limits, store=store
+    )
+    original = await agent.arun("q")
+    stored = store.get_run(original.run_id)
+    assert original.status == "completed" and stored is not None
+    prefix = prefix_of_run(store, original.run_id, 2)  # the last step before the answer
+    assert prefix.counters == store.counters(original.run_id)
+    assert "~same_result web_search" in prefix.counters
+    assert prefix.counters["~same_result web_search"].count == 2
+    mine, theirs = prefix.state, stored.state
+    answer_turn = (10_412 * 3.0 + 236 * 15.0) / 1_000_000  # not in the prefix
+    assert mine.tool_calls == theirs.tool_calls == 4  # two searches, two pages
+    assert mine.cost == pytest.approx(theirs.cost - answer_turn)
+    store.close()
