@@ -238,3 +238,25 @@ async def test_a_fork_counts_the_hosted_calls_as_the_original_did(tmp_path: Path
     assert mine.tool_calls == theirs.tool_calls == 4  # two searches, two pages
     assert mine.cost == pytest.approx(theirs.cost - answer_turn)
     store.close()
+
+
+def test_a_working_directory_keel_toml_needs_hosted_tools_granted(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A repository's keel.toml that declares hosted tools would spend the user's money at
+    the provider: trusting the file does not grant them, `--grant hosted_tools` does."""
+    from keel.config import config_files, trust
+
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "config"))
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    (repo / "keel.toml").write_text(
+        'model = "anthropic:claude-sonnet-4-6"\nhosted_tools = ["web_search"]\n'
+    )
+    trust(repo)
+    (used,), warnings = config_files(repo)
+    assert set(used.data) == {"model"}
+    assert any("hosted_tools" in w and "--grant" in w for w in warnings)
+    trust(repo, grant=["hosted_tools"])
+    (used,), _ = config_files(repo)
+    assert used.data["hosted_tools"] == ["web_search"]
