@@ -9,7 +9,10 @@ exception into a ProviderError. `AnthropicTransport.request` is the thin shell a
 Round-tripped vendor data: ``provider_details["anthropic_thinking"]`` holds the response's
 ``thinking`` / ``redacted_thinking`` blocks exactly as received (signatures included). The API
 requires them back, unchanged and before the ``tool_use`` blocks, when a thinking turn that
-called tools is replayed.
+called tools is replayed. A turn that used server tools (``web_search``, ``web_fetch``, declared
+by the user: ADR 0067) keeps all its blocks in order under ``provider_details
+["anthropic_content"]`` instead, and is sent back block for block
+(`keel.transports.anthropic_server`).
 
 Prompt caching: Anthropic caches nothing unless asked, at ``cache_control`` breakpoints (at most
 four per request), each caching the prompt up to and including its block. Keel marks the last
