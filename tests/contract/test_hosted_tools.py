@@ -97,6 +97,8 @@ async def test_anthropic_declares_its_server_tools_after_keels_own() -> None:
         "cache_control": {"type": "ephemeral"},  # the frozen prefix ends with the last tool
     }
     assert server.sent[0].url.path == "/v1/messages"
+    assert server.sent[0].headers["anthropic-beta"] == "web-fetch-2025-09-10"
+    assert "extra_headers" not in server.body()
 
 
 async def test_openai_declares_its_hosted_tools_and_asks_for_the_sources() -> None:

@@ -102,6 +102,9 @@ CACHE_BREAKPOINT: dict[str, str] = {"type": "ephemeral"}
 _TOOL_CHOICE = {"none": "none", "required": "any", "auto": "auto"}
 """Keel's tool choices in the Messages API's words."""
 ANTHROPIC_HOST = "api.anthropic.com"
+WEB_FETCH_BETA = "web-fetch-2025-09-10"
+"""The beta Anthropic's docs name for ``web_fetch_20250910`` (the SDK now types the tool among
+the general ones; the header is sent in case the API still asks for it)."""
 
 _Block = dict[str, Any]
 _Turn = dict[str, Any]
@@ -474,13 +477,18 @@ class AnthropicTransport:
         return sent_key(self._client.api_key)
 
     def _body(self, request: ModelRequest) -> dict[str, Any]:
-        return to_wire(
+        """The SDK call's arguments: the body, and the beta header web fetch was introduced
+        under (`WEB_FETCH_BETA`) when it is declared."""
+        body = to_wire(
             request,
             model=self.model,
             max_tokens=self.max_tokens,
             tool_choice=self.tool_choice,
             hosted=self.hosted_tools,
         )
+        if any(tool.kind == "web_fetch" for tool in self.hosted_tools):
+            body["extra_headers"] = {"anthropic-beta": WEB_FETCH_BETA}
+        return body
 
     async def request(self, request: ModelRequest) -> ModelResponse:
         body = self._body(request)
