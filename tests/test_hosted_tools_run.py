@@ -260,3 +260,22 @@ def test_a_working_directory_keel_toml_needs_hosted_tools_granted(
     trust(repo, grant=["hosted_tools"])
     (used,), _ = config_files(repo)
     assert used.data["hosted_tools"] == ["web_search"]
+
+
+def test_keel_run_prints_the_sources_after_the_answer() -> None:
+    import io
+
+    from keel.cli.finish import print_result
+    from keel.cli.output import Stdout
+    from keel.messages import Usage
+    from keel.result import RunResult
+
+    source = {"url": shapes.RFC_URL, "title": "RFC 9110: HTTP Semantics", "cited_text": "x"}
+    result = RunResult(
+        "run_1", "completed", "Back off.", None, None, 1, 1, Usage(), sources=(source,)
+    )
+    stream = io.StringIO()
+    print_result(result, False, Stdout(stream))
+    assert stream.getvalue() == (
+        f"Back off.\nSources:\n[1] RFC 9110: HTTP Semantics: {shapes.RFC_URL}\n"
+    )
