@@ -83,6 +83,7 @@ __all__ = [
     "CACHE_BREAKPOINT",
     "PROVIDER",
     "THINKING_KEY",
+    "WEB_FETCH_BETA",
     "AnthropicTransport",
     "from_wire",
     "map_error",
