@@ -279,3 +279,41 @@ def test_keel_run_prints_the_sources_after_the_answer() -> None:
     assert stream.getvalue() == (
         f"Back off.\nSources:\n[1] RFC 9110: HTTP Semantics: {shapes.RFC_URL}\n"
     )
+
+
+async def test_openai_hosted_calls_are_recorded_and_priced_in_a_run() -> None:
+    from keel.transports.openai_responses import OpenAIResponsesTransport
+
+    answer = {
+        "id": "resp_68af40a0a1b28193",
+        "object": "response",
+        "status": "completed",
+        "model": "gpt-5-mini-2025-08-07",
+        "output": shapes.OPENAI_OUTPUT,
+        "usage": {"input_tokens": 9_120, "output_tokens": 310},
+    }
+    bodies: list[dict[str, Any]] = []
+
+    def provider(request: httpx.Request) -> httpx.Response:
+        bodies.append(json.loads(request.content))
+        return httpx.Response(200, json=answer)
+
+    transport = OpenAIResponsesTransport(
+        "gpt-5-mini",
+        http_client=httpx.AsyncClient(transport=httpx.MockTransport(provider)),
+        api_key="sk-proj-run-test",
+        hosted_tools=[HostedTool("web_search"), HostedTool("file_search", stores=("vs_1",))],
+    )
+    store = keel.Store(":memory:")
+    result = await keel.Agent(transport, tools=[page], store=store).arun("q")
+    assert result.status == "completed" and result.answer == shapes.ANSWER
+    hosted = [e for e in store.events(result.run_id) if isinstance(e, HostedToolCalled)]
+    assert [(e.name, e.sources, e.cost) for e in hosted] == [
+        ("web_search", (shapes.RFC_URL, shapes.MDN_URL), 0.01),
+        ("file_search", (), 0.0025),
+    ]
+    tokens = (9_120 * 0.25 + 310 * 2.0) / 1_000_000  # gpt-5-mini's price
+    assert result.cost == pytest.approx(tokens + 0.0125)
+    assert result.tool_calls == 2
+    assert [s["url"] for s in result.sources] == [shapes.RFC_URL]
+    store.close()
