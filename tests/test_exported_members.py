@@ -71,6 +71,7 @@ EXPORTED = {
     "EmptyModelTurn",
     "EndedByHook",
     "HookFailed",
+    "HostedTool",
     "InvalidOutput",
     "KeelError",
     "LeaseHeld",

@@ -160,7 +160,7 @@ def test_a_loopback_searxng_needs_its_host_allowed() -> None:
         backend_from_spec("searxng:https://me:secret@search.example.org")
     with pytest.raises(ConfigError, match="http"):
         backend_from_spec("searxng:ftp://search.example.org")
-    with pytest.raises(ConfigError, match="searxng:URL, local:DIR or tavily"):
+    with pytest.raises(ConfigError, match="searxng:URL, local:DIR, tavily or exa"):
         backend_from_spec("google")
 
 

@@ -50,6 +50,7 @@ if _typing.TYPE_CHECKING:
     )
     from keel.events import ChildEvent, RunStream
     from keel.hooks import Deny, EndRun, Replace
+    from keel.hosted import HostedTool
     from keel.limits import Limits
     from keel.messages import (
         AssistantMessage,
@@ -97,6 +98,7 @@ _WHERE: dict[str, str] = {
     "EmptyModelTurn": "keel.errors",
     "Failure": "keel.result",
     "FailureKind": "keel.errors",
+    "HostedTool": "keel.hosted",
     "InvalidOutput": "keel.errors",
     "KeelError": "keel.errors",
     "LeaseHeld": "keel.errors",
@@ -161,6 +163,7 @@ __all__ = [
     "Failure",
     "FailureKind",
     "HookFailed",
+    "HostedTool",
     "InvalidOutput",
     "KeelError",
     "LeaseHeld",

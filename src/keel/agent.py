@@ -34,6 +34,7 @@ from keel.durability import Durability, check_durability
 from keel.errors import ConfigError, ToolError
 from keel.events import RunStream, TreeListener
 from keel.hooks import Hooks
+from keel.hosted import HostedTool, hosted_tools_from
 from keel.limits import Limits
 from keel.models import first_turn_tool_default, resolve_model
 from keel.pricing import Price, PriceTable, price_name
@@ -126,6 +127,7 @@ class Agent:
         text_listeners: Sequence[TextListener] = (),
         hooks: Sequence[object] = (),
         hook_timeout: float = 10.0,
+        hosted_tools: Sequence[HostedTool | str] = (),
     ) -> None:
         """`hooks`: objects with some of `before_model_call`, `after_model_call`,
         `before_tool_call`, `after_tool_call` (keel/hooks.py, ADR 0052), each call taking at
@@ -138,11 +140,23 @@ class Agent:
         ships]. `output_type`: the shape of the answer, a pydantic model class or a JSON
         Schema; `RunResult.output` is then the validated answer (keel/structured.py).
         `text_listeners` hear the model's text as it is written (`TextDelta`,
-        `TextDiscarded`; ADR 0039): with any, a transport that can stream does."""
+        `TextDiscarded`; ADR 0039): with any, a transport that can stream does.
+        `hosted_tools`: tools the model's provider runs itself (``"web_search"``, a
+        `keel.HostedTool`; ADR 0067), for an ``openai:`` or ``anthropic:`` spec; a transport
+        passed in is built with its own (``hosted_tools=`` of the transport)."""
         self.model_spec = model if isinstance(model, str) else None
         self.base_url = base_url
+        hosted = hosted_tools_from(hosted_tools)
+        if hosted and not isinstance(model, str):
+            raise ConfigError(
+                "hosted_tools go with a model spec; a transport passed in declares its own "
+                "(e.g. AnthropicTransport(..., hosted_tools=[HostedTool('web_search')]))"
+            )
+        self._hosted = hosted
         self.transport = (
-            resolve_model(model, base_url=base_url) if isinstance(model, str) else model
+            resolve_model(model, base_url=base_url, hosted_tools=hosted)
+            if isinstance(model, str)
+            else model
         )
         """The transport runs use. Built from a spec with a per-run position (a script), it
         serves the first run only: each later run gets its own (see `_run_transport`)."""
@@ -155,6 +169,7 @@ class Agent:
         self.price = self.prices.lookup(price_name(self.transport))
         """What this agent's model calls cost; None: no known price (no cost is kept)."""
         _check_priced(self.limits, self.price, self.transport)
+        _check_hosted(self.transport, self.tools, self.limits, self.price)
         self.executor = ToolExecutor(self.tools, max_result_chars=self.limits.max_result_chars)
         self.system_prompt = system_prompt
         self.token_counter: TokenCounter | None = token_counter
@@ -283,7 +298,7 @@ class Agent:
         if not self._transport_taken:
             self._transport_taken = True
             return self.transport
-        return resolve_model(self.model_spec, base_url=self.base_url)
+        return resolve_model(self.model_spec, base_url=self.base_url, hosted_tools=self._hosted)
 
     def launch(
         self,
@@ -615,6 +630,29 @@ def _check_priced(limits: Limits, price: Price | None, transport: Transport) -> 
         "add its price under [prices.PROVIDER] in keel.toml or pass Agent(prices=...), or run "
         "without the cost limit"
     )
+
+
+def _check_hosted(
+    transport: Transport, tools: Sequence[Tool], limits: Limits, price: Price | None
+) -> None:
+    """Hosted tools (ADR 0067) share the model's tool names, so none may be named as a tool of
+    the agent's; under a cost limit each must have a price per call."""
+    hosted: Sequence[HostedTool] = getattr(transport, "hosted_tools", ())
+    clash = sorted({h.kind for h in hosted} & {t.name for t in tools})
+    if clash:
+        raise ConfigError(
+            f"the hosted tool {clash[0]} and the agent's own tool {clash[0]} have one name: "
+            f"offer one of them (e.g. --search or --hosted-tool {clash[0]}, not both)"
+        )
+    if limits.max_cost is None or price is None:
+        return
+    unpriced = [h.kind for h in hosted if price.hosted(h.kind) is None]
+    if unpriced:
+        raise ConfigError(
+            f"no price per call is known for the hosted tool {unpriced[0]}, so a cost limit "
+            "(max_cost) cannot be kept; add it under [prices.hosted.PROVIDER] in keel.toml "
+            "or pass Agent(prices=...), or run without the cost limit"
+        )
 
 
 def _outside_a_loop(blocking: str, awaitable: str) -> None:

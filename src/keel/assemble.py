@@ -19,6 +19,7 @@ from keel.agent import DEFAULT_SYSTEM_PROMPT, Agent
 from keel.config import config_files
 from keel.durability import Durability
 from keel.errors import ConfigError
+from keel.hosted import hosted_tools_from
 from keel.limits import Limits, current_names
 from keel.live_file import wanted
 from keel.models import resolve_model
@@ -56,6 +57,7 @@ SETTINGS = (
     "mcp",
     "without_tools",
     "tool_choice",
+    "hosted_tools",
     "api_key_env",
     "first_turn_tool",
     "options",
@@ -205,6 +207,7 @@ def settings_of(resolved: Resolved, folder: Path, mcp: list[JsonValue]) -> JsonO
         ("search", "search"),
         ("without_tools", "without_tool"),
         ("tool_choice", "tool_choice"),
+        ("hosted_tools", "hosted_tool"),
         ("api_key_env", "api_key_env"),
     ):
         if values[name]:  # saved only when given: a run without them stores what it always did
@@ -291,10 +294,11 @@ def _without(tools: list[Tool], names: list[str]) -> list[Tool]:
 
 
 def _transport(model: str, base_url: str | None, settings: JsonObject) -> Transport | None:
-    """The transport when `--tool-choice` or `--api-key-env` shape it; None: the spec alone.
-    The key is read from the named variable now and never saved."""
+    """The transport when `--tool-choice`, `--api-key-env` or `--hosted-tool` shape it; None:
+    the spec alone. The key is read from the named variable now and never saved."""
     choice, key_env = settings.get("tool_choice"), settings.get("api_key_env")
-    if not (choice or key_env):
+    hosted = hosted_tools_from(str(t) for t in cast(list[str], settings.get("hosted_tools") or []))
+    if not (choice or key_env or hosted):
         return None
     if choice not in (None, *TOOL_CHOICES):
         raise ConfigError(f"--tool-choice must be one of {', '.join(TOOL_CHOICES)}, not {choice}")
@@ -303,7 +307,9 @@ def _transport(model: str, base_url: str | None, settings: JsonObject) -> Transp
         key = os.environ.get(str(key_env))
         if not key:
             raise ConfigError(f"--api-key-env {key_env}: that environment variable is not set")
-    return resolve_model(model, base_url=base_url, api_key=key, tool_choice=choice)
+    return resolve_model(
+        model, base_url=base_url, api_key=key, tool_choice=choice, hosted_tools=hosted
+    )
 
 
 def _text(value: JsonValue) -> str | None:

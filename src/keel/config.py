@@ -68,6 +68,7 @@ RISKY: dict[str, str] = {
     "approve_tools": "runs those tools without asking you, writes included",
     "allow_hosts": "lets fetch reach those loopback, private or cloud-metadata hosts",
     "agents": "declares sub-agents, with their own tools and pre-approvals",
+    "hosted_tools": "lets the model's provider run those tools (web searches billed per call)",
 }
 """What a working-directory keel.toml may say that trust alone does not grant: each is
 granted by name, and what it does is said when trust is asked for."""

@@ -28,6 +28,7 @@ from keel.records import (
     EvidenceRejected,
     EvidenceReset,
     HookApplied,
+    HostedToolCalled,
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
@@ -71,6 +72,14 @@ def _result(state: RunState, event: ToolResultRecorded) -> None:
         state.unknown_effects.setdefault(event.call_key, event.call_id)
 
 
+def _hosted(state: RunState, event: HostedToolCalled) -> None:
+    """A call the provider ran itself (ADR 0067): a tool call of the budget, and its price per
+    call (billed apart from the turn's tokens, which its response event counted)."""
+    state.tool_calls += 1
+    if event.cost is not None:
+        state.cost = (state.cost or 0.0) + event.cost
+
+
 def _output_rejected(state: RunState, event: OutputRejected) -> None:
     state.output_retries += 1
 
@@ -87,6 +96,7 @@ HANDLED: dict[type[Any], Callable[[RunState, Any], None]] = {
     ModelRequestSent: _request,
     ModelResponseReceived: _response,
     ToolResultRecorded: _result,
+    HostedToolCalled: _hosted,
     OutputRejected: _output_rejected,
     EvidenceRejected: _evidence_rejected,
     ApprovalDecided: _decided,

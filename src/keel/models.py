@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -27,6 +27,7 @@ from keel.config import config_files, http_url, public_url
 from keel.errors import ConfigError
 
 if TYPE_CHECKING:  # the command line reads SPEC_HELP at start; a transport is built later
+    from keel.hosted import HostedTool
     from keel.transports.base import ServerToolChoice, Transport
 
 __all__ = [
@@ -92,10 +93,12 @@ def resolve_model(
     base_url: str | None = None,
     api_key: str | None = None,
     tool_choice: ServerToolChoice | None = None,
+    hosted_tools: Sequence[HostedTool] = (),
 ) -> Transport:
     """Turn a model spec such as ``openai-chat:qwen`` into a transport. `api_key` and
     `tool_choice` (`keel run --api-key-env`, ``--tool-choice``) are for the provider specs
-    only: anything else refuses them rather than ignore them."""
+    only: anything else refuses them rather than ignore them. `hosted_tools` (``--hosted-tool``,
+    ADR 0067) are for ``openai:`` and ``anthropic:`` only, each the kinds its provider hosts."""
     if base_url is not None:
         check_base_url(base_url)
     scheme, sep, rest = spec.partition(":")
@@ -104,6 +107,11 @@ def resolve_model(
         raise ConfigError(
             f"{what} is for openai:, openai-chat: and anthropic: specs, not {spec!r}"
             + (" (the XML fallback sends no tools)" if scheme == "xml" else "")
+        )
+    if hosted_tools and scheme not in ("openai", "anthropic"):
+        raise ConfigError(
+            f"hosted tools (--hosted-tool {hosted_tools[0].spec}) are run by OpenAI's Responses "
+            f"API (openai:) or Anthropic's (anthropic:), not by {spec!r}"
         )
     if scheme == "xml" and sep and rest:
         from keel.transports.xml_fallback import XmlFallbackTransport
@@ -128,7 +136,11 @@ def resolve_model(
         from keel.transports.openai_responses import OpenAIResponsesTransport
 
         return OpenAIResponsesTransport(
-            rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice
+            rest,
+            base_url=base_url,
+            api_key=api_key,
+            tool_choice=tool_choice,
+            hosted_tools=hosted_tools,
         )
     if scheme == "openai-chat":
         from keel.transports.openai_chat import OpenAIChatTransport
@@ -139,7 +151,13 @@ def resolve_model(
     if scheme == "anthropic":
         from keel.transports.anthropic import AnthropicTransport
 
-        return AnthropicTransport(rest, base_url=base_url, api_key=api_key, tool_choice=tool_choice)
+        return AnthropicTransport(
+            rest,
+            base_url=base_url,
+            api_key=api_key,
+            tool_choice=tool_choice,
+            hosted_tools=hosted_tools,
+        )
     raise ConfigError(
         f"unknown model spec {spec!r}{_closest_spec(scheme, rest)}; supported: {SPEC_HELP}"
     )
@@ -186,9 +204,7 @@ def choose_model(
     if env.get("OPENAI_API_KEY"):
         return ModelChoice(DEFAULT_OPENAI, base_url, "OPENAI_API_KEY is set", tuple(warnings))
     if env.get("ANTHROPIC_API_KEY"):
-        return ModelChoice(
-            DEFAULT_ANTHROPIC, base_url, "ANTHROPIC_API_KEY is set", tuple(warnings)
-        )
+        return ModelChoice(DEFAULT_ANTHROPIC, base_url, "ANTHROPIC_API_KEY is set", tuple(warnings))
     return ModelChoice("local", base_url, "the embedded default", tuple(warnings))
 
 

@@ -12,6 +12,11 @@ dated snapshot suffix (``gpt-4o-2024-08-06`` is priced as ``gpt-4o``). The local
 scripted one cost nothing; a script that names a priced model (``"model": "openai:gpt-4o"``)
 is priced as that model, so tests can exercise a cost limit. Anything else has no known price:
 its runs show no cost, and a cost limit refuses to start it (never a silent zero).
+
+Provider-hosted tools (ADR 0067) are billed per call, apart from tokens: the table's
+``[hosted.PROVIDER]`` gives dollars per call of each kind (``web_search = 0.01``), and a
+model's `Price` carries its provider's (`Price.per_call`). A hosted kind the table does not
+price has no known price, as a model without one.
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import functools
 import math
 import re
 import tomllib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -54,16 +59,26 @@ class Price:
     input: float
     cached_input: float
     output: float
+    per_call: tuple[tuple[str, float], ...] = field(default=(), compare=False)
+    """Dollars per call of each hosted tool kind the model's provider bills (ADR 0067)."""
 
     def __post_init__(self) -> None:
         for name in ("input", "cached_input", "output"):
-            value = getattr(self, name)
-            number = isinstance(value, int | float) and not isinstance(value, bool)
-            if not number or not math.isfinite(value) or value < 0:
-                # NaN passes `< 0` and would make every cost (and a cost limit) NaN; inf too
-                raise ConfigError(
-                    f"a price's {name} must be a finite number of dollars >= 0, not {value!r}"
-                )
+            _check_dollars(getattr(self, name), f"a price's {name}")
+        for kind, dollars in self.per_call:
+            _check_dollars(dollars, f"the price of a {kind} call")
+
+    def hosted(self, kind: str) -> float | None:
+        """Dollars one call of a hosted `kind` costs; None: not priced."""
+        return dict(self.per_call).get(kind)
+
+
+def _check_dollars(value: object, what: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ConfigError(f"{what} must be a finite number of dollars >= 0, not {value!r}")
+    if not math.isfinite(value) or value < 0:
+        # NaN passes `< 0` and would make every cost (and a cost limit) NaN; inf too
+        raise ConfigError(f"{what} must be a finite number of dollars >= 0, not {value!r}")
 
 
 FREE = Price(0.0, 0.0, 0.0)
@@ -86,6 +101,8 @@ class PriceTable:
     prices: dict[str, dict[str, Price]] = field(default_factory=dict)
     """provider ("openai", "anthropic") -> model id -> price."""
     date: str = ""
+    hosted: dict[str, dict[str, float]] = field(default_factory=dict)
+    """provider -> hosted tool kind -> dollars per call (ADR 0067)."""
 
     @classmethod
     def shipped(cls) -> PriceTable:
@@ -94,10 +111,11 @@ class PriceTable:
 
     @classmethod
     def from_toml(cls, data: dict[str, Any], where: str) -> PriceTable:
-        """``{provider: {model: {input, cached_input, output}}, "date": ...}``."""
+        """``{provider: {model: {input, cached_input, output}}, "date": ...,
+        "hosted": {provider: {kind: dollars}}}``."""
         prices: dict[str, dict[str, Price]] = {}
         for provider, models in data.items():
-            if provider == "date":
+            if provider in ("date", "hosted"):
                 continue
             if provider not in PROVIDERS.values() or not isinstance(models, dict):
                 known = ", ".join(sorted(set(PROVIDERS.values())))
@@ -107,14 +125,17 @@ class PriceTable:
                 str(model): _price(entry, f"{where}: {provider}.{model}")
                 for model, entry in models.items()
             }
-        return cls(prices, str(data.get("date", "")))
+        return cls(prices, str(data.get("date", "")), _per_call(data.get("hosted", {}), where))
 
     def merged(self, other: PriceTable) -> PriceTable:
         """This table with `other`'s entries added or replacing; `other`'s date if it has one."""
         prices = {p: dict(models) for p, models in self.prices.items()}
         for provider, models in other.prices.items():
             prices.setdefault(provider, {}).update(models)
-        return PriceTable(prices, other.date or self.date)
+        hosted = {p: dict(kinds) for p, kinds in self.hosted.items()}
+        for provider, kinds in other.hosted.items():
+            hosted.setdefault(provider, {}).update(kinds)
+        return PriceTable(prices, other.date or self.date, hosted)
 
     def lookup(self, spec: str) -> Price | None:
         """The price of a model spec's calls: FREE for local and scripted models, None when
@@ -128,7 +149,9 @@ class PriceTable:
         if provider is None or not rest:
             return None
         models = self.prices.get(provider, {})
-        return models.get(rest) or models.get(_SNAPSHOT.sub("", rest))
+        price = models.get(rest) or models.get(_SNAPSHOT.sub("", rest))
+        per_call = tuple(sorted(self.hosted.get(provider, {}).items()))
+        return None if price is None else replace(price, per_call=per_call)
 
 
 @functools.cache
@@ -161,6 +184,23 @@ def configured_prices(files: list[tuple[Path, dict[str, Any]]]) -> PriceTable:
             raise ConfigError(f"{path}: prices must be a table of [prices.PROVIDER] tables")
         table = table.merged(PriceTable.from_toml(section, f"{path}: prices"))
     return table
+
+
+def _per_call(section: object, where: str) -> dict[str, dict[str, float]]:
+    """``[hosted.PROVIDER]`` tables: dollars per call of each hosted tool kind."""
+    if not isinstance(section, dict):
+        raise ConfigError(f"{where}: hosted is a table of [hosted.PROVIDER] tables")
+    found: dict[str, dict[str, float]] = {}
+    for provider, kinds in section.items():
+        if provider not in PROVIDERS.values() or not isinstance(kinds, dict):
+            raise ConfigError(
+                f"{where}: hosted.{provider}: hosted tools are priced per provider "
+                "(anthropic, openai), { KIND = dollars per call }"
+            )
+        for kind, dollars in kinds.items():
+            _check_dollars(dollars, f"{where}: hosted.{provider}.{kind}")
+        found[provider] = {str(k): float(v) for k, v in kinds.items()}
+    return found
 
 
 def _price(entry: object, where: str) -> Price:

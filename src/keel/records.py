@@ -34,6 +34,7 @@ __all__ = [
     "EvidenceReset",
     "HookApplied",
     "HookChange",
+    "HostedToolCalled",
     "JsonObject",
     "JsonValue",
     "KeyCounter",
@@ -146,6 +147,27 @@ class ModelResponseReceived(_EventBase):
     took: float | None = field(default=None, metadata=OMIT_EMPTY)
     """Seconds the attempt took, as the loop timed it (what the deadline reserve is estimated
     from, keel.ledger); None in runs recorded before it was kept."""
+
+
+@dataclass(slots=True, kw_only=True)
+class HostedToolCalled(_EventBase):
+    """A call the provider ran on its own servers within the turn's model call (a hosted web
+    search, ADR 0067), recorded after that turn's response: never approved, never re-run,
+    counted in the run's tool calls and priced per call."""
+
+    type: ClassVar[str] = "hosted_tool_call"
+    call_id: str
+    """The provider's id for the call."""
+    name: str
+    """The hosted tool: web_search, web_fetch, file_search."""
+    input: str
+    """What it was asked: the query (queries, one per line) or the URL."""
+    sources: tuple[str, ...] = ()
+    """The URLs or files it found or read, in the provider's order."""
+    error: str | None = field(default=None, metadata=OMIT_EMPTY)
+    """The provider's error code; a failed call is not billed."""
+    cost: float | None = None
+    """US dollars the call cost (keel/pricing.py); None: not billed, or no known price."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -356,6 +378,9 @@ class RunCompleted(_EventBase):
     gaps: tuple[str, ...] = ()
     evidence: JsonValue = None
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067), each
+    ``{"url", "title", "cited_text"}``; None: none marked."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -388,6 +413,7 @@ Event: TypeAlias = (
     | ModelRequestSent
     | ModelResponseReceived
     | ModelErrorSeen
+    | HostedToolCalled
     | ToolCallRequested
     | ToolDispatched
     | ToolResultRecorded
@@ -415,6 +441,7 @@ _KINDS: dict[str, type[Any]] = {
         ModelRequestSent,
         ModelResponseReceived,
         ModelErrorSeen,
+        HostedToolCalled,
         ToolCallRequested,
         ToolDispatched,
         ToolResultRecorded,
@@ -584,6 +611,8 @@ class RunState:
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
     evidence_retries: int = 0
     """Answers sent back under `--citations require` (at most one per run)."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067); None: none."""
     evidence_feedback: str | None = None
     """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
@@ -667,7 +696,14 @@ class RunState:
             pending_approvals=self.pending,
             children=tuple(self.children.values()),
             evidence=self.evidence if isinstance(self.evidence, dict) else None,
+            sources=_sources(self.sources),
         )
+
+
+def _sources(value: JsonValue) -> tuple[dict[str, str], ...]:
+    if not isinstance(value, list):
+        return ()
+    return tuple({str(k): str(v) for k, v in s.items()} for s in value if isinstance(s, dict))
 
 
 _STATE_FIELDS = tuple(f.name for f in fields(RunState))
@@ -696,6 +732,8 @@ class Ending:
     failure: Failure | None = None
     evidence: JsonValue = None
     """The answer checked against the run's results (keel/citations.py); None: not checked."""
+    sources: JsonValue = None
+    """The pages the answer cites as its provider marked them (ADR 0067); None: none."""
 
     @classmethod
     def completed(
@@ -709,13 +747,14 @@ class Ending:
         gaps: tuple[str, ...] = (),
         evidence: JsonValue = None,
         unsupported: bool = False,
+        sources: JsonValue = None,
     ) -> Ending:
         """`unsupported`: under `--citations require` the answer still failed its check, so it
         is kept as partial, like a synthesized structured answer."""
         partial = (output is not None and synthesized is not None) or unsupported
         return cls(
             "completed", step, answer, synthesized, cut_off, output, partial, gaps,
-            evidence=evidence,
+            evidence=evidence, sources=sources,
         )  # fmt: skip
 
     @classmethod

@@ -140,6 +140,10 @@ class RunResult:
     """The answer checked against the run's results (ADR 0053): cited ids, quotes checked and
     failed, uncited sentences, unknown ids, the paths and URLs it names; None: not checked."""
 
+    sources: tuple[dict[str, str], ...] = ()
+    """The pages the answer's text cites as its provider marked them (a hosted search's
+    citations, ADR 0067): each ``{"url", "title", "cited_text"}``; empty: none marked."""
+
     @property
     def ok(self) -> bool:
         return self.status == "completed"
@@ -174,6 +178,8 @@ class RunResult:
         }
         if self.evidence is not None:
             shown["evidence"] = self.evidence
+        if self.sources:
+            shown["sources"] = [dict(s) for s in self.sources]
         if self.children:
             shown["children"] = [c.to_dict() for c in self.children]
         if self.forked_from is not None:

@@ -177,9 +177,20 @@ OPTIONS: tuple[Option, ...] = (
         "search",
         "str",
         "Offer web_search over this backend: searxng:URL (a SearXNG instance; a loopback or "
-        "private one needs --allow-host), local:DIR (a folder indexed by keel index DIR) or "
-        "tavily (its key in TAVILY_API_KEY).",
+        "private one needs --allow-host), local:DIR (a folder indexed by keel index DIR), "
+        "tavily (its key in TAVILY_API_KEY) or exa (its key in EXA_API_KEY).",
         default_help="no web_search",
+    ),
+    Option(
+        "hosted_tool",
+        "list",
+        "Let the model's provider run this tool of its own: web_search (openai:, anthropic:), "
+        "web_fetch (anthropic:) or file_search:stores=VS_ID (openai:); options after colons, "
+        "e.g. web_search:max_uses=3:domains=a.org+b.org (repeatable; billed per call, never "
+        "approved or re-run by Keel).",
+        toml="hosted_tools",
+        env="KEEL_HOSTED_TOOLS",
+        default_help="none",
     ),
     Option(
         "allow_writes",

@@ -21,6 +21,7 @@ from keel._run.context import ContextBuilder
 from keel._run.parts import Completed, Continue, StepOutcome, StepParts
 from keel._run.synthesis import Mode
 from keel.citations import CitationCheck, Source, check_answer, check_output
+from keel.hosted import citations
 from keel.messages import AssistantMessage, ModelResponse, SynthesisReason
 from keel.records import EvidenceRejected
 
@@ -48,7 +49,9 @@ def check(parts: StepParts, completed: Completed) -> CitationCheck:
 def bind(
     parts: StepParts, response: ModelResponse, mode: Mode, completed: Completed
 ) -> StepOutcome:
-    """The answer with its check, or another turn when `require` asks for one."""
+    """The answer with its check, or another turn when `require` asks for one; with the
+    sources its provider marked it as citing (ADR 0067), whatever the check says."""
+    completed = dataclasses.replace(completed, sources=citations(response.provider_details))
     policy = parts.limits.citations
     if policy == "off":
         return completed

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from keel import ledger
 from keel._run import history
 from keel._run.breaker import IdenticalCallBreaker
+from keel._run.hosted_calls import count_hosted
 from keel._run.loop import RunLoop
 from keel._run.resume import ResumePoint, rebuild_items
 from keel.errors import ConfigError
@@ -44,6 +45,7 @@ from keel.limits import Limits
 from keel.records import (
     ApprovalDecided,
     Event,
+    HostedToolCalled,
     JsonObject,
     KeyCounter,
     ModelRequestSent,
@@ -248,6 +250,8 @@ def _count(
             keys = [requested.get((event.step, c.id)) for c in event.tool_calls]
             if keys and all(k is not None for k in keys):  # the loop accepted the batch
                 breaker.record([k for k in keys if k is not None])  # as `_accept_batch` does
+        elif isinstance(event, HostedToolCalled):  # counted as the loop counted it
+            count_hosted(breaker, event)
         elif isinstance(event, ToolCallRequested):
             effects[event.call_id] = event.effect
         elif isinstance(event, ToolDispatched):

@@ -108,9 +108,7 @@ class _Watch(liveness.Liveness):
     (never past the run's deadline). Tokens come from a worker thread: the move is made on the
     event loop, and not at all once the attempt is over."""
 
-    def __init__(
-        self, scope: asyncio.Timeout, silence: float, remaining: float | None
-    ) -> None:
+    def __init__(self, scope: asyncio.Timeout, silence: float, remaining: float | None) -> None:
         self._loop = asyncio.get_running_loop()
         self._scope = scope
         self._silence = silence

@@ -170,8 +170,7 @@ def _ended(parts: StepParts, name: str, point: str, end: EndRun, call: str | Non
 
 def _refuse(parts: StepParts, name: str, point: str, outcome: object, allowed: str) -> HookFailed:
     return HookFailed(
-        f"the hook {name}.{point} returned {type(outcome).__name__}, which it may not: "
-        f"{allowed}",
+        f"the hook {name}.{point} returned {type(outcome).__name__}, which it may not: {allowed}",
         step=parts.state.step,
         details={"hook": name, "point": point},
     )
@@ -221,9 +220,7 @@ async def before_model(parts: StepParts, request: ModelRequest, synthesis: bool)
     return request
 
 
-async def after_model(
-    parts: StepParts, response: ModelResponse, synthesis: bool
-) -> ModelResponse:
+async def after_model(parts: StepParts, response: ModelResponse, synthesis: bool) -> ModelResponse:
     """The response the run records and acts on; the usage stays the provider's."""
     hooks = parts.hooks
     if hooks is None:

@@ -14,6 +14,7 @@ and the checkpoint. A lease lost mid-run raises LeaseLost out of `run` at once, 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 
 from keel._run.batch import Batch
@@ -188,7 +189,9 @@ class RunLoop:
         """Record how the run ended; None: it was cancelled."""
         step = self.state.step
         match outcome:
-            case Completed(answer, synthesized, cut_off, output, gaps, evidence, unsupported):
+            case Completed(
+                answer, synthesized, cut_off, output, gaps, evidence, unsupported, sources
+            ):
                 ending = Ending.completed(
                     step,
                     answer,
@@ -198,6 +201,7 @@ class RunLoop:
                     gaps=gaps,
                     evidence=evidence,
                     unsupported=unsupported,
+                    sources=[dataclasses.asdict(s) for s in sources] or None,
                 )
             case Paused():
                 ending = Ending.paused(step)

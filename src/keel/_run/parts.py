@@ -19,6 +19,7 @@ from keel._run.live_text import LiveText
 from keel._run.recorder import Listener, StepRecorder
 from keel.errors import RunFailure
 from keel.hooks import Hooks
+from keel.hosted import Citation
 from keel.limits import Limits
 from keel.messages import SynthesisReason
 from keel.pricing import Price
@@ -62,6 +63,8 @@ class Completed:
     not checked."""
     unsupported: bool = False
     """Under `--citations require`, the answer still failed its check: kept, partial."""
+    sources: tuple[Citation, ...] = ()
+    """The pages its provider marked the answer's text as citing (ADR 0067)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -88,8 +88,8 @@ CONTEXT_CONTROL = (
 Imperatives only, like the others; what was left out is in the pointers above."""
 
 PARTIAL_OUTPUT_CONTROL = (
-    "Reply with one JSON object and nothing else: under \"output\", the answer in the required "
-    "schema, filled in as far as the evidence supports it; under \"gaps\", a list of what "
+    'Reply with one JSON object and nothing else: under "output", the answer in the required '
+    'schema, filled in as far as the evidence supports it; under "gaps", a list of what '
     "remains open."
 )
 """Added to a synthesis turn's controls when the run asked for structured output (ADR 0034)."""
@@ -190,6 +190,8 @@ def context_mode(mode: Mode, question: str) -> Mode:
             return mode
         return dataclasses.replace(mode, controls=(*mode.controls, CONTEXT_CONTROL))
     return with_question(Mode(SynthesisReason.CONTEXT, (CONTEXT_CONTROL,)), question)
+
+
 TOOL_REQUIRED = Mode(controls=(FIRST_CALL_CONTROL,), tool_required=True)
 
 

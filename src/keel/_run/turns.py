@@ -14,6 +14,7 @@ from dataclasses import replace
 from keel._run import gateway, hooks
 from keel._run.breaker import repeated_tools
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
+from keel._run.hosted_calls import record_hosted
 from keel._run.parts import StepParts
 from keel._run.synthesis import (
     PARTIAL_OUTPUT_CONTROL,
@@ -137,6 +138,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
             )
         cost = None if parts.price is None else call_cost(response.usage, parts.price)
         parts.recorder.emit(_response_event(state.step, response, cost, took))  # spend: ledger
+        record_hosted(parts, response)  # calls the provider ran itself (ADR 0067)
         failpoint("after_model_response")
         if not response.is_empty:
             state.evidence_feedback = None  # the turn it was for is answered

@@ -95,6 +95,10 @@ def print_result(
         return
     if result.answer is not None and not answer_shown:
         out.line(safe_text(result.answer))
+    if result.sources:  # the pages the provider marked the answer as citing (ADR 0067)
+        out.line("Sources:")
+        for n, source in enumerate(result.sources, 1):
+            out.line(safe_text(f"[{n}] {source.get('title') or '(untitled)'}: {source['url']}"))
     status: str = result.status
     if result.synthesized:
         status += f" (synthesized: {result.synthesized})"

@@ -21,6 +21,7 @@ from keel.present.terminal import safe_text
 from keel.records import (
     Event,
     EvidenceReset,
+    HostedToolCalled,
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
@@ -142,6 +143,10 @@ class ProgressPrinter:
                 return f"{at} synthesis-only turn ({reason}): asking for the answer"
             case ToolCallRequested():
                 return f"{at} {event.call_key[:100]}"
+            case HostedToolCalled():
+                asked = event.input.replace("\n", " | ")[:80]
+                found = f"{len(event.sources)} sources"
+                return f"{at} {event.name} (by the provider) {asked!r}: {event.error or found}"
             case ToolResultRecorded(is_error=True):
                 return f"{at}   error: {event.content[:100]}"
             case ModelErrorSeen():

@@ -19,6 +19,7 @@ from keel.records import (
     EvidenceRejected,
     EvidenceReset,
     HookApplied,
+    HostedToolCalled,
     ModelErrorSeen,
     ModelRequestSent,
     ModelResponseReceived,
@@ -230,6 +231,10 @@ def _detail(event: Event) -> str:
             return f"{event.status or ''} {event.message}{retry}"[:140]
         case ToolCallRequested() | ToolDispatched():
             return event.call_key[:110]
+        case HostedToolCalled():
+            cost = "" if event.cost is None else f" · ${event.cost:.4f}"
+            how = event.error or f"{len(event.sources)} sources"
+            return f"{event.name} by the provider: {event.input!r} · {how}{cost}"[:140]
         case ToolResultRecorded():
             flags = [f for f in ("is_error", "truncated", "elided") if getattr(event, f)]
             if event.answered_by:

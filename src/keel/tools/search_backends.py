@@ -1,15 +1,17 @@
-"""The backends of `web_search`: a self-hosted SearXNG, Tavily's API through its SDK, and the
-choice among them and the local index (`backend_from_spec`, what `--search` names).
+"""The backends of `web_search`: a self-hosted SearXNG, Tavily's and Exa's APIs through their
+SDKs, and the choice among them and the local index (`backend_from_spec`, what `--search`
+names).
 
-Both go through Keel's own HTTP client: `GuardedTransport` (`keel.tools.pinned`), so a
+All three go through Keel's own HTTP client: `GuardedTransport` (`keel.tools.pinned`), so a
 connection reaches only the address the host guard checked, under the same `allow_hosts` as
 `fetch` (a SearXNG on loopback or the local network needs its host allowed), and
 `CappedTransport`, which refuses compressed bodies and stops reading past a byte bound, so an
 answer is bounded like a page. No redirect is followed: a search endpoint that redirects is
 misconfigured, and following one would carry the Tavily key elsewhere.
 
-Tavily's key comes from TAVILY_API_KEY and goes to ``api.tavily.com`` only: the client's base
-URL is fixed, and `--search tavily` takes no address (the rule of `keel.transports.keys`).
+Tavily's key comes from TAVILY_API_KEY and goes to ``api.tavily.com`` only, Exa's from
+EXA_API_KEY to ``api.exa.ai`` only: each client's base URL is fixed, and `--search tavily` and
+`--search exa` take no address (the rule of `keel.transports.keys`).
 """
 
 from __future__ import annotations
@@ -33,18 +35,21 @@ __all__ = [
     "MAX_ANSWER_BYTES",
     "TAVILY_HOST",
     "CappedTransport",
+    "ExaBackend",
     "SearxngBackend",
     "TavilyBackend",
     "backend_from_spec",
     "hits_of",
 ]
 
-BACKENDS = "searxng:URL, local:DIR or tavily"
+BACKENDS = "searxng:URL, local:DIR, tavily or exa"
 MAX_ANSWER_BYTES = 2_000_000
 """A search answer holds ten hits of a few hundred characters; 2 MB is room to spare."""
 MAX_RESULTS = 50
 TAVILY_HOST = "api.tavily.com"
 TAVILY_KEY = "TAVILY_API_KEY"
+EXA_HOST = "api.exa.ai"
+EXA_KEY = "EXA_API_KEY"
 _HEADERS = {"User-Agent": "keel/0.1 (research agent)", "Accept": "application/json"}
 
 
@@ -244,6 +249,74 @@ class TavilyBackend:
         return hits_of(answer, url="url", title="title", snippet="content")[:limit]
 
 
+class ExaBackend:
+    """Exa's search API through its official client (`exa-py`, extra `search`), asked for
+    highlights (the passages of each page that match the query) as the snippets."""
+
+    name = "exa"
+    web = True
+
+    def __init__(
+        self,
+        *,
+        env: Mapping[str, str] | None = None,
+        transport: httpx.AsyncBaseTransport | None = None,
+        timeout: float = 20.0,
+        max_bytes: int = MAX_ANSWER_BYTES,
+    ) -> None:
+        key = (os.environ if env is None else env).get(EXA_KEY, "").strip()
+        if not key:
+            raise ConfigError(f"--search exa: set {EXA_KEY} to your Exa API key")
+        if importlib.util.find_spec("exa_py") is None:
+            raise ConfigError("--search exa needs Exa's client: pip install 'keel-runtime[search]'")
+        self._key = key
+        self.transport = transport
+        self.timeout = timeout
+        self.max_bytes = max_bytes
+
+    async def search(self, query: str, limit: int) -> list[Hit]:
+        transport = capped_transport(self.transport, (), None, self.max_bytes)
+        async with httpx.AsyncClient(
+            base_url=f"https://{EXA_HOST}",
+            transport=transport,
+            timeout=self.timeout,
+            trust_env=False,
+            follow_redirects=False,
+        ) as http:
+            client = _exa_on(http, self._key)
+            try:
+                answer = await client.search(
+                    query, num_results=limit, contents={"highlights": True}, timeout=self.timeout
+                )
+            except SearchError:
+                raise
+            except HostRefused as exc:
+                raise SearchError(exc.sentence(f"https://{EXA_HOST}/search")) from None
+            except Exception as exc:  # the client's own errors, and httpx's under it
+                detail = (str(exc) or type(exc).__name__).replace(self._key, "[key]")
+                raise SearchError(f"Exa's search failed: {detail[:500]}") from None
+        return [_exa_hit(result) for result in list(answer.results or ())[:MAX_RESULTS]][:limit]
+
+
+def _exa_on(http: httpx.AsyncClient, key: str) -> Any:
+    """Exa's async client sending through `http` (Keel's guarded, bounded client): the client
+    reads its HTTP client from its `client` property, which this subclass answers."""
+    from exa_py import AsyncExa
+
+    class OnKeelsClient(AsyncExa):
+        @property
+        def client(self) -> httpx.AsyncClient:
+            return http
+
+    return OnKeelsClient(api_key=key, api_base=f"https://{EXA_HOST}")
+
+
+def _exa_hit(result: Any) -> Hit:
+    highlights = getattr(result, "highlights", None) or ()
+    snippet = " ... ".join(str(h) for h in highlights) or str(getattr(result, "text", "") or "")
+    return Hit(str(getattr(result, "title", "") or ""), str(getattr(result, "url", "")), snippet)
+
+
 def backend_from_spec(
     spec: str, *, allow_hosts: Sequence[str] = (), repo: str | None = None
 ) -> SearchBackend:
@@ -267,4 +340,10 @@ def backend_from_spec(
                 "host only"
             )
         return TavilyBackend()
+    if kind == "exa":
+        if rest:
+            raise ConfigError(
+                "--search exa takes no address: Keel sends EXA_API_KEY to Exa's own host only"
+            )
+        return ExaBackend()
     raise ConfigError(f"--search {spec!r}: the backends are {BACKENDS}")

@@ -9,7 +9,10 @@ exception into a ProviderError. `AnthropicTransport.request` is the thin shell a
 Round-tripped vendor data: ``provider_details["anthropic_thinking"]`` holds the response's
 ``thinking`` / ``redacted_thinking`` blocks exactly as received (signatures included). The API
 requires them back, unchanged and before the ``tool_use`` blocks, when a thinking turn that
-called tools is replayed.
+called tools is replayed. A turn that used server tools (``web_search``, ``web_fetch``, declared
+by the user: ADR 0067) keeps all its blocks in order under ``provider_details
+["anthropic_content"]`` instead, and is sent back block for block
+(`keel.transports.anthropic_server`).
 
 Prompt caching: Anthropic caches nothing unless asked, at ``cache_control`` breakpoints (at most
 four per request), each caching the prompt up to and including its block. Keel marks the last
@@ -45,6 +48,7 @@ import httpx2
 from pydantic import Discriminator, JsonValue, Tag
 
 from keel.errors import ConfigError, ProviderError
+from keel.hosted import ANTHROPIC_CONTENT, HostedTool, check_kinds
 from keel.messages import (
     AssistantMessage,
     Item,
@@ -55,6 +59,14 @@ from keel.messages import (
     ToolResult,
     Usage,
     wire_call_ids,
+)
+from keel.transports.anthropic_server import (
+    OPAQUE_BLOCKS,
+    SERVER_BLOCKS,
+    continued,
+    hosted_tool,
+    replayed_content,
+    tool_use_block,
 )
 from keel.transports.base import ServerToolChoice, address_of
 from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES, bounded_client
@@ -71,6 +83,7 @@ __all__ = [
     "CACHE_BREAKPOINT",
     "PROVIDER",
     "THINKING_KEY",
+    "WEB_FETCH_BETA",
     "AnthropicTransport",
     "from_wire",
     "map_error",
@@ -84,13 +97,15 @@ PROVIDER = "anthropic"
 """How messages about this transport's answers begin."""
 THINKING_KEY = "anthropic_thinking"
 """The `provider_details` key of the opaque thinking blocks a replayed turn must carry."""
-_OPAQUE_BLOCKS = frozenset({"thinking", "redacted_thinking"})
 CACHE_BREAKPOINT: dict[str, str] = {"type": "ephemeral"}
 """The ``cache_control`` value of a breakpoint (the default five-minute cache)."""
 
 _TOOL_CHOICE = {"none": "none", "required": "any", "auto": "auto"}
 """Keel's tool choices in the Messages API's words."""
 ANTHROPIC_HOST = "api.anthropic.com"
+WEB_FETCH_BETA = "web-fetch-2025-09-10"
+"""The beta Anthropic's docs name for ``web_fetch_20250910`` (the SDK now types the tool among
+the general ones; the header is sent in case the API still asks for it)."""
 
 _Block = dict[str, Any]
 _Turn = dict[str, Any]
@@ -105,10 +120,12 @@ def to_wire(
     model: str,
     max_tokens: int,
     tool_choice: ServerToolChoice | None = None,
+    hosted: Iterable[HostedTool] = (),
 ) -> dict[str, Any]:
     """The Messages API body for `request`: system apart, roles alternating, controls last,
     cache breakpoints on the frozen prefix and the history (see the module docstring).
-    `tool_choice` is sent when the request asks for none itself."""
+    `tool_choice` is sent when the request asks for none itself; `hosted`: the server tools
+    the user declared, after Keel's own (ADR 0067)."""
     marked = {request.settled_items - 1, len(request.items) - 1} - {-1}
     body: dict[str, Any] = {
         "model": model,
@@ -123,6 +140,7 @@ def to_wire(
         {"name": t.name, "description": t.description, "input_schema": t.parameters}
         for t in request.tools
     ]
+    tools.extend(hosted_tool(tool) for tool in hosted)
     if request.output is not None:
         tools.append(_answer_tool(request.output))
     if tools:
@@ -182,7 +200,7 @@ def _mark(blocks: list[_Block]) -> None:
     """A breakpoint on the item's last block (thinking blocks cannot carry one; they come
     first, so an item with only those gets none)."""
     for block in reversed(blocks):
-        if block["type"] not in _OPAQUE_BLOCKS:
+        if block["type"] not in OPAQUE_BLOCKS:
             block["cache_control"] = CACHE_BREAKPOINT
             return
 
@@ -199,19 +217,14 @@ def _append(messages: list[_Turn], role: str, blocks: list[_Block]) -> None:
 
 
 def _assistant_blocks(message: AssistantMessage, ids: Mapping[str, str]) -> list[_Block]:
+    content = message.provider_details.get(ANTHROPIC_CONTENT)
+    if isinstance(content, list):
+        return replayed_content(message, content, ids)
     blocks: list[_Block] = [dict(b) for b in message.provider_details.get(THINKING_KEY, ())]
     if message.text and message.text.strip():
         blocks.append({"type": "text", "text": message.text})
-    blocks.extend(_tool_use_block(call, ids[call.id]) for call in message.tool_calls)
+    blocks.extend(tool_use_block(call, ids[call.id]) for call in message.tool_calls)
     return blocks
-
-
-def _tool_use_block(call: ToolCall, wire_id: str) -> _Block:
-    # Unparseable (or non-object) arguments go out as {} under the same id, so the call still
-    # pairs with its error result and the history stays valid.
-    arguments = call.arguments if call.parse_error is None else None
-    payload = arguments if isinstance(arguments, dict) else {}
-    return {"type": "tool_use", "id": wire_id, "name": call.name, "input": payload}
 
 
 def _tool_result_block(result: ToolResult, ids: Mapping[str, str]) -> _Block:
@@ -236,28 +249,42 @@ def from_wire(data: Mapping[str, Any], *, structured: bool = False) -> ModelResp
     texts: list[str] = []
     calls: list[ToolCall] = []
     opaque: list[_Block] = []
+    layout: list[_Block] = []
+    """Every block in order, for a turn with server tools (`ANTHROPIC_CONTENT`)."""
     answer: str | None = None
     for block in message.content or ():
         if isinstance(block, _Text):
             texts.append(block.text or "")
+            layout.append(_text_entry(block))
         elif isinstance(block, _ToolUse) and structured and block.name == ANSWER_TOOL:
             answer = json.dumps(block.input or {}, ensure_ascii=False)
         elif isinstance(block, _ToolUse):
             arguments = json.dumps(block.input or {}, ensure_ascii=False)
             calls.append(ToolCall.from_raw(block.id, block.name, arguments))
+            layout.append({"type": "tool_use", "id": block.id})
         elif isinstance(block, Opaque):
             opaque.append(dict(block.raw))
+            layout.append(dict(block.raw))
     if answer is not None:  # the answer tool ends the turn: its input is the answer
         texts, calls = [answer], []
+    served = any(b["type"] in SERVER_BLOCKS for b in layout)
+    details = {ANTHROPIC_CONTENT: layout} if served else {THINKING_KEY: opaque} if opaque else {}
     return ModelResponse(
         text="".join(texts) if texts else None,
         tool_calls=tuple(calls),
         usage=_usage(message.usage),
         stop_reason=message.stop_reason,
-        provider_details={THINKING_KEY: opaque} if opaque else {},
+        provider_details=details,
         response_id=message.id,
         model=message.model,
     )
+
+
+def _text_entry(block: _Text) -> _Block:
+    entry: _Block = {"type": "text", "text": block.text or ""}
+    if block.citations:  # a web search result's or a fetched page's place (encrypted index)
+        entry["citations"] = [dict(c.raw) for c in block.citations]
+    return entry
 
 
 def map_usage(usage: Mapping[str, Any] | None) -> Usage:
@@ -284,7 +311,7 @@ def _block_kind(value: Any) -> str:
     kind = value.get("type") if isinstance(value, Mapping) else None
     if kind in ("text", "tool_use"):
         return f"~{kind}"
-    return "~opaque" if kind in _OPAQUE_BLOCKS else "~other"
+    return "~opaque" if kind in OPAQUE_BLOCKS or kind in SERVER_BLOCKS else "~other"
 
 
 class _Other(Shape):
@@ -293,6 +320,7 @@ class _Other(Shape):
 
 class _Text(Shape):
     text: str | None = None
+    citations: list[Opaque] | None = None
 
 
 class _ToolUse(Shape):
@@ -400,6 +428,7 @@ class AnthropicTransport:
         max_tokens: int = 4096,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tool_choice: ServerToolChoice | None = None,
+        hosted_tools: Iterable[HostedTool] = (),
     ) -> None:
         if not model:
             raise ConfigError("AnthropicTransport needs a model name, e.g. 'claude-sonnet-4-6'")
@@ -433,6 +462,8 @@ class AnthropicTransport:
         self.model = model
         self.max_tokens = max_tokens
         self.tool_choice = tool_choice
+        self.hosted_tools = check_kinds(hosted_tools, PROVIDER)
+        """Server tools declared with every request (ADR 0067)."""
         self.name = f"anthropic:{model}"
 
     def __repr__(self) -> str:
@@ -446,12 +477,39 @@ class AnthropicTransport:
         """The API key sent, scrubbed from answers (`keel.transports.base.Keyed`)."""
         return sent_key(self._client.api_key)
 
-    async def request(self, request: ModelRequest) -> ModelResponse:
+    def _body(self, request: ModelRequest) -> dict[str, Any]:
+        """The SDK call's arguments: the body, and the beta header web fetch was introduced
+        under (`WEB_FETCH_BETA`) when it is declared."""
         body = to_wire(
-            request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
+            request,
+            model=self.model,
+            max_tokens=self.max_tokens,
+            tool_choice=self.tool_choice,
+            hosted=self.hosted_tools,
         )
+        if any(tool.kind == "web_fetch" for tool in self.hosted_tools):
+            body["extra_headers"] = {"anthropic-beta": WEB_FETCH_BETA}
+        return body
+
+    async def request(self, request: ModelRequest) -> ModelResponse:
+        body = self._body(request)
+        structured = request.output is not None
+
+        def read(message: dict[str, Any]) -> ModelResponse:
+            return from_wire(message, structured=structured)
+
+        async def send(sent: dict[str, Any]) -> dict[str, Any] | None:
+            raw = await self._client.messages.with_raw_response.create(**sent)
+            return decode_json(await raw.read(), PROVIDER)
+
+        async def turn() -> ModelResponse:
+            response = await continued(body, send, read)
+            if response is None:  # a body read whole is a message or an error, never nothing
+                raise ProviderError(f"{PROVIDER}: the response held no message", retryable=True)
+            return response
+
         return await attempt(
-            lambda: self._send(body, structured=request.output is not None),
+            turn,
             foreign=anthropic.AnthropicError,
             to_error=map_error,
             secret=self._client.api_key,
@@ -459,26 +517,21 @@ class AnthropicTransport:
 
     async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
         """`request` with ``"stream": true``: text to `on_text` as it comes (ADR 0039)."""
-        wire = to_wire(
-            request, model=self.model, max_tokens=self.max_tokens, tool_choice=self.tool_choice
-        )
-        body = {**wire, "stream": True}
+        body = {**self._body(request), "stream": True}
         structured = request.output is not None
 
-        async def send() -> ModelResponse | None:
+        def read(message: dict[str, Any]) -> ModelResponse:
+            return from_wire(message, structured=structured)
+
+        async def send(sent: dict[str, Any]) -> dict[str, Any] | None:
             create = self._client.messages.with_streaming_response.create
-            async with create(**body) as raw:
+            async with create(**sent) as raw:
                 events = sse_events(raw.iter_lines(), PROVIDER)
-                answer = await read_anthropic(events, on_text, PROVIDER)
-            return None if answer is None else from_wire(answer, structured=structured)
+                return await read_anthropic(events, on_text, PROVIDER)
 
         return await attempt(
-            lambda: cut_short(send, PROVIDER),
+            lambda: cut_short(lambda: continued(body, send, read), PROVIDER),
             foreign=anthropic.AnthropicError,
             to_error=map_error,
             secret=self._client.api_key,
         )
-
-    async def _send(self, body: dict[str, Any], *, structured: bool) -> ModelResponse:
-        raw = await self._client.messages.with_raw_response.create(**body)
-        return from_wire(decode_json(await raw.read(), PROVIDER), structured=structured)

@@ -28,8 +28,12 @@ around one SDK call. The choices that are not obvious from the API reference:
 Round-trip data: `from_wire` puts the response's output layout in
 ``provider_details["openai_responses"] = {"output": [...]}``, in output order, where each entry
 is a reasoning item exactly as returned, ``{"type": "message", "phase": ...}`` marking where the
-text stood (and its phase, which newer models want back), or ``{"type": "function_call",
-"call_id": ...}`` marking a call. `to_wire` replays an assistant turn in that order, taking the
+text stood (and its phase, which newer models want back, and its ``url_citation``
+annotations, the answer's sources), ``{"type": "function_call", "call_id": ...}`` marking a
+call, or a hosted tool's call item as returned (ADR 0067). Hosted calls are not sent back:
+with ``store: false`` their ``ws_``/``fs_`` ids name nothing the server kept, and the item
+holds no results, only what was asked; the text that used them is sent back as any text.
+`to_wire` replays an assistant turn in that order, taking the
 text and the calls from the AssistantMessage itself, so Keel's own fields stay authoritative.
 """
 
@@ -44,7 +48,8 @@ import httpx2
 import openai
 from pydantic import Discriminator, Tag
 
-from keel.errors import ProviderError
+from keel.errors import ConfigError, ProviderError
+from keel.hosted import HostedTool, check_kinds
 from keel.messages import (
     AssistantMessage,
     Item,
@@ -97,16 +102,25 @@ class OpenAIResponsesTransport:
         max_output_tokens: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tool_choice: ServerToolChoice | None = None,
+        hosted_tools: Iterable[HostedTool] = (),
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
         SDK's own retries off. The key: `api_key`, else OPENAI_API_KEY for OpenAI itself; a
         server the user chose gets a placeholder unless given a key (`keel.transports.keys`).
         `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`).
-        `tool_choice`: sent on turns with tools that ask for nothing themselves."""
+        `tool_choice`: sent on turns with tools that ask for nothing themselves.
+        `hosted_tools`: OpenAI's own tools declared with every request (ADR 0067)."""
         self.name = f"openai:{model}"
         self.model = model
         self.max_output_tokens = max_output_tokens
         self.tool_choice = tool_choice
+        self.hosted_tools = check_kinds(hosted_tools, "openai")
+        for tool in self.hosted_tools:
+            if tool.max_uses is not None:
+                raise ConfigError(
+                    f"hosted tool {tool.kind}: max_uses is Anthropic's; the Responses API "
+                    "takes no cap per tool (--max-tool-calls counts its calls)"
+                )
         self._client = build_client(
             client=client,
             http_client=http_client,
@@ -130,6 +144,7 @@ class OpenAIResponsesTransport:
             model=self.model,
             max_output_tokens=self.max_output_tokens,
             tool_choice=self.tool_choice,
+            hosted=self.hosted_tools,
         )
 
     async def request(self, request: ModelRequest) -> ModelResponse:
@@ -153,18 +168,23 @@ def to_wire(
     model: str,
     max_output_tokens: int | None = None,
     tool_choice: ServerToolChoice | None = None,
+    hosted: Iterable[HostedTool] = (),
 ) -> dict[str, Any]:
     """The JSON body for ``POST /v1/responses``. The frozen prefix (instructions, tools) comes
     first and is built the same way every turn, so it serialises byte-identically.
-    `tool_choice` is sent when the request asks for none itself."""
+    `tool_choice` is sent when the request asks for none itself; `hosted`: OpenAI's own tools
+    the user declared, after Keel's (ADR 0067)."""
     body: dict[str, Any] = {"model": model}
     if request.system:
         body["instructions"] = request.system
-    if request.tools:
-        body["tools"] = [_tool(tool) for tool in request.tools]
+    tools = [*(_tool(tool) for tool in request.tools), *(_hosted(tool) for tool in hosted)]
+    if tools:
+        body["tools"] = tools
         choice = request.tool_choice or tool_choice
         if choice is not None:
             body["tool_choice"] = choice
+    if any(tool.kind == "web_search" for tool in hosted):  # the pages each search found
+        body["include"] = ["web_search_call.action.sources"]
     body["input"] = [*_input(request.items), *(_user(text) for text in request.volatile)]
     body["store"] = False
     if request.cache_key:
@@ -184,6 +204,16 @@ def _tool(tool: ToolDefinition) -> dict[str, Any]:
         "parameters": tool.parameters,
         "strict": False,
     }
+
+
+def _hosted(tool: HostedTool) -> dict[str, Any]:
+    """A hosted tool's declaration (the SDK's ``WebSearchToolParam``, ``FileSearchToolParam``)."""
+    if tool.kind == "file_search":
+        return {"type": "file_search", "vector_store_ids": list(tool.stores)}
+    declared: dict[str, Any] = {"type": "web_search"}
+    if tool.domains:
+        declared["filters"] = {"allowed_domains": list(tool.domains)}
+    return declared
 
 
 def _user(text: str) -> dict[str, Any]:
@@ -264,7 +294,8 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
     The body is read as `_Response` first, so a field of the wrong type is a ProviderError
     naming it (`keel.transports.wire`). Text is every ``output_text`` part of every message,
     concatenated (a refusal stands in when there is no text, so it reaches the user instead of
-    looking like an empty turn). Hosted-tool items, which Keel never asks for, are ignored.
+    looking like an empty turn). Hosted-tool calls (``web_search_call``, ``file_search_call``)
+    are kept whole in the layout, where `keel.hosted` reads them; other items are ignored.
     """
     response = parse(_Response, data, PROVIDER)
     if response.status == "failed":
@@ -275,19 +306,24 @@ def from_wire(data: Mapping[str, Any]) -> ModelResponse:
     layout: list[dict[str, Any]] = []
     for item in response.output or ():
         if isinstance(item, _MessageItem):
+            cited: list[dict[str, Any]] = []
             for part in item.content or ():
                 if isinstance(part, _OutputText):
                     texts.append(part.text or "")
+                    cited.extend(dict(a.raw) for a in part.annotations or ())
                 elif isinstance(part, _Refusal):
                     refusals.append(part.refusal or "")
-            layout.append({"type": "message", "phase": item.phase})
+            entry: dict[str, Any] = {"type": "message", "phase": item.phase}
+            if cited:  # the answer's sources (url_citation), kept with it
+                entry["annotations"] = cited
+            layout.append(entry)
         elif isinstance(item, _CallItem):
             call = ToolCall.from_raw(
                 item.call_id or item.id or "", item.name or "", item.arguments or ""
             )
             calls.append(call)
             layout.append({"type": "function_call", "call_id": call.id})
-        elif isinstance(item, Opaque):  # a reasoning item, replayed whole
+        elif isinstance(item, Opaque):  # reasoning, replayed whole; a hosted call, recorded
             layout.append(dict(item.raw))
     text = "".join(texts) or "".join(refusals) or None
     incomplete = response.incomplete_details
@@ -347,6 +383,7 @@ class _Other(Shape):
 
 class _OutputText(Shape):
     text: str | None = None
+    annotations: list[Opaque] | None = None
 
 
 class _Refusal(Shape):
@@ -377,8 +414,10 @@ _Item = Annotated[
     Annotated[_MessageItem, Tag("~message")]
     | Annotated[_CallItem, Tag("~function_call")]
     | Annotated[Opaque, Tag("~reasoning")]
+    | Annotated[Opaque, Tag("~web_search_call")]
+    | Annotated[Opaque, Tag("~file_search_call")]
     | Annotated[_Other, Tag("~other")],
-    _by_type("message", "function_call", "reasoning"),
+    _by_type("message", "function_call", "reasoning", "web_search_call", "file_search_call"),
 ]
 
 

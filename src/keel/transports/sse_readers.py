@@ -168,7 +168,11 @@ def _fold_block(
     delta: dict[str, Any],
     on_text: OnText,
 ) -> None:
-    blocks.setdefault(index, {"type": "text", "text": ""})
+    block = blocks.setdefault(index, {"type": "text", "text": ""})
+    if delta.get("type") == "citations_delta" and isinstance(delta.get("citation"), dict):
+        # a text block's source (a web search result, a fetched page), one delta each
+        block["citations"] = [*(block.get("citations") or ()), delta["citation"]]
+        return
     fields = _DELTA_FIELDS.get(str(delta.get("type")))
     if fields is None or not isinstance(delta.get(fields[0]), str):
         return
