@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import tempfile
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -12,6 +14,12 @@ from pageserver import PageServer
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+# No test writes the store of the user running the suite: a run opened without a store of its
+# own lands under XDG_DATA_HOME (platformdirs), here a folder of this test session's (and of the
+# programs it starts). A developer's ~/.local/share/keel/keel.sqlite once took a newer schema
+# from a branch's tests and refused every older checkout's default store afterwards.
+os.environ["XDG_DATA_HOME"] = tempfile.mkdtemp(prefix="keel-tests-data-")
 
 pytest_plugins = ["local_model", "postgres"]  # the embedded model, llama.cpp, a Postgres cluster
 
