@@ -24,7 +24,6 @@ blanks are skipped in place, never by slicing the rest of the text once per call
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections.abc import Collection
@@ -66,6 +65,8 @@ def read_text_calls(text: str, tools: Collection[str]) -> TextCalls | None:
     """The pseudo-calls `text` is made of, or None when it is an ordinary answer."""
     body = text.strip()
     if any(escape in body for escape in _ESCAPES):
+        import html  # only here: a scripted run loads no more than it needs (ADR 0042)
+
         body = html.unescape(body)
     if body.startswith("functions."):
         return _functions(body, tools)
