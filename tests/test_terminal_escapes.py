@@ -60,8 +60,8 @@ def _clean(screen: Screen, what: str) -> None:
 
 def _run(tmp_path: Path, stream_ms: float | None) -> str:
     (tmp_path / "repo").mkdir(exist_ok=True)
-    screen = _keel(tmp_path, "run", "Which port?", "--model",
-                   f"script:{_script(tmp_path, stream_ms)}", "--repo", str(tmp_path / "repo"))  # fmt: skip
+    model, repo = f"script:{_script(tmp_path, stream_ms)}", str(tmp_path / "repo")
+    screen = _keel(tmp_path, "run", "Which port?", "--model", model, "--repo", repo)
     _clean(screen, f"keel run (stream_ms={stream_ms})")
     assert screen.shows("Port 8421."), screen.text
     store = keel.Store(tmp_path / "runs.db")
