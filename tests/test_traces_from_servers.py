@@ -44,7 +44,9 @@ def test_a_childs_invoke_agent_span_is_named_after_its_agent(tmp_path: Path, spa
     child_turns = [{"tool_calls": [{"name": "read_file", "arguments": {"path": "a.md"}}]},
                    {"text": "A."}]  # fmt: skip
     reader = keel.Agent(
-        keel.ScriptedTransport.from_dict({"turns": child_turns}), tools=keel.file_tools(tmp_path)
+        keel.ScriptedTransport.from_dict({"turns": child_turns}),
+        tools=keel.file_tools(tmp_path),
+        store=tmp_path / "runs.sqlite",  # not the user's default store, which may be anything
     )
     lead_turns = [{"tool_calls": [{"name": "reader", "arguments": {"task": "read a.md"}}]},
                   {"text": "A."}]  # fmt: skip

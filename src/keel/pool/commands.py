@@ -142,9 +142,9 @@ def worker_command(
 
 def _export(otel: bool, content: bool) -> Callable[[], None] | None:
     """`--otel`/`--otel-content` (or an OTLP endpoint in the environment), as `keel run`'s
-    (`keel.cli.integrations.start_export`). The runs a worker rebuilds take the content switch
+    (`keel.trace_export.start_export`). The runs a worker rebuilds take the content switch
     from the GenAI convention's variable, which `--otel-content` sets for this process."""
-    from keel.cli.integrations import start_export
+    from keel.trace_export import start_export
     from keel.trace_hooks import CONTENT_ENV
 
     if content:
