@@ -207,3 +207,26 @@ def test_pc02_a_synthesis_reply_that_repeats_keels_control_is_not_the_answer(
     assert done.answer is not None and done.answer.startswith("No answer was written.")
     assert "repeated Keel's instructions" in done.answer and "[r1] read_file" in done.answer
     assert "citing each result" not in done.answer
+
+
+def test_pc02_a_deadline_synthesis_that_writes_a_call_is_not_asked_again(tmp_path: Path) -> None:
+    """The deadline's synthesis turn had time for one reply: a pseudo-call there (from any
+    model, a scripted one here) ends the run with the built answer at once, no second try."""
+    from keel.records import ModelRequestSent
+
+    (tmp_path / "notes.md").write_text("The widget listens on port 8421.\n")
+    read = {"tool_calls": [{"name": "read_file", "arguments": {"path": "notes.md"}}]}
+    pseudo = {"text": 'functions.read_file:\n{"path": "notes.md"}'}
+    script = {"turns": [read] * 6, "on_synthesis": pseudo, "latency_ms": 300}
+    with keel.Agent(
+        keel.ScriptedTransport.from_dict(script),
+        tools=keel.file_tools(tmp_path),
+        store=tmp_path / "d.db",
+        limits=keel.Limits(deadline=2.0),
+    ) as agent:
+        done = agent.run("Which port?")
+        sent = [e.synthesis for e in agent.store.events(done.run_id)
+                if isinstance(e, ModelRequestSent)]  # fmt: skip
+    assert done.status == "completed" and done.synthesized == "deadline", done.failure
+    assert done.answer is not None and done.answer.startswith("No answer was written.")
+    assert sent.count("deadline") == 1

@@ -34,7 +34,7 @@ from keel.errors import (
 )
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
-from keel.messages import ModelRequest, ModelResponse, with_keel_ids
+from keel.messages import ModelRequest, ModelResponse, SynthesisReason, with_keel_ids
 from keel.pricing import call_cost
 from keel.records import (
     ContextShrunk,
@@ -145,7 +145,11 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         if not response.is_empty and mode.reason is not None and not response.tool_calls:
             why = not_an_answer(response.text, {t.name for t in request.tools})
             if why is not None:  # PC-02: neither the answer nor a failure
-                again = unanswered is None and past_limits(state, limits, parts.clock) is None
+                again = (  # a deadline synthesis had time for this one reply only
+                    unanswered is None
+                    and mode.reason is not SynthesisReason.DEADLINE
+                    and past_limits(state, limits, parts.clock) is None
+                )
                 _not_an_answer_seen(parts, why, again)
                 if again:
                     unanswered = why

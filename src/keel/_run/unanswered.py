@@ -6,7 +6,8 @@ llama.cpp's servers are not one: a tool call written as text (a chat template's 
 `keel.transports.text_calls`), and Keel's own control repeated back (the
 chatml-function-calling template parroted the citation instruction). Neither is stored as the
 answer, and neither fails the run, whose limit left it this one turn to answer: the turn is
-asked once more with a stricter control when the limits allow one more model call, and
+asked once more with a stricter control when the limits allow one more model call (never at
+the deadline, whose synthesis turn had time for one reply), and
 otherwise (or when the second reply is no answer either) the run ends with an answer built
 from its record, which says no answer was written, why, and which results the run holds.
 
