@@ -5,6 +5,8 @@ can send what the `mcp` package's servers never would.
     python tests/mcp_raw_server.py call-error CODE   # every tools/call answers JSON-RPC CODE
     python tests/mcp_raw_server.py schema-file PATH  # `probe`'s input schema is PATH's JSON
     python tests/mcp_raw_server.py env-echo NAME     # `probe` answers the server's $NAME
+    python tests/mcp_raw_server.py modern-only -     # refuses `initialize` (-32022), answers
+                                                     # `server/discover` (MCP 2026-07-28 only)
 
 It answers `initialize` with the version the client asked for, lists two tools (`probe`, and a
 plain `echo`) and answers `ping`. The deep schema is written as text, level by level: no
@@ -24,6 +26,8 @@ ECHO = {
     "inputSchema": {"type": "object", "properties": {"text": {"type": "string"}}},
     "annotations": {"readOnlyHint": True},
 }
+
+MODERN_RESULT = {"resultType": "complete", "ttlMs": 0, "cacheScope": "private"}
 
 
 def deep_schema(levels: int) -> str:
@@ -67,11 +71,21 @@ def main() -> None:
         tool = (message.get("params") or {}).get("name")
         if ident is None:  # a notification
             continue
-        if method == "initialize":
+        if method == "initialize" and mode == "modern-only":
+            data = {"supported": ["2026-07-28"], "requested": message["params"]["protocolVersion"]}
+            error = {"code": -32022, "message": "initialize is not accepted", "data": data}
+            send(json.dumps({"jsonrpc": "2.0", "id": ident, "error": error}))
+        elif method == "server/discover" and mode == "modern-only":
+            found = {"supportedVersions": ["2026-07-28"], "capabilities": {"tools": {}}}
+            answer(ident, json.dumps({**found, **MODERN_RESULT}))
+        elif method == "initialize":
             version = message["params"].get("protocolVersion", "2025-06-18")
             info = {"name": "raw", "version": "1"}
             reply = {"protocolVersion": version, "capabilities": {"tools": {}}, "serverInfo": info}
             answer(ident, json.dumps(reply))
+        elif method == "tools/list" and mode == "modern-only":  # results say how to cache them
+            listed = json.loads(tools_text(mode, value))
+            answer(ident, json.dumps({**listed, **MODERN_RESULT}))
         elif method == "tools/list":
             answer(ident, tools_text(mode, value))
         elif method == "tools/call" and mode == "call-error" and tool == "probe":

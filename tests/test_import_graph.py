@@ -167,12 +167,12 @@ def test_observers_never_import_the_run_loop() -> None:
 
 
 ROOMS = (
-    "_lazy", "errors", "canonical", "informative", "messages", "hosted", "limits", "codec",
-    "result", "records", "ledger", "tokens", "trace_hooks", "failpoints", "config", "durability",
-    "setting_checks", "schema_checks", "structured", "citations", "transports", "inbound",
-    "pricing", "windows", "tools", "store", "approvals", "hooks", "live_file", "telemetry",
-    "_run", "events", "subagents", "models", "agent", "present", "replay", "run_options",
-    "assemble", "evals", "pool", "ui", "serve", "cli", "__main__", "keel",
+    "_lazy", "_version", "errors", "canonical", "informative", "messages", "hosted", "limits",
+    "codec", "result", "records", "ledger", "tokens", "trace_hooks", "trace_export", "failpoints",
+    "config", "durability", "setting_checks", "schema_checks", "structured", "citations",
+    "transports", "inbound", "pricing", "windows", "tools", "store", "approvals", "hooks",
+    "live_file", "telemetry", "_run", "events", "subagents", "models", "agent", "present",
+    "replay", "run_options", "assemble", "evals", "pool", "ui", "serve", "cli", "__main__", "keel",
 )  # fmt: skip
 """The package's rooms (top-level modules and packages), lowest first: a room imports only rooms
 below it, so no lower room reaches up (the event stream into the presenters, the workers into

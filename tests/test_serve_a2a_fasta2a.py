@@ -32,6 +32,9 @@ def fasta2a_python(pytestconfig: pytest.Config) -> Path:
 def test_fasta2a_reads_the_card_asks_and_approves_a_paused_task_by_text(
     fasta2a_python: Path, tmp_path: Path
 ) -> None:
+    """fasta2a's own client, its own parsing: the send's result is read as a task (it came
+    back `{}` before ADR 0065), `tasks/get` with `"id": null` is answered (-32600 before),
+    the approval by text runs the write once, and a streamed question's events are read."""
     with keel_serve(tmp_path, WRITE, "--allow-writes") as (url, _):
         done = subprocess.run(
             [str(fasta2a_python), str(CLIENT), url, "Write it.", "approve"],
@@ -39,10 +42,33 @@ def test_fasta2a_reads_the_card_asks_and_approves_a_paused_task_by_text(
         )  # fmt: skip
     assert done.returncode == 0, done.stderr[-2000:]
     lines: list[dict[str, Any]] = [json.loads(line) for line in done.stdout.splitlines()]
-    card, first, paused, second, final = lines
-    assert card["kind"] == "card" and card["skills"][0]["input_modes"]
-    assert "error" not in first["answer"] and "error" not in second["answer"], lines
-    assert paused["task"]["status"]["state"] == "input-required"
-    assert final["task"]["status"]["state"] == "completed"
-    assert final["task"]["artifacts"][0]["parts"][0]["text"] == "Wrote out.txt."
+    kinds = [line["kind"] for line in lines]
+    assert kinds == ["card", "sent", "task", "sent", "task", "streamed"], lines
+    card, first, paused, second, final, streamed = (line[line["kind"]] for line in lines)
+    assert card["skills"][0]["input_modes"]
+    assert first["result"]["task"]["id"] == paused["id"], first
+    assert paused["status"]["state"] == "input-required"
+    assert second["result"]["task"]["id"] == paused["id"], second
+    assert final["status"]["state"] == "completed"
+    assert final["artifacts"][0]["parts"][0]["text"] == "Wrote out.txt."
     assert (tmp_path / "repo" / "out.txt").read_text() == "hello\n"  # written once
+    results = [event["result"] for event in streamed]
+    assert results and all(results), streamed  # none read as {}
+    assert "task" in results[0]
+    last = results[-1].get("status_update") or results[-1]["task"]  # as fasta2a names them
+    assert last["status"]["state"] == "input-required"
+
+
+@pytest.mark.parametrize(
+    ("kind", "key"),
+    [("task", "task"), ("message", "message"), ("status-update", "statusUpdate"),
+     ("artifact-update", "artifactUpdate")],
+)  # fmt: skip
+def test_a_03_result_is_wrapped_under_the_key_fasta2a_reads(kind: str, key: str) -> None:
+    from keel.serve.fasta2a_dialect import NULL_ID, wrapped
+
+    result = {"kind": kind, "taskId": "t"}
+    answer = wrapped({"jsonrpc": "2.0", "id": NULL_ID, "result": dict(result)}, True, True)
+    assert answer == {"jsonrpc": "2.0", "id": None, "result": {key: result}}
+    plain = wrapped({"jsonrpc": "2.0", "id": "7", "result": dict(result)}, False, False)
+    assert plain == {"jsonrpc": "2.0", "id": "7", "result": result}  # other clients: as 0.3

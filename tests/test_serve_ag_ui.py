@@ -72,8 +72,12 @@ def serve_main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser()
     for name in ("--script", "--store", "--repo"):
         parser.add_argument(name, required=True)
+    parser.add_argument("--child-script")
     args = parser.parse_args(argv)
     tools = [*file_tools(args.repo), *write_tools(args.repo)]
+    if args.child_script:  # the served agent delegates to a child that writes
+        child = Agent(f"script:{args.child_script}", tools=write_tools(args.repo))
+        tools.append(child.as_tool("writer", "Writes notes"))
     agent = Agent(f"script:{args.script}", tools=tools, store=args.store)
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
@@ -85,12 +89,13 @@ def serve_main(argv: list[str]) -> None:
 
 @contextmanager
 def served(
-    script: Path, store: Path | str, repo: Path
+    script: Path, store: Path | str, repo: Path, child_script: Path | None = None
 ) -> Iterator[tuple[str, subprocess.Popen[str]]]:
     """The endpoint's URL, served by a process of its own, stopped after the block."""
+    child = ["--child-script", str(child_script)] if child_script else []
     process = subprocess.Popen(
         [sys.executable, __file__, "--serve", "--script", str(script), "--store", str(store),
-         "--repo", str(repo)],
+         "--repo", str(repo), *child],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     try:
@@ -399,6 +404,45 @@ def test_a_resume_after_the_server_was_killed_continues_the_run_from_the_store(
     with stored(store) as db:
         (decided,) = [e for e in db.events(run_id) if isinstance(e, ApprovalDecided)]
     assert (decided.approved, decided.reason) == (False, "not in this repository")
+
+
+def test_a_childs_call_is_approved_from_the_ag_ui_client_and_the_tree_completes(
+    ag_ui_client: Path, tmp_path: Path, store_target: str | Path
+) -> None:
+    """A call of a sub-agent's run waits for approval: its interrupt names the parent run, then
+    the child's call (``PARENT:CHILD:k1_0``); the client's resume of it reaches the parent run
+    (not a run named ``PARENT:CHILD``), the child writes once and both runs complete."""
+    from keel.records import ApprovalDecided
+
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    parent_script = {
+        "turns": [
+            {"text": "", "tool_calls": [{"name": "writer", "arguments": {"task": "note it"}}]},
+            {"text": "Parent finished."},
+        ]
+    }
+    child_script = tmp_path / "child.json"
+    child_script.write_text(json.dumps(WRITE_SCRIPT))
+    script = write_script(tmp_path, parent_script)
+    with served(script, store_target, repo, child_script) as (url, _):
+        lines = run_client(ag_ui_client, url, "--question", "Note hello", "--then", "approve")
+    first, second = events_of(lines, 0), events_of(lines, 1)
+    run_id = first[1]["value"]["run_id"]
+    (interrupt,) = first[-1]["outcome"]["interrupts"]
+    parent, child, call = interrupt["id"].split(":")
+    assert (parent, call) == (run_id, "k1_0") and child.startswith("run_") and child != run_id
+    delegation = f"{run_id}:k1_0"  # the parent's own call, answered once its child has ended
+    check_sequence(second, resumed_calls=frozenset({interrupt["id"], delegation}))
+    assert second[1]["value"] == {"run_id": run_id, "resumed": True}
+    assert second[-1]["outcome"] == {"type": "success"}
+    assert second[-1]["result"]["answer"] == "Parent finished."
+    assert (repo / "note.txt").read_text() == "hello"
+    with stored(store_target) as db:
+        decided = [e for e in db.events(child) if isinstance(e, ApprovalDecided)]
+        statuses = (db.get_run(run_id).status, db.get_run(child).status)
+    assert [(d.call_id, d.approved, d.by) for d in decided] == [("k1_0", True, "ag-ui")]
+    assert statuses == ("completed", "completed")
 
 
 def test_a_request_that_is_not_a_valid_run_or_resume_is_refused_and_records_nothing(

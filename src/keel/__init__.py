@@ -211,4 +211,19 @@ __all__ = [
 ]
 
 
-__getattr__, __dir__ = _lazy.exports(__name__, _WHERE)
+_public_getattr, _public_dir = _lazy.exports(__name__, _WHERE)
+
+
+def __getattr__(name: str) -> _typing.Any:
+    """A public name on first use; `__version__` read from the installed metadata then
+    (keel/_version.py), kept like any other."""
+    if name == "__version__":
+        from keel._version import installed_version
+
+        version = globals()["__version__"] = installed_version()
+        return version
+    return _public_getattr(name)
+
+
+def __dir__() -> list[str]:
+    return sorted({*_public_dir(), "__version__"})

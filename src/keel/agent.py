@@ -321,6 +321,7 @@ class Agent:
             settings=opened.trace_from,
             content=self.trace_content,
             server=server_of(self.transport),
+            agent=opened.lineage.agent,
         )
         settings = dict(opened.settings)
         if traced is not None and opened.is_new:  # saved, so a resume continues the trace
@@ -527,15 +528,16 @@ def _begin_trace(
     settings: Mapping[str, Any] | None = None,
     content: bool = False,
     server: tuple[str, int] | None = None,
+    agent: str | None = None,
 ) -> RunTrace | None:
     """The run's trace (`RunTrace.begin`); None, without importing OpenTelemetry, when nothing
-    could record a span (ADR 0042)."""
+    could record a span (ADR 0042). `agent`: a child run's agent (its delegation tool's name)."""
     if not tracing_possible():
         return None
     from keel.telemetry import RunTrace
 
     return RunTrace.begin(
-        run_id, model, question, settings=settings, content=content, server=server
+        run_id, model, question, settings=settings, content=content, server=server, agent=agent
     )
 
 

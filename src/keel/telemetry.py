@@ -1,6 +1,7 @@
 """OpenTelemetry spans for a run, following the GenAI semantic conventions.
 
-    invoke_agent keel            the run (a resumed run: a new one, child of the first, same trace)
+    invoke_agent keel            the run (a resumed run: a new one, child of the first, same trace;
+                                 a sub-agent's run is named after its agent: invoke_agent reader)
     ├── chat MODEL               each model attempt, retries and synthesis turns included
     └── execute_tool NAME        each tool call that got a result, run or answered without running
 
@@ -139,14 +140,17 @@ class RunTrace:
         settings: Mapping[str, Any] | None = None,
         content: bool = False,
         server: tuple[str, int] | None = None,
+        agent: str | None = None,
     ) -> RunTrace | None:
         """Start the run's span; `settings`: a resumed run's saved settings (its trace);
-        `server`: the host and port the model's requests go to (`transports.base.server_of`)."""
+        `server`: the host and port the model's requests go to (`transports.base.server_of`);
+        `agent`: a sub-agent's name, which names its run's span (else `keel`)."""
+        name = agent or AGENT_NAME
         tracer = trace.get_tracer("keel")
         parent = _saved_parent(settings)
         attributes: dict[str, Any] = {
             gen_ai.GEN_AI_OPERATION_NAME: INVOKE_AGENT,
-            gen_ai.GEN_AI_AGENT_NAME: AGENT_NAME,
+            gen_ai.GEN_AI_AGENT_NAME: name,
             gen_ai.GEN_AI_CONVERSATION_ID: run_id,
             gen_ai.GEN_AI_PROVIDER_NAME: provider_name(model),
             gen_ai.GEN_AI_REQUEST_MODEL: _request_model(model),
@@ -157,7 +161,7 @@ class RunTrace:
         if content and settings is None:
             attributes[gen_ai.GEN_AI_INPUT_MESSAGES] = _messages("user", question)
         root = tracer.start_span(
-            f"{INVOKE_AGENT} {AGENT_NAME}", context=parent, attributes=attributes
+            f"{INVOKE_AGENT} {name}", context=parent, attributes=attributes
         )
         if not root.is_recording():
             return None

@@ -1,13 +1,13 @@
 """fasta2a against `keel serve` (run by tests/test_serve_a2a_fasta2a.py in fasta2a's own venv).
 
-fasta2a's `A2AClient` reads and validates the card (`fetch_card=True`, its own schema), then
-each request is written by fasta2a's own serializer (`message/send`, `tasks/get`: A2A 0.3
-method names, no A2A-Version header) and posted where its client posts it (the card's first
-URL, then "/"). The answers are printed raw: fasta2a's client reads a send's result in 1.0's
-`{"task": ...}` wrapper, which no 0.3 server writes, so `A2AClient.send_message` would hand
-back `{}`; the test reads them as 0.3 (and `tasks/get` is sent with an id: fasta2a's own
-sends `"id": null`, which 0.3 does not allow). With a reply text, an input-required task gets
-that text on its task id. One JSON object per line."""
+fasta2a's own `A2AClient` does everything, as a user's program would: it reads and validates
+the card (`fetch_card=True`, its own schema), sends `message/send` and `message/stream` and
+`tasks/get` (A2A 0.3 method names, no A2A-Version header, `tasks/get` with `"id": null`) to the
+card's first URL with "/" after it, and validates each answer with its own schema: a send's
+result in a `{"task": ...}` wrapper, a stream's events as `{"task"|"statusUpdate"|...: ...}`.
+What it parsed is printed, one JSON object per line; an answer it read as empty (`{}`) is
+printed as it came, for the test to see. With a reply text, an input-required task gets that
+text on its task id; then a second question is streamed."""
 
 from __future__ import annotations
 
@@ -17,15 +17,7 @@ import sys
 import uuid
 from typing import Any
 
-import httpx
 from fasta2a.client import A2AClient
-from fasta2a.schema import (
-    GetTaskRequest,
-    MessageSendParams,
-    SendMessageRequest,
-    a2a_request_ta,
-    send_message_request_ta,
-)
 
 
 def message(text: str, task_id: str | None = None) -> Any:
@@ -37,26 +29,16 @@ def message(text: str, task_id: str | None = None) -> Any:
     return sent
 
 
-async def post(http: httpx.AsyncClient, content: bytes) -> dict[str, Any]:
-    answer = await http.post("/", content=content, headers={"Content-Type": "application/json"})
-    answer.raise_for_status()
-    said: dict[str, Any] = answer.json()
-    return said
+def show(kind: str, value: Any) -> None:
+    print(json.dumps({"kind": kind, kind: value}), flush=True)
 
 
-async def send(http: httpx.AsyncClient, text: str, task_id: str | None = None) -> dict[str, Any]:
-    params = MessageSendParams(message=message(text, task_id))
-    request = SendMessageRequest(jsonrpc="2.0", id=uuid.uuid4().hex, method="message/send",
-                                 params=params)  # fmt: skip
-    return await post(http, send_message_request_ta.dump_json(request, by_alias=True))
-
-
-async def settle(http: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
-    # fasta2a's get_task sends "id": null, which the 0.3 spec does not allow (a string or a
-    # number) and the a2a-sdk refuses: an id is given here
-    request = GetTaskRequest(jsonrpc="2.0", id="get", method="tasks/get", params={"id": task_id})
+async def settle(client: A2AClient, task_id: str) -> dict[str, Any]:
     for _ in range(200):
-        task = (await post(http, a2a_request_ta.dump_json(request, by_alias=True)))["result"]
+        got = await client.get_task(task_id)  # fasta2a sends "id": null
+        if "result" not in got:
+            return dict(got)
+        task = got["result"]
         if task["status"]["state"] not in ("submitted", "working"):
             break
         await asyncio.sleep(0.1)
@@ -66,19 +48,21 @@ async def settle(http: httpx.AsyncClient, task_id: str) -> dict[str, Any]:
 async def main(url: str, question: str, reply: str | None) -> None:
     client = A2AClient(url, fetch_card=True)  # validates the card with fasta2a's schema
     assert client.agent_card is not None
-    print(json.dumps({"kind": "card", "skills": client.agent_card["skills"]}))
-    http = client.http_client
-    sent = await send(http, question)
-    print(json.dumps({"kind": "sent", "answer": sent}))
-    if "error" in sent:
+    show("card", {"skills": client.agent_card["skills"]})
+    sent = await client.send_message(message(question))
+    show("sent", sent)
+    task = (sent.get("result") or {}).get("task")
+    if task is None:
         return
-    task = await settle(http, sent["result"]["id"])
-    print(json.dumps({"kind": "task", "task": task}))
-    if reply is not None and task["status"]["state"] == "input-required":
-        answered = await send(http, reply, task["id"])
-        print(json.dumps({"kind": "sent", "answer": answered}))
-        if "error" not in answered:
-            print(json.dumps({"kind": "task", "task": await settle(http, task["id"])}))
+    task = await settle(client, task["id"])
+    show("task", task)
+    if reply is not None and task.get("status", {}).get("state") == "input-required":
+        answered = await client.send_message(message(reply, task["id"]))
+        show("sent", answered)
+        if "task" in (answered.get("result") or {}):
+            show("task", await settle(client, task["id"]))
+    events = [event async for event in client.stream_message(message(question))]
+    show("streamed", events)
 
 
 if __name__ == "__main__":

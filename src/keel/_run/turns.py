@@ -24,6 +24,7 @@ from keel._run.synthesis import (
     nudge_control,
     with_question,
 )
+from keel._run.unanswered import STRICTER_CONTROL, built_answer, not_an_answer
 from keel.errors import (
     ContextExhausted,
     ContextOverflow,
@@ -34,7 +35,7 @@ from keel.errors import (
 )
 from keel.failpoints import failpoint
 from keel.inbound import clean_response, clean_text
-from keel.messages import ModelRequest, ModelResponse, with_keel_ids
+from keel.messages import ModelRequest, ModelResponse, SynthesisReason, with_keel_ids
 from keel.pricing import call_cost
 from keel.records import (
     ContextShrunk,
@@ -82,6 +83,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
     )
     errors = empty = overflows = 0
     last_was_empty = False
+    unanswered: str | None = None  # why the synthesis turn's last reply was no answer
     while True:
         stop = past_limits(state, limits, parts.clock)
         if stop is not None:
@@ -89,6 +91,8 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         mode = current_mode(parts)
         if overflows >= 2:  # refused as too long twice: answer from what fits
             mode = context_mode(mode, parts.context.question())
+        if unanswered is not None and mode.reason is not None:  # asked again, stricter
+            mode = replace(mode, controls=(*mode.controls, STRICTER_CONTROL))
         request, mode = _fitted_request(parts, mode, squeeze=overflows >= 2)
         synthesis = mode.reason is not None
         if parts.output is not None:  # each transport asks for it in its provider's form
@@ -140,6 +144,20 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
         parts.recorder.emit(_response_event(state.step, response, cost, took))  # spend: ledger
         record_hosted(parts, response)  # calls the provider ran itself (ADR 0067)
         failpoint("after_model_response")
+        if not response.is_empty and mode.reason is not None and not response.tool_calls:
+            why = not_an_answer(response.text, {t.name for t in request.tools})
+            if why is not None:  # PC-02: neither the answer nor a failure
+                again = (  # a deadline synthesis had time for this one reply only
+                    unanswered is None
+                    and mode.reason is not SynthesisReason.DEADLINE
+                    and past_limits(state, limits, parts.clock) is None
+                )
+                _not_an_answer_seen(parts, why, again)
+                if again:
+                    unanswered = why
+                    continue
+                answer = built_answer(why, mode.reason, parts.context.results())
+                return ModelResponse(text=answer, usage=response.usage), mode
         if not response.is_empty:
             state.evidence_feedback = None  # the turn it was for is answered
             if request.tool_choice == "required" and not response.tool_calls:
@@ -155,6 +173,20 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
                 details={"attempts": empty},
             )
         last_was_empty = True
+
+
+def _not_an_answer_seen(parts: StepParts, why: str, again: bool) -> None:
+    """The reply is in the record as the model wrote it; this says why it is not the answer,
+    and whether the turn is asked again."""
+    parts.recorder.emit(
+        ModelErrorSeen(
+            step=parts.state.step,
+            status=None,
+            retryable=again,
+            message=clean_text(why),
+            retry_in=0.0 if again else None,
+        )
+    )
 
 
 def _controls(parts: StepParts, mode: Mode) -> tuple[str, ...]:

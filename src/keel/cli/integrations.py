@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 from keel._run import Listener
 from keel.cli.common import err
 from keel.cli.output import Stdout
-from keel.errors import ConfigError
 from keel.events import stream_lines
 from keel.present.live_text import TerminalText
 from keel.present.screen import Screen
@@ -30,6 +29,7 @@ from keel.tools.mcp_servers import (
     servers_from_settings,
     user_config_file,
 )
+from keel.trace_export import EXPORT_ENV, start_export
 from keel.transports.streaming import TextListener
 
 if TYPE_CHECKING:
@@ -37,7 +37,6 @@ if TYPE_CHECKING:
 
 __all__ = ["EXPORT_ENV", "RunExtras", "mcp_servers", "mcp_settings", "open_mcp", "start_export"]
 
-EXPORT_ENV = ("OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT")
 
 
 class RunExtras:
@@ -166,42 +165,3 @@ def open_mcp(
         if server.command:
             server.start_env()  # a value that cannot be found again: refused before starting
     return mcp_tools(*servers).open()
-
-
-def start_export(enabled: bool) -> Callable[[], None] | None:
-    """With `--otel` or an OTLP endpoint in the environment: install an SDK tracer provider
-    that exports spans over OTLP/HTTP (or to stderr with OTEL_TRACES_EXPORTER=console).
-    Returns what flushes and stops it at the end; None when export is off."""
-    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
-        return None
-    if not (enabled or any(os.environ.get(name) for name in EXPORT_ENV)):
-        return None
-    try:
-        from opentelemetry import trace
-        from opentelemetry.sdk.resources import Resource
-        from opentelemetry.sdk.trace import TracerProvider
-        from opentelemetry.sdk.trace.export import (
-            BatchSpanProcessor,
-            ConsoleSpanExporter,
-            SpanExporter,
-        )
-    except ImportError:
-        raise ConfigError(
-            "--otel needs the OpenTelemetry SDK and exporter: pip install 'keel-runtime[otel]'"
-        ) from None
-    exporter: SpanExporter
-    if os.environ.get("OTEL_TRACES_EXPORTER", "").strip().lower() == "console":
-        exporter = ConsoleSpanExporter(out=sys.stderr)
-    else:
-        try:
-            from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
-        except ImportError:
-            raise ConfigError(
-                "--otel needs the OTLP exporter: pip install 'keel-runtime[otel]'"
-            ) from None
-        exporter = OTLPSpanExporter()
-    resource = Resource.create({"service.name": os.environ.get("OTEL_SERVICE_NAME", "keel")})
-    provider = TracerProvider(resource=resource, shutdown_on_exit=False)
-    provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
-    return provider.shutdown

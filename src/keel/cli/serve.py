@@ -84,6 +84,7 @@ def _serve(
     # (the live files `keel ui` reads stay).
     agent.listeners = ()
     agent.text_listeners = tuple(t for t in agent.text_listeners if t is not extras.live)
+    guard(extras.start_export)  # --otel, as keel run's: stopped (spans flushed) with extras
     with extras, agent:
         service = RunService(agent, target)
         try:

@@ -5,9 +5,11 @@ on SQLite these say so, and a decision still ends with "continue with: keel resu
 from __future__ import annotations
 
 import json
+import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Annotated, NoReturn
 
 import typer
@@ -95,6 +97,21 @@ def worker_command(
     lease_ttl: Annotated[
         float, typer.Option(help="Seconds a dead worker's runs wait before another takes them.")
     ] = 30.0,
+    otel: Annotated[
+        bool,
+        typer.Option(
+            "--otel",
+            help="Export each run's OpenTelemetry spans (OTLP/HTTP; "
+            "OTEL_TRACES_EXPORTER=console for stderr), as keel run --otel does.",
+        ),
+    ] = False,
+    otel_content: Annotated[
+        bool,
+        typer.Option(
+            "--otel-content",
+            help="Export spans with prompts, answers and tool input/output (implies --otel).",
+        ),
+    ] = False,
 ) -> None:
     """Run queued runs until stopped (SIGTERM or Ctrl-C: each run finishes its step, is saved,
     and is queued again for another worker)."""
@@ -111,11 +128,31 @@ def worker_command(
         )
     except KeelError as exc:  # a bad URL, an unreachable database: one line, exit code 2
         _fail(str(exc))
+    stop_export = _export(otel, otel_content)
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    worker.serve(stop)
+    try:
+        worker.serve(stop)
+    finally:
+        if stop_export is not None:
+            stop_export()  # the spans still in the batch are sent
     raise typer.Exit(0)
+
+
+def _export(otel: bool, content: bool) -> Callable[[], None] | None:
+    """`--otel`/`--otel-content` (or an OTLP endpoint in the environment), as `keel run`'s
+    (`keel.trace_export.start_export`). The runs a worker rebuilds take the content switch
+    from the GenAI convention's variable, which `--otel-content` sets for this process."""
+    from keel.trace_export import start_export
+    from keel.trace_hooks import CONTENT_ENV
+
+    if content:
+        os.environ[CONTENT_ENV] = "true"
+    try:
+        return start_export(otel or content)
+    except KeelError as exc:
+        _fail(str(exc))
 
 
 def _fail(message: str) -> NoReturn:

@@ -7,7 +7,9 @@ are derived from the record alone, so a resumed run (in another process, after a
 names the same messages and calls the same way:
 
 - a tool call: ``<keel run id>:<keel call id>`` (unique in a thread of several runs), which is
-  also the id of the interrupt that asks to approve it;
+  also the id of the interrupt that asks to approve it; a sub-agent's call, as its parent shows
+  it, is ``<parent run>:<child run>:<call id>`` (ADR 0046), so the run is what precedes the
+  first colon (a Keel run id has none) and the rest is the call, however deep the tree;
 - the assistant message of a model turn: ``<run>:s<step>a<attempt>``;
 - the tool message of a result: ``<run>:<call id>:result``.
 """
@@ -117,8 +119,9 @@ def interrupt_id(run_id: str, call_id: str) -> str:
 
 
 def call_id_of(interrupt: str) -> tuple[str, str] | None:
-    """(run id, call id) named by an interrupt id; None when it is not one Keel gave."""
-    run_id, colon, call_id = interrupt.rpartition(":")
+    """(run id, call id) named by an interrupt id; None when it is not one Keel gave. The run
+    is the part before the first colon: a child's call id (``CHILD:CALL``) keeps its own."""
+    run_id, colon, call_id = interrupt.partition(":")
     if not colon or not run_id or not call_id:
         return None
     return run_id, call_id

@@ -50,6 +50,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from keel.serve.a2a_handler import KeelRequestHandler
 from keel.serve.doors import CrossSiteGuard
+from keel.serve.fasta2a_dialect import Fasta2aDialect
 from keel.serve.runs import RunService
 from keel.ui.security import Guard
 
@@ -192,7 +193,7 @@ def build_app(
         *extra_routes,
         *create_agent_card_routes(card),
         *create_jsonrpc_routes(handler, JSONRPC_PATH, enable_v0_3_compat=True),
-        # fasta2a's client posts to the card's URL with "/" after it
+        # fasta2a's client posts to the card's URL with "/" after it (serve/fasta2a_dialect.py)
         *create_jsonrpc_routes(handler, JSONRPC_PATH + "/", enable_v0_3_compat=True),
         *create_rest_routes(handler, path_prefix=REST_PATH, enable_v0_3_compat=True),
     ]
@@ -212,6 +213,8 @@ def build_app(
         middleware = [Middleware(Guard, hosts=hosts), cross_site]
     else:  # the token is the door: any name the clients use for this machine will do
         middleware = [cross_site, Middleware(BearerGuard, token=token)]
+    jsonrpc = frozenset({JSONRPC_PATH, JSONRPC_PATH + "/"})  # innermost: bodies read, guarded
+    middleware.append(Middleware(Fasta2aDialect, paths=jsonrpc, fasta2a_path=JSONRPC_PATH + "/"))
     app = Starlette(routes=routes, middleware=middleware, lifespan=lifespan)
     app.state.service = service
     return app

@@ -33,7 +33,7 @@ from typing import Any, TextIO, TypeVar
 
 from mcp import Client, StdioServerParameters, stdio_client
 from mcp.shared.exceptions import MCPError
-from mcp.types import CONNECTION_CLOSED, CallToolResult
+from mcp.types import CONNECTION_CLOSED, UNSUPPORTED_PROTOCOL_VERSION, CallToolResult
 from mcp.types import Tool as RemoteTool
 
 from keel.tools.mcp_servers import McpServer
@@ -43,6 +43,9 @@ __all__ = ["CLOSE_TIMEOUT", "Connection", "ConnectionLost", "Unavailable", "desc
 CLOSE_TIMEOUT = 10.0
 MAX_TOOL_PAGES = 100
 """A server whose tool listing never ends is cut off here rather than listed forever."""
+HANDSHAKES = ("legacy", "auto")
+"""How a connection opens: the `initialize` handshake, then (only when a modern-only server
+refuses it) the `mcp` client's own negotiation, which probes `server/discover`."""
 PING_TIMEOUT = 5.0
 """How long a server that answered -32000 has to answer again, to show it is still there."""
 T = TypeVar("T")
@@ -171,12 +174,19 @@ class Connection:
                 raise
 
     async def _own(self, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
-        """The task that holds the connection open until asked to stop."""
+        """The task that holds the connection open until asked to stop. It opens with the
+        `initialize` handshake every MCP server answers: the `mcp` client's default first
+        probes `server/discover`, which a server on the 1.x line does not know and answers with
+        some 60 lines of errors on the terminal. Only a server that refuses the handshake
+        (a modern-only one, -32022) is opened again with the probe."""
         try:
-            async with Client(self._target(), cache=None, message_handler=self._heard) as client:
-                self.client = client
-                ready.set_result(client)
-                await stop.wait()
+            for mode in HANDSHAKES:
+                try:
+                    await self._hold(mode, ready, stop)
+                    return
+                except BaseException as exc:
+                    if ready.done() or not _refuses_handshake(exc):
+                        raise
         except BaseException as exc:  # the server failed: end this task, never the caller's
             reason = describe(exc)
             if not ready.done():
@@ -186,6 +196,13 @@ class Connection:
                 raise
         finally:
             self.client = None
+
+    async def _hold(self, mode: str, ready: asyncio.Future[Client], stop: asyncio.Event) -> None:
+        target = self._target()
+        async with Client(target, cache=None, message_handler=self._heard, mode=mode) as client:
+            self.client = client
+            ready.set_result(client)
+            await stop.wait()
 
     def _target(self) -> Any:
         """A URL, or the stdio transport (made here, so the server's stderr goes where Keel's
@@ -212,6 +229,16 @@ class Connection:
                 await owner
         if not owner.done():
             owner.cancel()
+
+
+def _refuses_handshake(exc: BaseException) -> bool:
+    """The server answered `initialize` with -32022: it serves the modern protocol only. The
+    error may come wrapped in the transport's task groups."""
+    if isinstance(exc, MCPError):
+        return exc.code == UNSUPPORTED_PROTOCOL_VERSION
+    if isinstance(exc, BaseExceptionGroup):
+        return any(_refuses_handshake(inner) for inner in exc.exceptions)
+    return False
 
 
 def _unreadable(exc: Exception) -> str:

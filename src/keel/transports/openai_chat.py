@@ -147,15 +147,17 @@ def calls_in_text(
     response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
 ) -> ModelResponse:
     """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
-    calls; a ProviderError (not retried) when they cannot be read, or the turn allows none."""
+    calls; a ProviderError (not retried) when they cannot be read. A turn that allows no calls
+    (a synthesis turn) is left as written: the run decides what such a reply is
+    (keel/_run/unanswered.py), never its answer and never a failure (PC-02, ADR 0065)."""
     if response.tool_calls or not response.text or not request.tools:
+        return response
+    if request.tool_choice == "none":
         return response
     found = read_text_calls(response.text, {tool.name for tool in request.tools})
     if found is None:
         return response
     problem = found.problem
-    if problem is None and request.tool_choice == "none":
-        problem = "this turn allows no tool calls (it is the run's answer)"
     if problem is None:
         make = new_id or _new_call_id
         calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)

@@ -7,7 +7,10 @@ A server that does not parse its chat template's calls returns them as the answe
   may write ``{&#34;path&#34;: ...}``);
 - ``<tool_call>{"name": ..., "arguments": ...}</tool_call>`` blocks, or that JSON object bare:
   a model's own chat template (Qwen, Hermes), served by one that passes the template's text
-  through (llama-cpp-python's server without ``--chat_format``).
+  through (llama-cpp-python's server without ``--chat_format``);
+- ``["NAME", {...}]``, a JSON array of a known tool's name and its arguments, closed or not:
+  a small model behind such a server wrote ``["read_file", {"path": ...}`` and stopped (ADR
+  0065); unclosed, it is refused rather than kept as the answer.
 
 `read_text_calls` finds such an answer. Each call is read when it names a tool of the request
 and its arguments are a JSON object; otherwise the answer is refused (`TextCalls.problem`), so a
@@ -21,7 +24,6 @@ blanks are skipped in place, never by slicing the rest of the text once per call
 
 from __future__ import annotations
 
-import html
 import json
 import re
 from collections.abc import Collection
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = [
+    "ARRAY_FORMAT",
     "BARE_FORMAT",
     "FUNCTIONS_FORMAT",
     "TAGS_FORMAT",
@@ -40,6 +43,7 @@ __all__ = [
 FUNCTIONS_FORMAT = "llama-cpp-python's chatml-function-calling chat format"
 TAGS_FORMAT = "the model's own chat template (<tool_call> blocks, as Qwen and Hermes write them)"
 BARE_FORMAT = "the model's own chat template (a call as bare JSON)"
+ARRAY_FORMAT = 'a chat template\'s call as a JSON array (["NAME", {arguments}])'
 
 _FUNCTION = re.compile(r"functions\.([A-Za-z0-9_.\-]+?):\s*")
 _OPEN, _CLOSE = "<tool_call>", "</tool_call>"
@@ -61,6 +65,8 @@ def read_text_calls(text: str, tools: Collection[str]) -> TextCalls | None:
     """The pseudo-calls `text` is made of, or None when it is an ordinary answer."""
     body = text.strip()
     if any(escape in body for escape in _ESCAPES):
+        import html  # only here: a scripted run loads no more than it needs (ADR 0042)
+
         body = html.unescape(body)
     if body.startswith("functions."):
         return _functions(body, tools)
@@ -68,7 +74,31 @@ def read_text_calls(text: str, tools: Collection[str]) -> TextCalls | None:
         return _blocks(body, tools)
     if body.startswith("{"):
         return _bare(body, tools)
+    if body.startswith("["):
+        return _array(body, tools)
     return None
+
+
+def _array(body: str, tools: Collection[str]) -> TextCalls | None:
+    """``["NAME", {...}]``: a call when NAME is a known tool and an object follows it; an
+    array of anything else is an ordinary answer."""
+    start = _blanks_end(body, 1)
+    try:
+        name, end = _DECODER.raw_decode(body, start)
+    except (ValueError, RecursionError):
+        return None
+    comma = _blanks_end(body, end)
+    if not (isinstance(name, str) and name in tools and body.startswith(",", comma)):
+        return None
+    if not body.startswith("{", _blanks_end(body, comma + 1)):
+        return None
+    try:
+        whole, _ = _DECODER.raw_decode(body, 0)
+    except (ValueError, RecursionError):
+        return TextCalls(ARRAY_FORMAT, problem=f"its call of {name} is not a closed JSON array")
+    if not (isinstance(whole, list) and len(whole) == 2 and isinstance(whole[1], dict)):
+        return TextCalls(ARRAY_FORMAT, problem=f"it is not [{name!r}, {{arguments}}]")
+    return TextCalls(ARRAY_FORMAT, ((name, json.dumps(whole[1], ensure_ascii=False)),))
 
 
 def _functions(body: str, tools: Collection[str]) -> TextCalls | None:
