@@ -14,7 +14,10 @@ and the checkpoint. A lease lost mid-run raises LeaseLost out of `run` at once, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from keel._run.batch import Batch
 from keel._run.breaker import IdenticalCallBreaker
@@ -38,6 +41,7 @@ from keel.errors import StoreError, StoreUnavailable
 from keel.messages import UserMessage
 from keel.records import Ending, RunResumed, RunStarted, RunState
 from keel.result import RunResult
+from keel.store.cancels import CANCEL_POLL
 from keel.transports.base import Resumable
 
 __all__ = ["RunLoop", "RunSetup"]
@@ -107,8 +111,10 @@ class RunLoop:
         self.opened = True
         outcome: StepOutcome | None = None
         try:
+            if await self._cancel_recorded():  # its tree was cancelled before it opened
+                self.cancel_requested = True
             if not self.cancel_requested:  # a cancel that came before the run was open
-                async with self.lease.kept():
+                async with self.lease.kept(), watching(self):
                     outcome = await self._advance()
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -121,10 +127,26 @@ class RunLoop:
         if not isinstance(outcome, Continue):  # Continue: stopped between steps, not ended
             self._end(outcome)
         try:
-            await asyncio.shield(self.checkpoint(release=True))
+            await _saved_whatever_comes(self.checkpoint(release=True))
+            if self.state.status == "cancelled" and self.setup.store is not None:
+                await asyncio.to_thread(self.setup.store.forget_cancel, self.run_id)
         except StoreError as error:
             return self._unsaved(error)
         return self.state.result(self.run_id, self.setup.config.conversation_id)
+
+    async def _cancel_recorded(self) -> bool:
+        """A cancel of this run or a run above it is recorded in the store (cancels.py)."""
+        store = self.setup.store
+        if store is None:
+            return False
+        parent = self.setup.config.parent_run
+        return await asyncio.to_thread(store.cancel_requested, self.run_id, parent)
+
+    def cancel_from_store(self, task: asyncio.Task[object]) -> None:
+        """A cancel recorded elsewhere (`keel cancel`, another process): as `RunHandle.cancel`."""
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            task.cancel()
 
     async def _advance(self) -> StepOutcome:
         """Steps until one ends the run. A step's additions are saved by the checkpoint that
@@ -136,11 +158,20 @@ class RunLoop:
                 return outcome
 
     async def checkpoint(self, release: bool = False) -> None:
+        """Save the step so far. Every model attempt and side effect is preceded by one, so
+        here a cancel recorded in the store (by any process) is honoured before either
+        starts: at most the one call in flight when it was recorded runs on until stopped."""
         self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
         self.state.repeats = self.parts.breaker.repeats
         await self.recorder.checkpoint(
             self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
         )
+        task = asyncio.current_task()
+        if release or not self.opened or self.cancel_requested or task is None:
+            return
+        if await self._cancel_recorded():
+            self.cancel_from_store(task)
+            await asyncio.sleep(0)  # the cancel lands here, after the save
 
     # -- the two ends ------------------------------------------------------------------------
 
@@ -211,3 +242,46 @@ class RunLoop:
         event = ending.event()
         if event is not None:
             self.recorder.emit(event)
+
+
+@contextlib.asynccontextmanager
+async def watching(loop: RunLoop) -> AsyncIterator[None]:
+    """While the body runs, look at the store for a cancel of the run's tree every
+    CANCEL_POLL seconds; one found cancels the run as `RunHandle.cancel` does."""
+    task = asyncio.current_task()
+    if loop.setup.store is None or task is None:
+        yield
+        return
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(CANCEL_POLL)
+            try:
+                found = await loop._cancel_recorded()
+            except StoreError:
+                continue  # the next checkpoint says what is wrong with the store
+            if found:
+                loop.cancel_from_store(task)
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _saved_whatever_comes(save: Coroutine[Any, Any, None]) -> None:
+    """The run's last checkpoint, saved whole even when a cancel (a SIGTERM) lands while it
+    is written: the run has ended by then, and its ending stands (ADR 0062 saw a
+    CancelledError traceback here)."""
+    saving = asyncio.ensure_future(save)
+    task = asyncio.current_task()
+    while True:
+        try:
+            await asyncio.shield(saving)
+            return
+        except asyncio.CancelledError:
+            if saving.cancelled() or task is None:
+                raise
+            task.uncancel()  # a cancel after the ending changes nothing: save it

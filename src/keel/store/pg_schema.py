@@ -71,6 +71,10 @@ CREATE TABLE IF NOT EXISTS keel.dispatch (
     rescues INTEGER NOT NULL DEFAULT 0,
     rescued_progress INTEGER NOT NULL DEFAULT -1
 );
+CREATE TABLE IF NOT EXISTS keel.cancels (
+    run_id TEXT PRIMARY KEY,
+    at DOUBLE PRECISION NOT NULL
+);
 """
 
 MIGRATIONS: list[str] = [
@@ -85,6 +89,9 @@ MIGRATIONS: list[str] = [
     # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
     "ALTER TABLE keel.runs ADD COLUMN IF NOT EXISTS conversation_id TEXT;"
     " UPDATE keel.runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
+    # 4 -> 5: cancel requests, so a cancel reaches every run of a tree (ADR 0066).
+    "CREATE TABLE IF NOT EXISTS keel.cancels (run_id TEXT PRIMARY KEY,"
+    " at DOUBLE PRECISION NOT NULL);",
 ]
 """Statements that bring version N (index N-1) to N+1."""
 VERSION = len(MIGRATIONS) + 1

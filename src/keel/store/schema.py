@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS blobs (
     digest TEXT PRIMARY KEY,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS cancels (
+    run_id TEXT PRIMARY KEY,
+    at REAL NOT NULL
+);
 """
 
 MIGRATIONS: list[str] = [
@@ -65,6 +69,8 @@ MIGRATIONS: list[str] = [
     # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
     "ALTER TABLE runs ADD COLUMN conversation_id TEXT;"
     " UPDATE runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
+    # 4 -> 5: cancel requests, so a cancel reaches every run of a tree (ADR 0066).
+    "CREATE TABLE IF NOT EXISTS cancels (run_id TEXT PRIMARY KEY, at REAL NOT NULL);",
 ]
 VERSION = len(MIGRATIONS) + 1
 
