@@ -17,6 +17,7 @@ from keel import Agent, Limits, ScriptedTransport
 from keel.records import RunCompleted
 from keel.store import RunStore, open_store
 from keel.subagents import delegation_tool
+from keel.tools.base import make_tool
 from keel.tools.writes import write_tools
 
 pytest_plugins = ["postgres"]
@@ -186,7 +187,7 @@ class _CancelFirst:
         return self.agent.launch(opening, listeners=listeners)
 
 
-def test_keel_cancel_ends_a_paused_tree_cancelled(tmp_path: Path) -> None:
+def test_keel_cancel_ends_a_paused_tree_cancelled(tmp_path: Path, store_target: str | Path) -> None:
     """A tree nobody advances (paused on a child's approval): `keel cancel` ends each run of
     it `cancelled` at once, its event recorded; `keel resume` could continue it."""
     from keel.cli.app import app
@@ -198,7 +199,7 @@ def test_keel_cancel_ends_a_paused_tree_cancelled(tmp_path: Path) -> None:
         script(tmp_path, "writer", {"turns": [{"tool_calls": [write]}, {"text": "w"}]}),
         tools=write_tools(repo),
     )
-    store = tmp_path / "runs.sqlite"
+    store = store_target
     lead = Agent(
         ScriptedTransport.from_dict({"turns": [{"tool_calls": [delegate("writer", "w")]}]}),
         tools=[writer.as_tool("writer", "Writes")],
@@ -243,3 +244,132 @@ async def test_a_cancel_during_the_last_checkpoint_leaves_the_ending_as_it_was(
         assert (result.status, result.answer) == ("completed", "done")
         record = agent.store.get_run(result.run_id)
         assert record is not None and record.status == "completed"
+
+
+def test_sa10_sigterm_to_keel_run_in_a_fan_out_leaves_no_child_running(tmp_path: Path) -> None:
+    """SA-10 as found: `keel run --agent ...` with three children, SIGTERM while they wait on
+    their models. Every run of the tree ends `cancelled`; exit code 1, no traceback."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    config = tmp_path / "config" / "keel"
+    config.mkdir(parents=True)
+    slow = script(tmp_path, "slow", {"turns": [{"text": "late"}], "latency_ms": SLOW})
+    config.joinpath("keel.toml").write_text(
+        f'[agents.slow]\ndescription = "Answers slowly"\nmodel = "{slow}"\ntools = []\n'
+    )
+    fan = {"tool_calls": [delegate("slow", f"part {n}") for n in range(3)]}
+    lead = script(tmp_path, "lead", {"turns": [fan, {"text": "done"}]})
+    store = tmp_path / "runs.sqlite"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KEEL")}
+    env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keel", "run", "q", "--model", lead, "--agent", "slow",
+         "--store", str(store)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=tmp_path,
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            assert time.monotonic() < deadline and process.poll() is None
+            if store.exists():
+                reader = open_store(store, read_only=True)
+                try:
+                    running = [r for r in reader.list_runs(50) if r.status == "running"]
+                finally:
+                    reader.close()
+                if len(running) == 4:
+                    break
+            time.sleep(0.1)
+        process.send_signal(signal.SIGTERM)
+        _, err = process.communicate(timeout=20)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 1, err
+    assert "Traceback" not in err, err
+    reader = open_store(store, read_only=True)
+    try:
+        statuses = {r.run_id: r.status for r in reader.list_runs(50)}
+    finally:
+        reader.close()
+    assert len(statuses) == 4 and set(statuses.values()) == {"cancelled"}, statuses
+
+
+async def test_a_cancel_seen_at_a_side_effects_checkpoint_cancels_the_run_not_the_tool(
+    tmp_path: Path,
+) -> None:
+    """A side effect's result is checkpointed in its tool's own task. A cancel found there
+    cancels the run: its next model call is never sent."""
+    from keel.tools.base import Effect
+
+    store_path = tmp_path / "runs.sqlite"
+    holder: dict[str, str] = {}
+
+    def mark() -> str:
+        """Mark the work as done (and, meanwhile, someone cancels the run)."""
+        other = open_store(store_path)
+        try:
+            other.request_cancel(holder["run_id"])
+        finally:
+            other.close()
+        return "marked"
+
+    agent = Agent(
+        ScriptedTransport.from_dict(
+            {"turns": [{"tool_calls": [{"name": "mark", "arguments": {}}]}, {"text": "never"}]}
+        ),
+        tools=[make_tool(mark, effect=Effect.SIDE_EFFECTING)],
+        approve_tools=["mark"],
+        store=store_path,
+    )
+    with agent:
+        handle = agent.start("q")
+        holder["run_id"] = handle.run_id
+        result = await handle
+    assert (result.status, result.model_calls, result.tool_calls) == ("cancelled", 1, 1)
+
+
+async def test_a_child_resumed_with_its_parent_is_cancelled_with_it(tmp_path: Path) -> None:
+    """A delegation run again on the parent's resume resumes its child; cancelling the parent
+    then ends that child `cancelled` too, not `running`."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+
+    async def wait_long() -> str:
+        """Wait for something slow."""
+        await asyncio.sleep(SLOW / 1000)
+        return "waited"
+
+    write = {"name": "write_file", "arguments": {"path": "x.txt", "content": "x"}}
+    slow = {"name": "wait_long", "arguments": {}}
+    writer = Agent(
+        script(
+            tmp_path,
+            "writer",
+            {"turns": [{"tool_calls": [write]}, {"tool_calls": [slow]}, {"text": "w"}]},
+        ),
+        tools=[*write_tools(repo), make_tool(wait_long)],
+    )
+    lead = Agent(
+        ScriptedTransport.from_dict(
+            {"turns": [{"tool_calls": [delegate("writer", "w")]}, {"text": "lead"}]}
+        ),
+        tools=[writer.as_tool("writer", "Writes")],
+        store=tmp_path / "runs.sqlite",
+    )
+    with lead:
+        paused = await lead.start("q")
+        assert paused.status == "awaiting_approval"
+        (pending,) = paused.pending_approvals
+        lead.approve(paused.run_id, pending.call_id)
+        handle = lead.start_resume(paused.run_id)
+        await until(lambda: (repo / "x.txt").exists())
+        await asyncio.sleep(0.3)  # the child is in its slow call now
+        handle.cancel()
+        result = await handle
+        statuses = tree(lead.store, result.run_id)
+    assert result.status == "cancelled"
+    assert set(statuses.values()) == {"cancelled"} and len(statuses) == 2, statuses

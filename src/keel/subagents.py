@@ -134,21 +134,24 @@ async def _held(tree: Delegations, call_id: str, child: Awaitable[RunResult]) ->
         raise
 
 
-async def _cancelled_with_parent(tree: Delegations, child: Awaitable[RunResult]) -> RunResult:
+async def _cancelled_with_parent(
+    tree: Delegations | None, child: Awaitable[RunResult]
+) -> RunResult:
     """The child's result. When the parent is cancelled meanwhile (`keel cancel`, SIGTERM, the
     library), the child is cancelled as a run is (`RunHandle.cancel`): it stops its in-flight
     calls and records `cancelled` before the parent goes on cancelling, instead of being torn
     down with its task and left `running` (SA-10)."""
     running = asyncio.ensure_future(child)
-    tree.running.add(running)  # the batch waits for it if the parent is cancelled
-    running.add_done_callback(tree.running.discard)
+    if tree is not None:  # the batch waits for it if the parent is cancelled
+        tree.running.add(running)
+        running.add_done_callback(tree.running.discard)
     try:
         return await asyncio.shield(running)
     except asyncio.CancelledError:
         cancel = getattr(child, "cancel", None)
         if callable(cancel):
             cancel()
-        else:
+        else:  # a resume that may still be waiting out a lease: it cancels its own handle
             running.cancel()
         with contextlib.suppress(Exception, asyncio.CancelledError):  # its ending, first
             await asyncio.shield(running)
@@ -163,8 +166,9 @@ async def _resumed(
     waited = 0.0
     while True:
         try:
-            return await agent.launch(Resumed(child_id, store), listeners=heard)
-        except LeaseHeld:
+            handle = agent.launch(Resumed(child_id, store), listeners=heard)
+            return await _cancelled_with_parent(None, handle)
+        except LeaseHeld:  # raised as the run opens, in its task
             if waited >= LEASE_WAIT:
                 raise
             await asyncio.sleep(LEASE_POLL)

@@ -98,6 +98,8 @@ class RunLoop:
         self.opened = False
         """The run is in the store and this loop holds its lease: from here a cancel cancels
         the task; before, it is only noted, and honoured once the run is open."""
+        self.task: asyncio.Task[object] | None = None
+        """The task advancing the run (`run`'s): what a cancel from the store cancels."""
         self.stop_requested = False
         """Stop after the current step, the run left running and its lease released, for
         another process to continue (a worker shutting down)."""
@@ -107,6 +109,7 @@ class RunLoop:
         return self.parts.state
 
     async def run(self) -> RunResult:
+        self.task = asyncio.current_task()
         await self._open()
         self.opened = True
         outcome: StepOutcome | None = None
@@ -166,12 +169,13 @@ class RunLoop:
         await self.recorder.checkpoint(
             self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
         )
-        task = asyncio.current_task()
+        task = self.task  # a side effect's checkpoint runs in its tool's task: not this one
         if release or not self.opened or self.cancel_requested or task is None:
             return
         if await self._cancel_recorded():
             self.cancel_from_store(task)
-            await asyncio.sleep(0)  # the cancel lands here, after the save
+            if asyncio.current_task() is task:
+                await asyncio.sleep(0)  # the cancel lands here, after the save
 
     # -- the two ends ------------------------------------------------------------------------
 
