@@ -98,6 +98,8 @@ class RunLoop:
         self.opened = False
         """The run is in the store and this loop holds its lease: from here a cancel cancels
         the task; before, it is only noted, and honoured once the run is open."""
+        self.watch: tuple[str, ...] = (run_id,)
+        """The runs whose cancel request stops this one: it and its ancestors."""
         self.task: asyncio.Task[object] | None = None
         """The task advancing the run (`run`'s): what a cancel from the store cancels."""
         self.stop_requested = False
@@ -114,7 +116,8 @@ class RunLoop:
         self.opened = True
         outcome: StepOutcome | None = None
         try:
-            if await self._cancel_recorded():  # its tree was cancelled before it opened
+            self.watch, cancelled = await asyncio.to_thread(self._lineage)
+            if cancelled:  # its tree was cancelled before it opened (a child started late)
                 self.cancel_requested = True
             if not self.cancel_requested:  # a cancel that came before the run was open
                 async with self.lease.kept(), watching(self):
@@ -145,6 +148,20 @@ class RunLoop:
         parent = self.setup.config.parent_run
         return await asyncio.to_thread(store.cancel_requested, self.run_id, parent)
 
+    def _lineage(self) -> tuple[tuple[str, ...], bool]:
+        """This run and the runs above it (a cancel request of any of them stops it), and
+        whether one of them has one already."""
+        store, found = self.setup.store, [self.run_id]
+        if store is None:
+            return (self.run_id,), False
+        parent = self.setup.config.parent_run
+        asked = store.cancel_requested(self.run_id, parent)
+        while parent is not None and parent not in found:
+            found.append(parent)
+            record = store.get_run(parent)
+            parent = None if record is None else record.config.parent_run
+        return tuple(found), asked
+
     def cancel_from_store(self, task: asyncio.Task[object]) -> None:
         """A cancel recorded elsewhere (`keel cancel`, another process): as `RunHandle.cancel`."""
         if not self.cancel_requested:
@@ -166,13 +183,16 @@ class RunLoop:
         starts: at most the one call in flight when it was recorded runs on until stopped."""
         self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
         self.state.repeats = self.parts.breaker.repeats
-        await self.recorder.checkpoint(
-            self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
-        )
         task = self.task  # a side effect's checkpoint runs in its tool's task: not this one
-        if release or not self.opened or self.cancel_requested or task is None:
-            return
-        if await self._cancel_recorded():
+        watched = not release and self.opened and not self.cancel_requested and task is not None
+        found = await self.recorder.checkpoint(
+            self.parts.breaker.take_dirty(),
+            self.lease.owner,
+            self.lease.ttl,
+            release=release,
+            watch=self.watch if watched else (),
+        )
+        if found and task is not None:
             self.cancel_from_store(task)
             if asyncio.current_task() is task:
                 await asyncio.sleep(0)  # the cancel lands here, after the save

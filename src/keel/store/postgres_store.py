@@ -448,6 +448,11 @@ def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
                 "INSERT INTO keel.blobs (digest, data) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 [(digest, _escape(text)) for digest, text in cp.blobs],
             )
+        if cp.watch:  # a primary-key lookup in a table that is nearly always empty
+            found = cur.execute(
+                "SELECT 1 FROM keel.cancels WHERE run_id = ANY(%s) LIMIT 1", (list(cp.watch),)
+            ).fetchone()
+            cp.cancel_found = found is not None
 
 
 _TREE = f"""

@@ -111,6 +111,10 @@ class Checkpoint:
     lease_ttl: float = 0.0
     release: bool = False
     """Let go of the lease (the run finished, paused, or was handed to another process)."""
+    watch: tuple[str, ...] = ()
+    """Runs whose cancel request stops this one (its own id, its ancestors'): looked up in
+    the step's transaction (keel/store/cancels.py), the answer left in `cancel_found`."""
+    cancel_found: bool = False
 
 
 @runtime_checkable

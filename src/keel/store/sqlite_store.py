@@ -424,3 +424,8 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
     blobs = [b for cp in cps for b in cp.blobs]
     if blobs:
         conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)
+    for cp in cps:
+        if cp.watch:  # a primary-key lookup in a table that is nearly always empty
+            marks = ", ".join("?" * len(cp.watch))
+            sql = f"SELECT 1 FROM cancels WHERE run_id IN ({marks}) LIMIT 1"
+            cp.cancel_found = conn.execute(sql, cp.watch).fetchone() is not None
