@@ -71,11 +71,14 @@ CREATE TABLE IF NOT EXISTS keel.dispatch (
     rescues INTEGER NOT NULL DEFAULT 0,
     rescued_progress INTEGER NOT NULL DEFAULT -1
 );
-CREATE TABLE IF NOT EXISTS keel.cancels (
-    run_id TEXT PRIMARY KEY,
-    at DOUBLE PRECISION NOT NULL
-);
 """
+_CANCELS = (
+    "CREATE TABLE IF NOT EXISTS keel.cancels (run_id TEXT PRIMARY KEY,"
+    " at DOUBLE PRECISION NOT NULL)"
+)
+"""Cancel requests (ADR 0066): created on every writable open, without a new version, so a
+Keel that does not know the table reads and writes the store as before."""
+SCHEMA += _CANCELS + ";\n"
 
 MIGRATIONS: list[str] = [
     # 1 -> 2: what the `progress` loop policy keeps per key (ADR 0029).
@@ -89,9 +92,6 @@ MIGRATIONS: list[str] = [
     # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
     "ALTER TABLE keel.runs ADD COLUMN IF NOT EXISTS conversation_id TEXT;"
     " UPDATE keel.runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
-    # 4 -> 5: cancel requests, so a cancel reaches every run of a tree (ADR 0066).
-    "CREATE TABLE IF NOT EXISTS keel.cancels (run_id TEXT PRIMARY KEY,"
-    " at DOUBLE PRECISION NOT NULL);",
 ]
 """Statements that bring version N (index N-1) to N+1."""
 VERSION = len(MIGRATIONS) + 1
@@ -119,6 +119,9 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
     processes may open it at once (the advisory lock orders them). A newer one is untouched."""
     with conn.transaction():
         if check_version(conn, where) == VERSION:
+            if not _has_cancels(conn):  # added without a version (ADR 0066): older Keels agree
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                conn.execute(_CANCELS)
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         conn.execute("CREATE SCHEMA IF NOT EXISTS keel")
@@ -133,6 +136,11 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
             conn.execute(statement)
         conn.execute("DELETE FROM keel.schema_version")
         conn.execute("INSERT INTO keel.schema_version (version) VALUES (%s)", (VERSION,))
+
+
+def _has_cancels(conn: psycopg.Connection[Any]) -> bool:
+    found = conn.execute("SELECT to_regclass('keel.cancels') IS NOT NULL").fetchone()
+    return bool(found and found[0])
 
 
 def require_tables(conn: psycopg.Connection[Any], where: str) -> None:

@@ -69,9 +69,9 @@ MIGRATIONS: list[str] = [
     # 3 -> 4: conversations (ADR 0038); every earlier run began a conversation of its own.
     "ALTER TABLE runs ADD COLUMN conversation_id TEXT;"
     " UPDATE runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
-    # 4 -> 5: cancel requests, so a cancel reaches every run of a tree (ADR 0066).
-    "CREATE TABLE IF NOT EXISTS cancels (run_id TEXT PRIMARY KEY, at REAL NOT NULL);",
 ]
+# The `cancels` table (ADR 0066) is created by SCHEMA on every writable open, without a new
+# version: a Keel that does not know it reads and writes such a store as before.
 VERSION = len(MIGRATIONS) + 1
 
 
