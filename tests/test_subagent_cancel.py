@@ -373,3 +373,33 @@ async def test_a_child_resumed_with_its_parent_is_cancelled_with_it(tmp_path: Pa
         statuses = tree(lead.store, result.run_id)
     assert result.status == "cancelled"
     assert set(statuses.values()) == {"cancelled"} and len(statuses) == 2, statuses
+
+
+def test_a_store_opened_before_the_cancels_table_gets_it_and_keeps_its_version(
+    tmp_path: Path, store_target: str | Path
+) -> None:
+    """The table is created on open, with no new schema version: a store an older Keel wrote
+    works for `keel cancel`, and an older Keel still reads a store this one opened."""
+    import sqlite3
+
+    import psycopg
+
+    agent = Agent(ScriptedTransport.from_dict({"turns": [{"text": "a"}]}), store=store_target)
+    with agent:
+        result = agent.run("q")
+    if isinstance(store_target, Path):
+        with sqlite3.connect(store_target) as db:
+            db.execute("DROP TABLE cancels")
+            version = db.execute("PRAGMA user_version").fetchone()[0]
+    else:
+        with psycopg.connect(store_target, autocommit=True) as pg:
+            pg.execute("DROP TABLE keel.cancels")
+            row = pg.execute("SELECT version FROM keel.schema_version").fetchone()
+            version = row[0] if row else None
+    assert version == 4
+    store = open_store(store_target)
+    try:
+        assert store.request_cancel(result.run_id) == []  # ended: nothing to cancel
+        assert not store.cancel_requested(result.run_id)
+    finally:
+        store.close()
