@@ -9,6 +9,11 @@ Reported: the lead run's wall time for each, and the overhead per delegation,
 own (its row, its events, its checkpoints, its lease, its model turn through the gateway).
 
 `--repeats K` (default 5): the median of K runs of each.
+
+`--cancel` (ADR 0066): three-level trees cancelled at random moments, on SQLite and on a
+throwaway Postgres (`tests/postgres.py`), in one process: model calls started after the cancel
+was recorded against the runs open then, and the time until every run of the tree has ended
+(`benchmarks/subagents_cancel.py`). `--trials N` (default 10) trees each.
 """
 
 from __future__ import annotations
@@ -69,10 +74,40 @@ def measure(width: int, repeats: int, folder: Path) -> tuple[float, float]:
     return statistics.median(plain_ms), statistics.median(delegated_ms)
 
 
+def cancelling(trials: int) -> None:
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from subagents_cancel import HEADER, cancel_trials, summary
+
+    from postgres import start_cluster, stop_cluster
+
+    width, delay = 3, 50.0
+    print(f"Keel sub-agents: a tree of 1 + {width} + {width * width} runs, models {delay:g} ms, "
+          "cancelled at a random moment by another store handle")  # fmt: skip
+    print(HEADER)
+    with tempfile.TemporaryDirectory() as tmp:
+        found = cancel_trials(lambda n: Path(tmp) / f"c{n}.sqlite", trials, width, delay)
+        print(summary("sqlite", found))
+    cluster = start_cluster()
+    try:
+        def database(n: int) -> str:
+            return cluster.url(cluster.create_database())
+
+        found = cancel_trials(database, trials, width, delay)
+        print(summary("postgres", found))
+    finally:
+        stop_cluster(cluster)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--cancel", action="store_true", help="cancel trees at random moments")
+    parser.add_argument("--trials", type=int, default=10)
     args = parser.parse_args()
+    if args.cancel:
+        cancelling(args.trials)
+        return
     print(f"Keel sub-agents: a delegation against a plain tool call, median of {args.repeats}")
     print(f"{'children':>8} {'plain calls ms':>15} {'delegations ms':>15} {'ms/delegation':>14}")
     with tempfile.TemporaryDirectory() as tmp:

@@ -10,6 +10,8 @@ seconds, without a traceback, and lose nothing that was saved.
   of 200,000 unclosed quotation marks (the citations check), an MCP tool whose schema pattern
   backtracks (its arguments' check): every process ends within 10 s of the signal,
   classified, without a traceback.
+- SIGTERM at random moments of a fan-out of two writer children (ADR 0066, SA-10): every run
+  of the tree ends `cancelled` or `completed`, none left `running`, no write twice.
 """
 
 from __future__ import annotations
@@ -257,3 +259,86 @@ def test_sigterm_ends_runs_fed_what_hung_them_before(tmp_path: Path, surface: st
         ends = {("cancelled", 1), ("completed", 0), ("completed", -signal.SIGTERM)}
         assert (result["status"], trial["code"]) in ends, trial
         assert trial["stored"] == result["status"] and trial["seconds"] < 10
+
+
+TREE_TRIALS = 20
+
+
+def tree_trial(folder: Path, delay: float) -> dict[str, Any]:
+    """`keel run` with two writer children (`[agents.*]`), SIGTERM `delay` s after the run is
+    stored: the statuses of every run of the tree, and each child's log."""
+    repo, store, config = folder / "repo", folder / "runs.sqlite", folder / "config" / "keel"
+    repo.mkdir(parents=True)
+    config.mkdir(parents=True)
+    (repo / "notes.md").write_text("".join(f"line {n}\n" for n in range(50)))
+    tables = []
+    for name in ("a", "b"):
+        turns = [
+            {"tool_calls": [{"name": "write_file", "arguments": {
+                "path": f"{name}.txt", "content": f"{name} {n}\n", "append": True}}]}
+            for n in range(4)
+        ]  # fmt: skip
+        child = folder / f"{name}.json"
+        child.write_text(json.dumps({"turns": [*turns, {"text": "ok"}], "latency_ms": 100}))
+        tables.append(
+            f'[agents.writer_{name}]\ndescription = "Writes {name}"\nmodel = "script:{child}"\n'
+            'tools = ["write_file"]\napprove_tools = ["write_file"]\n'
+        )
+    config.joinpath("keel.toml").write_text("\n".join(tables))
+    fan = [{"name": f"writer_{n}", "arguments": {"task": "write"}} for n in ("a", "b")]
+    lead = folder / "lead.json"
+    lead.write_text(json.dumps({"turns": [{"tool_calls": fan}, {"text": "Done."}]}))
+    command = keel_command(
+        store, "run", "Write.", "--model", f"script:{lead}", "--repo", str(repo),
+        "--allow-writes", "--agent", "writer_a", "--agent", "writer_b", "--json",
+    )  # fmt: skip
+    env = {**clean_env(), "XDG_CONFIG_HOME": str(folder / "config")}
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=repo
+    )
+    started = time.monotonic()
+    while stored_status(store) is None and proc.poll() is None:
+        assert time.monotonic() - started < 30, "the run did not start within 30 s"
+        time.sleep(0.01)
+    time.sleep(delay)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return {"hung": True, "delay": delay}
+    with sqlite3.connect(f"file:{store}?mode=ro", uri=True, timeout=5) as db:
+        statuses = [str(row[0]) for row in db.execute("SELECT status FROM runs")]
+    logs = [
+        (repo / f"{n}.txt").read_text().splitlines()
+        for n in ("a", "b")
+        if (repo / f"{n}.txt").exists()
+    ]
+    return {
+        "hung": False,
+        "seconds": time.monotonic() - signalled,
+        "stderr": err,
+        "statuses": statuses,
+        "twice": any(len(log) != len(set(log)) for log in logs),
+    }
+
+
+def test_sigterm_at_random_moments_of_a_fan_out_leaves_no_run_of_the_tree_running(
+    tmp_path: Path,
+) -> None:
+    """SA-10 under the fault suite (ADR 0066): a SIGTERM anywhere in a fan-out of two writers
+    ends the process within 10 s, without a traceback; every run of the tree is `cancelled`
+    or `completed` (none left `running`), and no write ran twice."""
+    rng = random.Random(66)
+    delays = [rng.uniform(0.0, 1.0) for _ in range(TREE_TRIALS)]
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        folders = [tmp_path / f"tree{n}" for n in range(TREE_TRIALS)]
+        trials = list(pool.map(tree_trial, folders, delays))
+    assert not [t for t in trials if t["hung"]]
+    assert not [t for t in trials if "Traceback" in t["stderr"]]
+    left = [t["statuses"] for t in trials if set(t["statuses"]) - {"cancelled", "completed"}]
+    assert not left, left
+    assert not [t for t in trials if t["twice"]]
+    interrupted = sum("cancelled" in t["statuses"] for t in trials)
+    assert interrupted >= TREE_TRIALS * 0.5, "too few signals landed inside the tree"

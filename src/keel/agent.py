@@ -460,6 +460,14 @@ class Agent:
     def pending_approvals(self, run_id: str) -> tuple[PendingApproval, ...]:
         return approvals.pending(self.store, run_id)
 
+    def cancel(self, run_id: str) -> list[str]:
+        """Cancel a stored run and every run below it (its children, theirs), durably: a run
+        nobody advances ends `cancelled` at once; one a live process advances (this one or
+        another) is stopped by it within half a second, its in-flight calls cancelled; a child
+        started after this ends `cancelled` before it calls its model (ADR 0066). Returns the
+        ids of the tree's runs that had not ended. `resume` continues a cancelled run."""
+        return self.store.request_cancel(run_id)
+
     def approve(
         self,
         run_id: str,

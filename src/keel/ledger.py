@@ -54,6 +54,9 @@ __all__ = ["HANDLED", "INERT", "apply", "decision_of", "fold_child", "spent_by"]
 
 def _request(state: RunState, event: ModelRequestSent) -> None:
     state.model_calls += 1  # every attempt sent, retries and synthesis included
+    state.last_request_tokens = event.estimated_input_tokens
+    if event.synthesis is not None:
+        state.answer_owed = False  # the turn it was owed
 
 
 def _response(state: RunState, event: ModelResponseReceived) -> None:
@@ -142,6 +145,7 @@ def fold_child(state: RunState, call_id: str, child: ChildRun) -> None:
     state.usage = state.usage + child.usage
     if child.cost is not None:
         state.cost = (state.cost or 0.0) + child.cost
+    state.delegations += 1 + child.delegations  # the child, and what its own tree started
     state.children[call_id] = child
 
 

@@ -225,6 +225,17 @@ class Limits:
     more turn (each a model call against the budgets); past it the run fails InvalidOutput."""
     max_children: int = field(default=4, metadata=_help("Child runs (sub-agents) at once."))
     """Delegations of one batch that run their children at the same time; the others wait."""
+    max_depth: int = field(
+        default=2, metadata=_help("Levels of sub-agents below a run (0: it delegates nothing).")
+    )
+    """How many levels of child runs may hang below this run: a child gets one less (or its
+    own, if smaller), and a run at 0 has its delegations answered with why (ADR 0066)."""
+    max_delegations: int | None = field(
+        default=64,
+        metadata=_help("Child runs the whole tree below a run may start."),
+    )
+    """Children a run's whole tree may start, grandchildren included: shared out like the
+    budgets (a child gets part of what is left), so the tree as a whole keeps to it."""
     first_turn_tool: bool | None = field(
         default=None,
         metadata=_help(
@@ -306,6 +317,10 @@ class Limits:
                 f"citations must be one of {', '.join(CITATION_POLICIES)} "
                 f"(got {self.citations!r})" + closest_policy(self.citations, CITATION_POLICIES)
             )
+        if self.max_depth < 0:
+            raise ConfigError(f"max depth must be 0 or more (got {self.max_depth})")
+        if self.max_delegations is not None and self.max_delegations < 0:
+            raise ConfigError(f"max delegations must be 0 or more (got {self.max_delegations})")
         if self.max_children < 1:
             raise ConfigError(f"max children must be at least 1 (got {self.max_children})")
         if self.output_retries < 0:

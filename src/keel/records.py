@@ -627,6 +627,12 @@ class RunState:
     """What a deterministic transport needs to continue where it was (a script's position)."""
     deadline_at: float | None = None
     """Unix time the run must end by: wall-clock from the run's start, across resumes."""
+    last_request_tokens: int = 0
+    """The input tokens of the run's last request, estimated when it was sent: how much a
+    request grows from one turn to the next (a child prices its synthesis turn by it)."""
+    answer_owed: bool = False
+    """Its children's spend took the run past a budget before it answered: it is owed its
+    one synthesis turn (the tree's limit plus one call, ADR 0066), not a BudgetExhausted."""
     longest_model_call: float = 0.0
     """Seconds the run's longest answered model attempt took: what the deadline reserve is
     estimated from (keel._run.budgets), kept across resumes."""
@@ -640,6 +646,9 @@ class RunState:
     children: dict[str, ChildRun] = field(default_factory=dict)
     """Child runs answered so far (sub-agents, ADR 0046), by the parent's call id; the run's
     counters, usage and cost already include what they spent."""
+    delegations: int = 0
+    """Child runs this run's tree started and answered so far: its own children and what
+    each child's tree started (`Limits.max_delegations`, ADR 0066)."""
     approved_for_run: dict[str, Decision] = field(default_factory=dict)
     """Tools a person approved for the rest of this run (`approve --for-run`), by tool name:
     later calls of them need no approval. Never carried to another run."""

@@ -86,6 +86,8 @@ class ChildRun:
     tool_calls: int = 0
     usage: Usage = field(default_factory=Usage)
     cost: float | None = None
+    delegations: int = 0
+    """Child runs the child's own tree started (its children, theirs, ...)."""
 
     def to_dict(self) -> dict[str, Any]:
         return {

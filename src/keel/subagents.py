@@ -25,6 +25,7 @@ parent's resume resumes the child.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Awaitable, Sequence
 from typing import Protocol
@@ -119,7 +120,7 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
     if result.status == "awaiting_approval":
         tree.paused[call.id] = tuple(qualified(child_id, p) for p in result.pending_approvals)
         return "(waiting for a decision in the child run)"
-    tree.settle(call.id, _summary(child_id, call.id, name, result))
+    tree.settle(call.id, _summary(child_id, call.id, name, result, store))
     return result_text(name, result)
 
 
@@ -127,9 +128,33 @@ async def _held(tree: Delegations, call_id: str, child: Awaitable[RunResult]) ->
     """The child's result; its carve-out given back if it never gets one (cancelled with the
     parent, which resumes it on its own resume)."""
     try:
-        return await child
+        return await _cancelled_with_parent(tree, child)
     except BaseException:
         tree.release(call_id)
+        raise
+
+
+async def _cancelled_with_parent(
+    tree: Delegations | None, child: Awaitable[RunResult]
+) -> RunResult:
+    """The child's result. When the parent is cancelled meanwhile (`keel cancel`, SIGTERM, the
+    library), the child is cancelled as a run is (`RunHandle.cancel`): it stops its in-flight
+    calls and records `cancelled` before the parent goes on cancelling, instead of being torn
+    down with its task and left `running` (SA-10)."""
+    running = asyncio.ensure_future(child)
+    if tree is not None:  # the batch waits for it if the parent is cancelled
+        tree.running.add(running)
+        running.add_done_callback(tree.running.discard)
+    try:
+        return await asyncio.shield(running)
+    except asyncio.CancelledError:
+        cancel = getattr(child, "cancel", None)
+        if callable(cancel):
+            cancel()
+        else:  # a resume that may still be waiting out a lease: it cancels its own handle
+            running.cancel()
+        with contextlib.suppress(Exception, asyncio.CancelledError):  # its ending, first
+            await asyncio.shield(running)
         raise
 
 
@@ -141,15 +166,19 @@ async def _resumed(
     waited = 0.0
     while True:
         try:
-            return await agent.launch(Resumed(child_id, store), listeners=heard)
-        except LeaseHeld:
+            handle = agent.launch(Resumed(child_id, store), listeners=heard)
+            return await _cancelled_with_parent(None, handle)
+        except LeaseHeld:  # raised as the run opens, in its task
             if waited >= LEASE_WAIT:
                 raise
             await asyncio.sleep(LEASE_POLL)
             waited += LEASE_POLL
 
 
-def _summary(run_id: str, call_id: str, name: str, result: RunResult) -> ChildRun:
+def _summary(
+    run_id: str, call_id: str, name: str, result: RunResult, store: RunStore | None
+) -> ChildRun:
+    record = None if store is None else store.get_run(run_id)
     return ChildRun(
         run_id=run_id,
         call_id=call_id,
@@ -160,6 +189,7 @@ def _summary(run_id: str, call_id: str, name: str, result: RunResult) -> ChildRu
         tool_calls=result.tool_calls,
         usage=result.usage,
         cost=result.cost,
+        delegations=0 if record is None else record.state.delegations,
     )
 
 

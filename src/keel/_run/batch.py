@@ -142,14 +142,16 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         on_effect=close_journal,
     )
     paused: dict[str, tuple[PendingApproval, ...]] = {}
+    refused: set[str] = set()  # delegations that started no child: nothing spent
     if parts.executor.delegates:
-        executed, paused = await _with_children(parts, to_run[:allowed], run_batch)
+        executed, paused, refused = await _with_children(parts, to_run[:allowed], run_batch)
     else:
         executed = await run_batch()
     for n, item in enumerate(executed):
         if item.call.id not in results and item.call.id not in paused:
             executed[n] = item = await hooks.after_tool(parts, item)
-            results[item.call.id] = _record_executed(parts, item)
+            spent = item.call.id not in refused
+            results[item.call.id] = _record_executed(parts, item, spent=spent)
     if paused:  # a child waits for a person: so does this run, its other results kept
         return _pause_for_children(parts, paused)
     for call in to_run[allowed:]:
@@ -159,7 +161,7 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         )
     for call in batch.calls:  # the model reads results in request order
         parts.context.append(results[call.id])
-    _apply_evidence_resets(parts, executed)
+    _apply_evidence_resets(parts, [i for i in executed if i.call.id not in refused])
     state.hooked.clear()  # the batch is answered: what hooks decided on it is in its record
     state.ran_as.clear()
     failpoint("after_results")
@@ -173,11 +175,12 @@ async def _with_children(
     parts: StepParts,
     calls: list[ToolCall],
     run_batch: Callable[[], Awaitable[list[ExecutedCall]]],
-) -> tuple[list[ExecutedCall], dict[str, tuple[PendingApproval, ...]]]:
+) -> tuple[list[ExecutedCall], dict[str, tuple[PendingApproval, ...]], set[str]]:
     """Run a batch whose tools may start child runs (keel/subagents.py): the calls children are
     named after made durable first, the run's side of its children (`_run/tree.py`) in reach
     of the delegation tools, and what the children spent folded in once the batch ends, in the
-    step that records their answers. Also: the delegations whose child waits for a person."""
+    step that records their answers. Also: the delegations whose child waits for a person, and
+    those refused (no child started: they spend no tool call, SA-03)."""
     state = parts.state
     tree = Delegations(
         parts.recorder.run_id,
@@ -189,17 +192,22 @@ async def _with_children(
         listeners=parts.recorder.listeners,
         slots=asyncio.Semaphore(parts.limits.max_children),
         expected=sum(1 for c in calls if _delegates(parts, c)),
+        tool_base=state.tool_calls,
+        committed=len(calls),
     )
     if tree.expected:  # the calls children are named after: durable before any child starts
         await parts.checkpoint()
     mark = CURRENT.set(tree)
     try:
         executed = await run_batch()
+    except asyncio.CancelledError:  # the run is cancelled: its children end before it does
+        await tree.wait_children()
+        raise
     finally:
         CURRENT.reset(mark)
     paused = tree.take_paused()
     tree.fold()
-    return executed, paused
+    return executed, paused, tree.refused
 
 
 def _delegates(parts: StepParts, call: ToolCall) -> bool:
@@ -324,12 +332,13 @@ def _refusal(parts: StepParts, call: ToolCall, batch: Batch) -> str | None:
 # -- recording ---------------------------------------------------------------------------------
 
 
-def _record_executed(parts: StepParts, executed: ExecutedCall) -> ToolResult:
-    """A call the executor answered: it counts against the tool-call budget."""
+def _record_executed(parts: StepParts, executed: ExecutedCall, *, spent: bool = True) -> ToolResult:
+    """A call the executor answered: it counts against the tool-call budget, unless it was a
+    delegation refused before any child started (`spent` False)."""
     result = executed.result
     if executed.full_content is not None:
         parts.recorder.whole_text(result.digest, executed.full_content)
-    return _record(parts, result, executed.duration_ms, spent=True)
+    return _record(parts, result, executed.duration_ms, spent=spent)
 
 
 def _record(

@@ -42,6 +42,7 @@ __all__ = [
     "output_limit",
     "past_limits",
     "running_out",
+    "synthesis_after",
 ]
 
 DEADLINE_RESERVE_FLOOR = 1.0
@@ -106,10 +107,18 @@ def past_limits(state: RunState, limits: Limits, clock: Clock) -> RunFailure | N
 
 
 def running_out(
-    state: RunState, limits: Limits, context_tokens: int, next_cost: float | None = None
+    state: RunState,
+    limits: Limits,
+    context_tokens: int,
+    next_cost: float | None = None,
+    *,
+    after: float | None = None,
 ) -> str | None:
     """The budget that allows only a final answer now, if any. `next_cost`: what the next
-    call is expected to cost (`next_call_cost`); None: as much as the costliest so far."""
+    call is expected to cost (`next_call_cost`); None: as much as the costliest so far.
+    `after`: what the synthesis turn after the next call is expected to cost, when it must
+    fit in the cost limit too (a child run: its limit is a share its parent reserved, and the
+    tree may pass the parent's limit by one call only, the parent's own; SA-02)."""
     if limits.max_model_calls is not None and limits.max_model_calls - state.model_calls <= 1:
         return "model_calls"
     if limits.max_tool_calls is not None and state.tool_calls >= limits.max_tool_calls:
@@ -117,6 +126,7 @@ def running_out(
     if limits.max_tokens is not None and limits.max_tokens - state.usage.total < 2 * context_tokens:
         return "tokens"
     estimate = state.costliest_call if next_cost is None else next_cost
+    estimate += after or 0.0  # this turn, and the synthesis after it
     if limits.max_cost is not None and (state.cost or 0.0) + estimate > limits.max_cost:
         return "cost"  # the next call could pass it
     return None
@@ -162,3 +172,12 @@ def out_of_time(state: RunState, limits: Limits, clock: Clock) -> bool:
         return False
     reserve = deadline_reserve(state, limits)
     return reserve is not None and remaining < reserve
+
+
+def synthesis_after(
+    state: RunState, price: Price | None, input_tokens: int, output_tokens: int | None
+) -> float | None:
+    """What a synthesis turn after the next call may cost: the next request grown by as much
+    as the last turn grew it (its results), priced as `next_call_cost` prices a call."""
+    grown = input_tokens + max(0, input_tokens - state.last_request_tokens)
+    return next_call_cost(state, price, grown, output_tokens)

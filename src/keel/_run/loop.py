@@ -14,8 +14,11 @@ and the checkpoint. A lease lost mid-run raises LeaseLost out of `run` at once, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
+from collections.abc import AsyncIterator, Coroutine
+from typing import Any
 
 from keel._run.batch import Batch
 from keel._run.breaker import IdenticalCallBreaker
@@ -39,6 +42,7 @@ from keel.errors import StoreError, StoreUnavailable
 from keel.messages import UserMessage
 from keel.records import Ending, RunResumed, RunStarted, RunState
 from keel.result import RunResult
+from keel.store.cancels import CANCEL_POLL
 from keel.transports.base import Resumable
 
 __all__ = ["RunLoop", "RunSetup"]
@@ -95,6 +99,10 @@ class RunLoop:
         self.opened = False
         """The run is in the store and this loop holds its lease: from here a cancel cancels
         the task; before, it is only noted, and honoured once the run is open."""
+        self.watch: tuple[str, ...] = (run_id,)
+        """The runs whose cancel request stops this one: it and its ancestors."""
+        self.task: asyncio.Task[object] | None = None
+        """The task advancing the run (`run`'s): what a cancel from the store cancels."""
         self.stop_requested = False
         """Stop after the current step, the run left running and its lease released, for
         another process to continue (a worker shutting down)."""
@@ -104,12 +112,16 @@ class RunLoop:
         return self.parts.state
 
     async def run(self) -> RunResult:
+        self.task = asyncio.current_task()
         await self._open()
         self.opened = True
         outcome: StepOutcome | None = None
         try:
+            self.watch, cancelled = await asyncio.to_thread(self._lineage)
+            if cancelled:  # its tree was cancelled before it opened (a child started late)
+                self.cancel_requested = True
             if not self.cancel_requested:  # a cancel that came before the run was open
-                async with self.lease.kept():
+                async with self.lease.kept(), watching(self):
                     outcome = await self._advance()
         except asyncio.CancelledError:
             task = asyncio.current_task()
@@ -122,10 +134,40 @@ class RunLoop:
         if not isinstance(outcome, Continue):  # Continue: stopped between steps, not ended
             self._end(outcome)
         try:
-            await asyncio.shield(self.checkpoint(release=True))
+            await _saved_whatever_comes(self.checkpoint(release=True))
+            if self.state.status == "cancelled" and self.setup.store is not None:
+                await asyncio.to_thread(self.setup.store.forget_cancel, self.run_id)
         except StoreError as error:
             return self._unsaved(error)
         return self.state.result(self.run_id, self.setup.config.conversation_id)
+
+    async def _cancel_recorded(self) -> bool:
+        """A cancel of this run or a run above it is recorded in the store (cancels.py)."""
+        store = self.setup.store
+        if store is None:
+            return False
+        parent = self.setup.config.parent_run
+        return await asyncio.to_thread(store.cancel_requested, self.run_id, parent)
+
+    def _lineage(self) -> tuple[tuple[str, ...], bool]:
+        """This run and the runs above it (a cancel request of any of them stops it), and
+        whether one of them has one already."""
+        store, found = self.setup.store, [self.run_id]
+        if store is None:
+            return (self.run_id,), False
+        parent = self.setup.config.parent_run
+        asked = store.cancel_requested(self.run_id, parent)
+        while parent is not None and parent not in found:
+            found.append(parent)
+            record = store.get_run(parent)
+            parent = None if record is None else record.config.parent_run
+        return tuple(found), asked
+
+    def cancel_from_store(self, task: asyncio.Task[object]) -> None:
+        """A cancel recorded elsewhere (`keel cancel`, another process): as `RunHandle.cancel`."""
+        if not self.cancel_requested:
+            self.cancel_requested = True
+            task.cancel()
 
     async def _advance(self) -> StepOutcome:
         """Steps until one ends the run. A step's additions are saved by the checkpoint that
@@ -137,11 +179,24 @@ class RunLoop:
                 return outcome
 
     async def checkpoint(self, release: bool = False) -> None:
+        """Save the step so far. Every model attempt and side effect is preceded by one, so
+        here a cancel recorded in the store (by any process) is honoured before either
+        starts: at most the one call in flight when it was recorded runs on until stopped."""
         self.state.world = self.parts.breaker.world  # the breaker's, saved with the state
         self.state.repeats = self.parts.breaker.repeats
-        await self.recorder.checkpoint(
-            self.parts.breaker.take_dirty(), self.lease.owner, self.lease.ttl, release=release
+        task = self.task  # a side effect's checkpoint runs in its tool's task: not this one
+        watched = not release and self.opened and not self.cancel_requested and task is not None
+        found = await self.recorder.checkpoint(
+            self.parts.breaker.take_dirty(),
+            self.lease.owner,
+            self.lease.ttl,
+            release=release,
+            watch=self.watch if watched else (),
         )
+        if found and task is not None:
+            self.cancel_from_store(task)
+            if asyncio.current_task() is task:
+                await asyncio.sleep(0)  # the cancel lands here, after the save
 
     # -- the two ends ------------------------------------------------------------------------
 
@@ -215,3 +270,46 @@ class RunLoop:
         event = ending.event()
         if event is not None:
             self.recorder.emit(event)
+
+
+@contextlib.asynccontextmanager
+async def watching(loop: RunLoop) -> AsyncIterator[None]:
+    """While the body runs, look at the store for a cancel of the run's tree every
+    CANCEL_POLL seconds; one found cancels the run as `RunHandle.cancel` does."""
+    task = asyncio.current_task()
+    if loop.setup.store is None or task is None:
+        yield
+        return
+
+    async def watch() -> None:
+        while True:
+            await asyncio.sleep(CANCEL_POLL)
+            try:
+                found = await loop._cancel_recorded()
+            except StoreError:
+                continue  # the next checkpoint says what is wrong with the store
+            if found:
+                loop.cancel_from_store(task)
+                return
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield
+    finally:
+        watcher.cancel()
+
+
+async def _saved_whatever_comes(save: Coroutine[Any, Any, None]) -> None:
+    """The run's last checkpoint, saved whole even when a cancel (a SIGTERM) lands while it
+    is written: the run has ended by then, and its ending stands (ADR 0062 saw a
+    CancelledError traceback here)."""
+    saving = asyncio.ensure_future(save)
+    task = asyncio.current_task()
+    while True:
+        try:
+            await asyncio.shield(saving)
+            return
+        except asyncio.CancelledError:
+            if saving.cancelled() or task is None:
+                raise
+            task.uncancel()  # a cancel after the ending changes nothing: save it

@@ -149,8 +149,10 @@ class StepRecorder:
         lease_ttl: float,
         *,
         release: bool = False,
-    ) -> None:
-        """Save what the step added, and only that, in one transaction."""
+        watch: tuple[str, ...] = (),
+    ) -> bool:
+        """Save what the step added, and only that, in one transaction; True when a run of
+        `watch` has a cancel request (looked up in the same transaction)."""
         checkpoint = Checkpoint(
             run_id=self.run_id,
             state=self.state.copy(),  # the worker thread encodes it later
@@ -161,7 +163,9 @@ class StepRecorder:
             lease=lease,
             lease_ttl=lease_ttl,
             release=release,
+            watch=watch,
         )
         self._events, self._elisions, self._blobs = [], [], []
         if self.store is not None:
             await self.store.save_step(checkpoint)
+        return checkpoint.cancel_found

@@ -13,7 +13,14 @@ from dataclasses import replace
 
 from keel._run import gateway, hooks
 from keel._run.breaker import repeated_tools
-from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
+from keel._run.budgets import (
+    next_call_cost,
+    out_of_time,
+    output_limit,
+    past_limits,
+    running_out,
+    synthesis_after,
+)
 from keel._run.hosted_calls import record_hosted
 from keel._run.parts import StepParts
 from keel._run.synthesis import (
@@ -26,6 +33,7 @@ from keel._run.synthesis import (
 )
 from keel._run.unanswered import STRICTER_CONTROL, built_answer, not_an_answer
 from keel.errors import (
+    BudgetExhausted,
     ContextExhausted,
     ContextOverflow,
     DeadlineExceeded,
@@ -56,8 +64,14 @@ def current_mode(parts: StepParts) -> Mode:
     first turn insists on a tool call when the run asks for it and offers tools; a transport
     that steers its model's first call (`SteersFirstCall`) names the call to start with."""
     tokens = parts.context.total_tokens
-    cost = next_call_cost(parts.state, parts.price, tokens, output_limit(parts.transport))
-    budget = running_out(parts.state, parts.limits, tokens, cost)
+    most = output_limit(parts.transport)
+    cost = next_call_cost(parts.state, parts.price, tokens, most)
+    after = None  # a child's synthesis turn fits in its share (SA-02)
+    if parts.setup.config.parent_run is not None:
+        after = synthesis_after(parts.state, parts.price, tokens, most)
+    budget = running_out(parts.state, parts.limits, tokens, cost, after=after)
+    if parts.state.answer_owed:  # its children took it past a budget: the last turn
+        budget = budget or "cost"
     insist = (
         parts.limits.first_turn_tool is True and parts.state.step == 1 and bool(parts.context.tools)
     )
@@ -86,7 +100,7 @@ async def next_turn(parts: StepParts) -> tuple[ModelResponse, Mode]:
     unanswered: str | None = None  # why the synthesis turn's last reply was no answer
     while True:
         stop = past_limits(state, limits, parts.clock)
-        if stop is not None:
+        if stop is not None and not (state.answer_owed and isinstance(stop, BudgetExhausted)):
             raise stop
         mode = current_mode(parts)
         if overflows >= 2:  # refused as too long twice: answer from what fits

@@ -14,6 +14,7 @@ from typing import Annotated, Any
 
 import typer
 
+from keel.cli.cancel import cancel
 from keel.cli.common import (
     EXIT_CODES,
     BaseUrlOption,
@@ -202,6 +203,7 @@ app.command()(deny)
 app.command()(answer)
 app.command()(show)
 app.command()(runs)
+app.command()(cancel)
 app.command("eval")(eval_command)
 app.command("replay")(replay_command)
 app.command("ui")(ui_command)

@@ -178,17 +178,21 @@ class RunService:
         record = self._known(run_id)
         if record.status in TERMINAL:
             raise NotCancelable(f"run {run_id} has already ended ({record.status})")
+        # the whole tree, durably (keel/store/cancels.py): a paused or queued run, or one a
+        # dead process left, ends `cancelled` at once; a live one is stopped by its process
+        await asyncio.to_thread(self.store.request_cancel, run_id)
         handle = self.handles.get(run_id)
-        if handle is None:  # paused or queued, or left by a process that died: take it up
-            try:
-                handle = self.agent.start_resume(run_id)
-            except LeaseHeld as exc:
-                raise NotCancelable(f"another process is advancing run {run_id}: {exc}") from None
-            self._keep(handle)
-        handle.cancel()
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await handle
-        return self._known(run_id)
+        if handle is not None:
+            handle.cancel()
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await handle
+        waited = 0.0
+        while (record := self._known(run_id)).status not in TERMINAL and waited < STOP_SECONDS:
+            await asyncio.sleep(POLL_SECONDS)  # another process advances it: it stops it
+            waited += POLL_SECONDS
+        if record.status not in TERMINAL:
+            raise NotCancelable(f"another process is advancing run {run_id} and has not stopped")
+        return record
 
     def recover(self) -> list[str]:
         """Take up the runs this server started that are left `running` or decided with no

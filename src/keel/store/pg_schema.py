@@ -72,6 +72,13 @@ CREATE TABLE IF NOT EXISTS keel.dispatch (
     rescued_progress INTEGER NOT NULL DEFAULT -1
 );
 """
+_CANCELS = (
+    "CREATE TABLE IF NOT EXISTS keel.cancels (run_id TEXT PRIMARY KEY,"
+    " at DOUBLE PRECISION NOT NULL)"
+)
+"""Cancel requests (ADR 0066): created on every writable open, without a new version, so a
+Keel that does not know the table reads and writes the store as before."""
+SCHEMA += _CANCELS + ";\n"
 
 MIGRATIONS: list[str] = [
     # 1 -> 2: what the `progress` loop policy keeps per key (ADR 0029).
@@ -112,6 +119,9 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
     processes may open it at once (the advisory lock orders them). A newer one is untouched."""
     with conn.transaction():
         if check_version(conn, where) == VERSION:
+            if not _has_cancels(conn):  # added without a version (ADR 0066): older Keels agree
+                conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
+                conn.execute(_CANCELS)
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         conn.execute("CREATE SCHEMA IF NOT EXISTS keel")
@@ -126,6 +136,11 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
             conn.execute(statement)
         conn.execute("DELETE FROM keel.schema_version")
         conn.execute("INSERT INTO keel.schema_version (version) VALUES (%s)", (VERSION,))
+
+
+def _has_cancels(conn: psycopg.Connection[Any]) -> bool:
+    found = conn.execute("SELECT to_regclass('keel.cancels') IS NOT NULL").fetchone()
+    return bool(found and found[0])
 
 
 def require_tables(conn: psycopg.Connection[Any], where: str) -> None:

@@ -38,6 +38,7 @@ from keel.records import (
     encode_event,
 )
 from keel.store import pg_schema
+from keel.store.cancels import ended_cancelled, is_live, still_open
 from keel.store.pg_connection import Connections, store_error
 from keel.store.protocol import Checkpoint, RunRecord, decide_pending, decode_events, holder_alive
 from keel.store.urls import redact
@@ -224,6 +225,59 @@ class PostgresStore:
 
         return self._now(write, "the decision could not be recorded", write=True)
 
+    def request_cancel(self, run_id: str) -> list[str]:
+        """Cancel the run's tree in one transaction, the tree's rows locked (cancels.py)."""
+
+        def write(conn: Conn) -> list[str]:
+            rows = conn.execute(_TREE, (run_id,)).fetchall()
+            if not rows:
+                raise ConfigError(f"no run {run_id} in {self.path}")
+            open_ = []
+            for rid, status, state, owner, until, now in rows:
+                if not still_open(status):
+                    continue
+                open_.append(rid)
+                if is_live(status, owner, until, now):  # its process sees the request
+                    conn.execute(
+                        f"INSERT INTO keel.cancels (run_id, at) VALUES (%s, {NOW})"
+                        " ON CONFLICT (run_id) DO NOTHING",
+                        (rid,),
+                    )
+                    continue
+
+                def next_seq(rid: str = rid) -> int:
+                    row = conn.execute(
+                        "SELECT coalesce(max(seq), -1) + 1 FROM keel.events WHERE run_id = %s",
+                        (rid,),
+                    ).fetchone()
+                    return int(row[0]) if row else 0
+
+                event, ended = ended_cancelled(state, next_seq)
+                insert_events(conn, rid, [event])
+                conn.execute(
+                    "UPDATE keel.runs SET status = 'cancelled', state = %s, updated_at = %s,"
+                    " lease_owner = NULL, lease_until = NULL WHERE run_id = %s",
+                    (_dumps(ended.encode()), time.time(), rid),
+                )
+            return open_
+
+        return self._now(write, f"the cancel of run {run_id} was not recorded", write=True)
+
+    def cancel_requested(self, run_id: str, parent_run: str | None = None) -> bool:
+        def read(conn: Conn) -> bool:
+            for start in (run_id, parent_run):
+                if start is not None and conn.execute(_ABOVE, (start,)).fetchone() is not None:
+                    return True
+            return False
+
+        return self._now(read, f"the cancel requests of run {run_id} could not be read")
+
+    def forget_cancel(self, run_id: str) -> None:
+        def write(conn: Conn) -> None:
+            conn.execute("DELETE FROM keel.cancels WHERE run_id = %s", (run_id,))
+
+        self._now(write, f"the cancel request of run {run_id} could not be closed", write=True)
+
     # -- reads -------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -394,6 +448,34 @@ def _write_checkpoint(conn: Conn, cp: Checkpoint) -> None:
                 "INSERT INTO keel.blobs (digest, data) VALUES (%s, %s) ON CONFLICT DO NOTHING",
                 [(digest, _escape(text)) for digest, text in cp.blobs],
             )
+        if cp.watch:  # a primary-key lookup in a table that is nearly always empty
+            found = cur.execute(
+                "SELECT 1 FROM keel.cancels WHERE run_id = ANY(%s) LIMIT 1", (list(cp.watch),)
+            ).fetchone()
+            cp.cancel_found = found is not None
+
+
+_TREE = f"""
+WITH RECURSIVE tree(id) AS (
+    SELECT %s::text
+    UNION SELECT r.run_id FROM keel.runs r JOIN tree t ON (r.config::jsonb ->> 'parent_run') = t.id
+)
+SELECT r.run_id, r.status, r.state, r.lease_owner, r.lease_until, {NOW}
+FROM keel.runs r JOIN tree t ON r.run_id = t.id
+ORDER BY r.run_id
+FOR UPDATE OF r
+"""
+"""A run and its descendants, locked: the runs whose `parent_run` leads back to it."""
+
+_ABOVE = """
+WITH RECURSIVE up(id) AS (
+    SELECT %s::text
+    UNION SELECT (r.config::jsonb ->> 'parent_run') FROM keel.runs r JOIN up u ON r.run_id = u.id
+    WHERE (r.config::jsonb ->> 'parent_run') IS NOT NULL
+)
+SELECT 1 FROM keel.cancels c JOIN up u ON c.run_id = u.id LIMIT 1
+"""
+"""A cancel request of a run or of any run above it."""
 
 
 def insert_events(

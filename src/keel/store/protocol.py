@@ -111,6 +111,10 @@ class Checkpoint:
     lease_ttl: float = 0.0
     release: bool = False
     """Let go of the lease (the run finished, paused, or was handed to another process)."""
+    watch: tuple[str, ...] = ()
+    """Runs whose cancel request stops this one (its own id, its ancestors'): looked up in
+    the step's transaction (keel/store/cancels.py), the answer left in `cancel_found`."""
+    cancel_found: bool = False
 
 
 @runtime_checkable
@@ -164,6 +168,18 @@ class RunStore(Protocol):
         repeat; `expect_key`: the key of the call the decider saw, refused (ConfigError,
         nothing recorded) when the pending call's differs. Past the call's expiry the denial
         it turned into is recorded instead, its event `expired`."""
+
+    def request_cancel(self, run_id: str) -> list[str]:
+        """Cancel the run and every descendant, durably (keel/store/cancels.py): a run no
+        process advances ends `cancelled` at once; a live one is asked to, and its process
+        sees the request. Returns the ids of the tree's runs that had not ended."""
+
+    def cancel_requested(self, run_id: str, parent_run: str | None = None) -> bool:
+        """Whether the run, or a run above it, has a cancel request not yet met; `parent_run`:
+        the parent of a run not in the store yet (a child opening)."""
+
+    def forget_cancel(self, run_id: str) -> None:
+        """The run ended `cancelled`: its request is met."""
 
     def get_run(self, run_id: str) -> RunRecord | None: ...
 

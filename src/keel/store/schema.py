@@ -54,6 +54,10 @@ CREATE TABLE IF NOT EXISTS blobs (
     digest TEXT PRIMARY KEY,
     data TEXT NOT NULL
 );
+CREATE TABLE IF NOT EXISTS cancels (
+    run_id TEXT PRIMARY KEY,
+    at REAL NOT NULL
+);
 """
 
 MIGRATIONS: list[str] = [
@@ -66,6 +70,8 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE runs ADD COLUMN conversation_id TEXT;"
     " UPDATE runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
 ]
+# The `cancels` table (ADR 0066) is created by SCHEMA on every writable open, without a new
+# version: a Keel that does not know it reads and writes such a store as before.
 VERSION = len(MIGRATIONS) + 1
 
 

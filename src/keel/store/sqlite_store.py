@@ -38,6 +38,7 @@ from keel.records import (
     encode_event,
 )
 from keel.store import reading
+from keel.store.cancels import ended_cancelled, is_live, still_open
 from keel.store.failures import store_error
 from keel.store.protocol import (
     HOST,
@@ -236,6 +237,55 @@ class Store:
         result: ApprovalDecided = self._write_now(write, "the decision could not be recorded")
         return result
 
+    def request_cancel(self, run_id: str) -> list[str]:
+        """Cancel the run's tree in one BEGIN IMMEDIATE transaction (keel/store/cancels.py)."""
+
+        def write(conn: sqlite3.Connection) -> list[str]:
+            if conn.execute("SELECT 1 FROM runs WHERE run_id = ?", (run_id,)).fetchone() is None:
+                raise ConfigError(f"no run {run_id} in {self.path}")
+            now, open_ = time.time(), []
+            for rid, status, state, owner, until in conn.execute(_TREE, (run_id,)).fetchall():
+                if not still_open(status):
+                    continue
+                open_.append(rid)
+                if is_live(status, owner, until, now):  # its process sees the request
+                    conn.execute(
+                        "INSERT OR IGNORE INTO cancels (run_id, at) VALUES (?, ?)", (rid, now)
+                    )
+                    continue
+
+                def next_seq(rid: str = rid) -> int:
+                    sql = "SELECT coalesce(max(seq), -1) + 1 FROM events WHERE run_id = ?"
+                    return int(conn.execute(sql, (rid,)).fetchone()[0])
+
+                event, ended = ended_cancelled(state, next_seq)
+                _insert_events(conn, rid, [event])
+                conn.execute(
+                    "UPDATE runs SET status = 'cancelled', state = ?, updated_at = ?,"
+                    " lease_owner = NULL, lease_until = NULL WHERE run_id = ?",
+                    (_dumps(ended.encode()), now, rid),
+                )
+            return open_
+
+        found: list[str] = self._write_now(write, f"the cancel of run {run_id} was not recorded")
+        return found
+
+    def cancel_requested(self, run_id: str, parent_run: str | None = None) -> bool:
+        def read(conn: sqlite3.Connection) -> bool:
+            for start in (run_id, parent_run):
+                if start is not None and conn.execute(_ABOVE, (start,)).fetchone() is not None:
+                    return True
+            return False
+
+        asked: bool = self._read(read, f"the cancel requests of run {run_id} could not be read")
+        return asked
+
+    def forget_cancel(self, run_id: str) -> None:
+        def write(conn: sqlite3.Connection) -> None:
+            conn.execute("DELETE FROM cancels WHERE run_id = ?", (run_id,))
+
+        self._write_now(write, f"the cancel request of run {run_id} could not be closed")
+
     # -- reads -------------------------------------------------------------------------------
 
     def get_run(self, run_id: str) -> RunRecord | None:
@@ -293,6 +343,27 @@ class Store:
             lambda c: reading.blob(c, digest), f"the result {digest} could not be read"
         )
         return found
+
+
+_TREE = """
+WITH RECURSIVE tree(id) AS (
+    SELECT ?
+    UNION SELECT r.run_id FROM runs r JOIN tree t ON json_extract(r.config, '$.parent_run') = t.id
+)
+SELECT r.run_id, r.status, r.state, r.lease_owner, r.lease_until
+FROM runs r JOIN tree t ON r.run_id = t.id
+"""
+"""A run and its descendants: the runs whose `parent_run` leads back to it."""
+
+_ABOVE = """
+WITH RECURSIVE up(id) AS (
+    SELECT ?
+    UNION SELECT json_extract(r.config, '$.parent_run') FROM runs r JOIN up u ON r.run_id = u.id
+    WHERE json_extract(r.config, '$.parent_run') IS NOT NULL
+)
+SELECT 1 FROM cancels c JOIN up u ON c.run_id = u.id LIMIT 1
+"""
+"""A cancel request of a run or of any run above it."""
 
 
 def _insert_events(conn: sqlite3.Connection, run_id: str, events: Sequence[Event]) -> None:
@@ -353,3 +424,8 @@ def _write_checkpoints(conn: sqlite3.Connection, cps: list[Checkpoint]) -> None:
     blobs = [b for cp in cps for b in cp.blobs]
     if blobs:
         conn.executemany("INSERT OR IGNORE INTO blobs (digest, data) VALUES (?, ?)", blobs)
+    for cp in cps:
+        if cp.watch:  # a primary-key lookup in a table that is nearly always empty
+            marks = ", ".join("?" * len(cp.watch))
+            sql = f"SELECT 1 FROM cancels WHERE run_id IN ({marks}) LIMIT 1"
+            cp.cancel_found = conn.execute(sql, cp.watch).fetchone() is not None
