@@ -78,6 +78,22 @@ async def test_an_acknowledged_side_effect_never_makes_a_same_result_chain() -> 
     assert out.result.synthesized is None and out.result.answer == "All set."
 
 
+@keel.tool(effect="side_effecting")
+def update_file(path: str, text: str) -> str:
+    """Rewrite a file."""
+    return f"The file {path} has been updated successfully."
+
+
+async def test_a_side_effect_answered_by_a_fixed_success_line_is_progress_live() -> None:
+    """Six different edits of one file, each answered by the tool's fixed success line naming
+    its path (the same bytes each time): the live loop reads the result's text, not only its
+    digest, so no same_result chain forms (Claude Code's `Edit`s on the held-out sessions)."""
+    turns = [call("update_file", path="src/m.py", text=f"v{n}") for n in range(6)]
+    script = {"turns": [*turns, {"text": "Updated."}], "on_synthesis": {"text": "Cut."}}
+    out = await run_script(script, [update_file], repeat_same_result=True)
+    assert out.result.synthesized is None and out.result.answer == "Updated."
+
+
 def _chat(results: list[str]) -> dict[str, object]:
     """An OpenAI chat message list: one `bash` call per turn, each a different command."""
     messages: list[dict[str, object]] = [{"role": "user", "content": "Fix the parser."}]

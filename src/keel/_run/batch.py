@@ -26,6 +26,7 @@ from keel._run.parts import StepParts
 from keel._run.tree import CURRENT, Delegations
 from keel.errors import ToolError
 from keel.failpoints import failpoint
+from keel.informative import says_nothing
 from keel.ledger import BUDGET_REFUSAL
 from keel.messages import ToolCall, ToolResult, digest_text
 from keel.records import ApprovalRequested, Decision, ToolDispatched
@@ -374,6 +375,6 @@ def _apply_evidence_resets(parts: StepParts, executed: list[ExecutedCall]) -> No
             item.call.name,
             result.digest,
             error=result.is_error,
-            empty=not result.content.strip(),
+            empty=says_nothing(result.content),
             side_effect=side_effect,
         )
