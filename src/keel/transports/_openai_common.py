@@ -160,8 +160,7 @@ async def post_streaming(
         async with create(**body) as raw:
             kind = raw.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind == "application/json":  # a server that does not stream answers whole
-                answer = await raw.json()
-                return from_wire(answer) if isinstance(answer, dict) else None
+                return from_wire(decode_body(await raw.read()))
             if kind not in ("", "text/event-stream"):
                 start = (await raw.text())[:200]
                 raise ProviderError(
