@@ -124,6 +124,9 @@ async def _run(
     from keel.store import Store
 
     transport = None if options.model is None else resolve_model(options.model)
+    prepare = getattr(transport, "prepare", None)
+    if callable(prepare):  # the model loads before the first question's clock starts
+        await asyncio.to_thread(prepare)
     db = Store(":memory:" if options.store is None else options.store)
     try:
         rows = await run_questions(
