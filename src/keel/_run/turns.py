@@ -15,9 +15,7 @@ from keel._run import gateway, hooks
 from keel._run.breaker import repeated_tools
 from keel._run.budgets import next_call_cost, out_of_time, output_limit, past_limits, running_out
 from keel._run.parts import StepParts
-from keel._run.reading import read_found_mode
 from keel._run.synthesis import (
-    NORMAL,
     PARTIAL_OUTPUT_CONTROL,
     Mode,
     context_mode,
@@ -68,9 +66,6 @@ def current_mode(parts: StepParts) -> Mode:
         tools = {t.name for t in parts.context.tools}
         start = parts.transport.first_call(parts.context.question(), tools)
     mode = decide_mode(repeating, budget, insist_on_tool=insist, out_of_time=late, first_call=start)
-    if mode == NORMAL and parts.limits.first_turn_tool is True and parts.context.tools:
-        tools = {t.name for t in parts.context.tools}
-        mode = read_found_mode(parts.context.results(), tools) or mode  # issue 51
     if mode.reason is None and parts.limits.nudge:  # docs/adr/0050: volatile, never stored
         nudged = parts.breaker.nudge_key()
         if nudged is not None:
