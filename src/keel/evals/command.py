@@ -16,7 +16,7 @@ import typer
 from rich.console import Console
 
 from keel.errors import ConfigError
-from keel.evals.suites import DEFAULT_SUITE, SUITES
+from keel.evals.suites import BENCHMARK_SUITES, DEFAULT_SUITE, SUITES
 from keel.models import SPEC_HELP
 
 if TYPE_CHECKING:  # imported when the command runs: `keel --help` needs none (ADR 0042)
@@ -76,18 +76,52 @@ def eval_command(
     suite: Annotated[
         str,
         typer.Option(
-            help=f"Built-in suite: {', '.join(SUITES)} (five questions about the repository "
-            "at --repo, answers graded right, wrong or cut off against its code; needs --model).",
+            help=f"Built-in suite: {', '.join([*SUITES, *BENCHMARK_SUITES])} (repo-questions: "
+            "five questions about the repository at --repo, answers graded right, wrong or cut "
+            "off against its code, needs --model; swe-qa: questions written by others, "
+            "--questions, scored from the code, ADR 0068).",
         ),
     ] = DEFAULT_SUITE,
     repo: Annotated[
         Path | None,
         typer.Option(
-            help="The repository repo questions read [default: the current folder].",
+            help="The repository repo questions read [default: the current folder]; for "
+            "--questions FILE, a folder or a .tar.gz/.zip archive of it.",
             show_default=False,
         ),
     ] = None,
     list_only: Annotated[bool, typer.Option("--list", help="List the scenarios and exit.")] = False,
+    questions: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="SWE-QA questions (--suite swe-qa): a .jsonl file of question and reference "
+            "answer (with --repo), or a folder of NAME.jsonl beside NAME-*.tar.gz.",
+            show_default=False,
+        ),
+    ] = None,
+    judge: Annotated[
+        str | None,
+        typer.Option(
+            help="SWE-QA: also score each answer with this model as judge (the benchmark's "
+            "five-dimension rubric; prompt and scores kept in --json) [default: no judge].",
+            show_default=False,
+        ),
+    ] = None,
+    plain_loop: Annotated[
+        bool,
+        typer.Option(
+            "--plain-loop",
+            help="SWE-QA: drive the model in a plain tool loop without Keel's rules (no "
+            "steering, no synthesis turn), to measure what the runtime adds.",
+        ),
+    ] = False,
+    answers: Annotated[
+        Path | None,
+        typer.Option(
+            help="SWE-QA: append each scored answer to this JSON-lines file as it ends.",
+            show_default=False,
+        ),
+    ] = None,
     timeout: Annotated[
         float | None,
         typer.Option(
@@ -109,6 +143,16 @@ def eval_command(
     from keel.evals.report import WIDE, print_grades, print_table, to_json
 
     err = Console(stderr=True, emoji=False)
+    if suite == "swe-qa" or questions:
+        from keel.evals.swe_qa.command import SweQaOptions, run_swe_qa
+
+        if model and len(model) > 1:
+            _usage_error(err, ConfigError("--model is given once, except with --fork"))
+        options = SweQaOptions(
+            questions or [], repo, scenarios or [], model[0] if model else None, judge,
+            plain_loop, timeout, store, answers, as_json,
+        )  # fmt: skip
+        run_swe_qa(options, err)
     if fork_run is not None or at is not None:
         _compare_forks(fork_run, at, model or [], repeat, store, as_json, err)
     if model and len(model) > 1:
@@ -204,9 +248,7 @@ def _run(
     db = Store(":memory:" if path is None else path)
     try:
         return asyncio.run(
-            run_scenarios(
-                found, model=model, repeat=repeat, store=db, on_row=progress, repo=repo
-            )
+            run_scenarios(found, model=model, repeat=repeat, store=db, on_row=progress, repo=repo)
         )
     finally:
         db.close()

@@ -1,7 +1,7 @@
 """The built-in evaluation suites, by name: in a module of their own so that `keel eval --help`
 names them without importing the scenario loader (ADR 0042)."""
 
-__all__ = ["DEFAULT_SUITE", "RENAMED_SUITES", "SUITES"]
+__all__ = ["BENCHMARK_SUITES", "DEFAULT_SUITE", "RENAMED_SUITES", "SUITES"]
 
 SUITES = {
     "rules": "scenarios",
@@ -27,3 +27,7 @@ long in a provider's words, and asks at the end for facts read at the start (iss
 DEFAULT_SUITE = "rules"
 RENAMED_SUITES = {"evidence": "citations"}
 """Former suite names, still accepted with a note (ADR 0058)."""
+BENCHMARK_SUITES = {"swe-qa": "keel.evals.swe_qa"}
+"""Suites whose questions come from outside, named with --questions, not from a folder of
+scenarios: `swe-qa` runs SWE-QA's questions (question and reference answer, written by the
+benchmark's authors) over their repository, scored from its code (issue 51, ADR 0068)."""
