@@ -167,8 +167,8 @@ def test_observers_never_import_the_run_loop() -> None:
 
 
 ROOMS = (
-    "_lazy", "_version", "errors", "canonical", "informative", "messages", "hosted", "limits",
-    "codec", "result", "records", "ledger", "tokens", "trace_hooks", "trace_export", "failpoints",
+    "_lazy", "_version", "errors", "canonical", "informative", "codec", "messages", "hosted",
+    "limits", "result", "records", "ledger", "tokens", "trace_hooks", "trace_export", "failpoints",
     "config", "durability", "setting_checks", "schema_checks", "structured", "citations",
     "transports", "inbound", "pricing", "windows", "tools", "store", "approvals", "hooks",
     "live_file", "telemetry", "_run", "events", "subagents", "models", "agent", "present",
