@@ -7,8 +7,7 @@ answer (the Responses API's `response.completed`) or from the stream's pieces pu
 the way the provider documents (Chat Completions chunks, Anthropic content blocks). So what
 is recorded does not depend on whether someone listened. The run streams only when someone
 listens for text (`agent.stream()`, `keel run --events`, `keel run` on a terminal); otherwise
-it calls `request`, and nothing of this module runs (but for the Chat transport, which streams
-every request to a server other than OpenAI's, to no listener: ADR 0065).
+it calls `request`, and nothing of this module runs.
 
 The events a listener hears are `TextDelta` (a piece of the text of one attempt of one step)
 and `TextDiscarded` (that attempt failed after it streamed something: drop what it streamed;
