@@ -160,7 +160,8 @@ async def post_streaming(
         async with create(**body) as raw:
             kind = raw.headers.get("content-type", "").split(";")[0].strip().lower()
             if kind == "application/json":  # a server that does not stream answers whole
-                return from_wire(decode_body(await raw.read()))
+                answer = await raw.json()
+                return from_wire(answer) if isinstance(answer, dict) else None
             if kind not in ("", "text/event-stream"):
                 start = (await raw.text())[:200]
                 raise ProviderError(
