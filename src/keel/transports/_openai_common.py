@@ -158,16 +158,6 @@ async def post_streaming(
 
     async def send() -> ModelResponse | None:
         async with create(**body) as raw:
-            kind = raw.headers.get("content-type", "").split(";")[0].strip().lower()
-            if kind == "application/json":  # a server that does not stream answers whole
-                answer = await raw.json()
-                return from_wire(answer) if isinstance(answer, dict) else None
-            if kind not in ("", "text/event-stream"):
-                start = (await raw.text())[:200]
-                raise ProviderError(
-                    f"{PROVIDER}: a streamed request was answered with {kind[:80]}, not an "
-                    f"event stream: {start!r}"
-                )
             answer = await read(sse_events(raw.iter_lines(), PROVIDER), on_text, PROVIDER)
         return None if answer is None else from_wire(answer)
 
