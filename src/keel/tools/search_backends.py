@@ -197,10 +197,16 @@ def _searxng_endpoint(url: str, allow_hosts: Collection[str]) -> str:
     return f"{parts.scheme}://{parts.netloc}{path}"
 
 
-class TavilyBackend:
-    """Tavily's search API through its official client (`tavily-python`, extra `search`)."""
+class _KeyedApiBackend:
+    """A search API reached through its official client, its key read from the environment and
+    sent only to its own host, over Keel's guarded, bounded HTTP client (no redirects, no proxy
+    settings from the environment). A subclass names the API and asks its client."""
 
-    name = "tavily"
+    name = ""
+    label = ""  # how messages name the API: "Tavily", "Exa"
+    host = ""
+    key_variable = ""
+    client_module = ""  # the client's import name, looked for before any search
     web = True
 
     def __init__(
@@ -211,12 +217,15 @@ class TavilyBackend:
         timeout: float = 20.0,
         max_bytes: int = MAX_ANSWER_BYTES,
     ) -> None:
-        key = (os.environ if env is None else env).get(TAVILY_KEY, "").strip()
+        key = (os.environ if env is None else env).get(self.key_variable, "").strip()
         if not key:
-            raise ConfigError(f"--search tavily: set {TAVILY_KEY} to your Tavily API key")
-        if importlib.util.find_spec("tavily") is None:
             raise ConfigError(
-                "--search tavily needs Tavily's client: pip install 'keel-runtime[search]'"
+                f"--search {self.name}: set {self.key_variable} to your {self.label} API key"
+            )
+        if importlib.util.find_spec(self.client_module) is None:
+            raise ConfigError(
+                f"--search {self.name} needs {self.label}'s client: "
+                "pip install 'keel-runtime[search]'"
             )
         self._key = key
         self.transport = transport
@@ -224,78 +233,56 @@ class TavilyBackend:
         self.max_bytes = max_bytes
 
     async def search(self, query: str, limit: int) -> list[Hit]:
-        from tavily import AsyncTavilyClient
-
         transport = capped_transport(self.transport, (), None, self.max_bytes)
         async with httpx.AsyncClient(
-            base_url=f"https://{TAVILY_HOST}",
+            base_url=f"https://{self.host}",
             transport=transport,
             timeout=self.timeout,
             trust_env=False,
             follow_redirects=False,
         ) as http:
-            client = AsyncTavilyClient(api_key=self._key, client=http)
             try:
-                answer = await client.search(
-                    query, search_depth="basic", max_results=limit, timeout=self.timeout
-                )
+                return (await self._ask(http, query, limit))[:limit]
             except SearchError:
                 raise
             except HostRefused as exc:
-                raise SearchError(exc.sentence(f"https://{TAVILY_HOST}/search")) from None
+                raise SearchError(exc.sentence(f"https://{self.host}/search")) from None
             except Exception as exc:  # the client's own errors, and httpx's under it
                 detail = (str(exc) or type(exc).__name__).replace(self._key, "[key]")
-                raise SearchError(f"Tavily's search failed: {detail}") from None
-        return hits_of(answer, url="url", title="title", snippet="content")[:limit]
+                raise SearchError(f"{self.label}'s search failed: {detail[:500]}") from None
+
+    async def _ask(self, http: httpx.AsyncClient, query: str, limit: int) -> list[Hit]:
+        raise NotImplementedError
 
 
-class ExaBackend:
+class TavilyBackend(_KeyedApiBackend):
+    """Tavily's search API through its official client (`tavily-python`, extra `search`)."""
+
+    name, label, host, key_variable, client_module = (
+        "tavily", "Tavily", TAVILY_HOST, TAVILY_KEY, "tavily"
+    )  # fmt: skip
+
+    async def _ask(self, http: httpx.AsyncClient, query: str, limit: int) -> list[Hit]:
+        from tavily import AsyncTavilyClient
+
+        client = AsyncTavilyClient(api_key=self._key, client=http)
+        answer = await client.search(
+            query, search_depth="basic", max_results=limit, timeout=self.timeout
+        )
+        return hits_of(answer, url="url", title="title", snippet="content")
+
+
+class ExaBackend(_KeyedApiBackend):
     """Exa's search API through its official client (`exa-py`, extra `search`), asked for
     highlights (the passages of each page that match the query) as the snippets."""
 
-    name = "exa"
-    web = True
+    name, label, host, key_variable, client_module = ("exa", "Exa", EXA_HOST, EXA_KEY, "exa_py")
 
-    def __init__(
-        self,
-        *,
-        env: Mapping[str, str] | None = None,
-        transport: httpx.AsyncBaseTransport | None = None,
-        timeout: float = 20.0,
-        max_bytes: int = MAX_ANSWER_BYTES,
-    ) -> None:
-        key = (os.environ if env is None else env).get(EXA_KEY, "").strip()
-        if not key:
-            raise ConfigError(f"--search exa: set {EXA_KEY} to your Exa API key")
-        if importlib.util.find_spec("exa_py") is None:
-            raise ConfigError("--search exa needs Exa's client: pip install 'keel-runtime[search]'")
-        self._key = key
-        self.transport = transport
-        self.timeout = timeout
-        self.max_bytes = max_bytes
-
-    async def search(self, query: str, limit: int) -> list[Hit]:
-        transport = capped_transport(self.transport, (), None, self.max_bytes)
-        async with httpx.AsyncClient(
-            base_url=f"https://{EXA_HOST}",
-            transport=transport,
-            timeout=self.timeout,
-            trust_env=False,
-            follow_redirects=False,
-        ) as http:
-            client = _exa_on(http, self._key)
-            try:
-                answer = await client.search(
-                    query, num_results=limit, contents={"highlights": True}, timeout=self.timeout
-                )
-            except SearchError:
-                raise
-            except HostRefused as exc:
-                raise SearchError(exc.sentence(f"https://{EXA_HOST}/search")) from None
-            except Exception as exc:  # the client's own errors, and httpx's under it
-                detail = (str(exc) or type(exc).__name__).replace(self._key, "[key]")
-                raise SearchError(f"Exa's search failed: {detail[:500]}") from None
-        return [_exa_hit(result) for result in list(answer.results or ())[:MAX_RESULTS]][:limit]
+    async def _ask(self, http: httpx.AsyncClient, query: str, limit: int) -> list[Hit]:
+        answer = await _exa_on(http, self._key).search(
+            query, num_results=limit, contents={"highlights": True}, timeout=self.timeout
+        )
+        return [_exa_hit(result) for result in list(answer.results or ())[:MAX_RESULTS]]
 
 
 def _exa_on(http: httpx.AsyncClient, key: str) -> Any:
