@@ -68,7 +68,7 @@ class CrossSiteGuard:
             message = "the request body is nested too deep for JSON's parser: send a flatter one"
             await _refuse_body(send, binding, 400, message)
             return
-        await self.app(scope, _replay(body, receive), send)
+        await self.app(scope, replay_body(body, receive), send)
 
 
 def refusal(scope: Scope, headers: dict[str, str]) -> tuple[int, str] | None:
@@ -123,7 +123,7 @@ async def _read(receive: Receive, limit: int) -> bytes | None:
     return b"".join(chunks)
 
 
-def _replay(body: bytes, receive: Receive) -> Receive:
+def replay_body(body: bytes, receive: Receive) -> Receive:
     """A receive that gives the body read once, then what the connection says (a disconnect)."""
     given = False
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keel.serve.doors import headers_of
+from keel.serve.doors import headers_of, replay_body
 
 __all__ = ["Fasta2aDialect", "wrapped"]
 
@@ -74,7 +74,7 @@ class Fasta2aDialect:
         body = await _body(receive)
         request = _request(body)
         if request is None or "a2a-version" in headers_of(scope):
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         null_id = "id" in request and request["id"] is None
         if null_id:
@@ -82,10 +82,10 @@ class Fasta2aDialect:
             body = json.dumps(request).encode()
         wrap = scope["path"] == self.fasta2a_path and request["method"] in WRAPPED_METHODS
         if not (null_id or wrap):
-            await self.app(scope, _replay(body, receive), send)
+            await self.app(scope, replay_body(body, receive), send)
             return
         rewrite = lambda answer: wrapped(answer, null_id, wrap)  # noqa: E731
-        await self.app(scope, _replay(body, receive), _Rewriting(send, rewrite))
+        await self.app(scope, replay_body(body, receive), _Rewriting(send, rewrite))
 
 
 def _request(body: bytes) -> dict[str, Any] | None:
@@ -168,16 +168,3 @@ async def _body(receive: Receive) -> bytes:
         if not message.get("more_body", False):
             break
     return b"".join(chunks)
-
-
-def _replay(body: bytes, receive: Receive) -> Receive:
-    given = False
-
-    async def again() -> Message:
-        nonlocal given
-        if not given:
-            given = True
-            return {"type": "http.request", "body": body, "more_body": False}
-        return await receive()
-
-    return again
