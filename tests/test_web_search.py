@@ -12,13 +12,13 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlparse, urlsplit
 
-import httpx
 import pytest
 
 from keel.errors import ConfigError
 from keel.tools.base import Tool
 from keel.tools.search_backends import SearxngBackend, TavilyBackend, backend_from_spec
 from keel.tools.web_search import Hit, SearchError, render_hits, search_tools
+from recording_transport import Recorder
 
 
 def searxng_answer(query: str, results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -228,23 +228,6 @@ TAVILY_ANSWER = {  # the shape of Tavily's POST /search answer (docs.tavily.com,
     "response_time": 1.12,
     "request_id": "123e4567-e89b-12d3-a456-426614174111",
 }
-
-
-class Recorder:
-    """An httpx transport that keeps each request the client sent and answers `answer`."""
-
-    def __init__(self, status: int, **answer: Any) -> None:
-        self.requests: list[httpx.Request] = []
-        self.status = status
-        self.answer = answer
-
-    def transport(self) -> httpx.MockTransport:
-        def handle(request: httpx.Request) -> httpx.Response:
-            request.read()
-            self.requests.append(request)
-            return httpx.Response(self.status, **self.answer)
-
-        return httpx.MockTransport(handle)
 
 
 async def test_tavily_sends_its_key_only_to_its_own_host_and_its_hits_are_read() -> None:

@@ -5,14 +5,13 @@ shape; the key sent to ``api.exa.ai`` only (ADR 0067, the backend ADR 0061 left 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-import httpx
 import pytest
 
 from keel.errors import ConfigError
 from keel.tools.search_backends import ExaBackend, backend_from_spec
 from keel.tools.web_search import SearchError, search_tools
+from recording_transport import Recorder
 
 EXA_ANSWER = {  # the shape of Exa's POST /search answer with highlights (its API reference)
     "requestId": "b5947044c4b78efa9552a7c89b306d95",
@@ -43,23 +42,6 @@ EXA_ANSWER = {  # the shape of Exa's POST /search answer with highlights (its AP
     ],
     "costDollars": {"total": 0.005, "search": {"neural": 0.005}},
 }
-
-
-class Recorder:
-    """An httpx transport that keeps each request the client sent and answers `answer`."""
-
-    def __init__(self, status: int, **answer: Any) -> None:
-        self.requests: list[httpx.Request] = []
-        self.status = status
-        self.answer = answer
-
-    def transport(self) -> httpx.MockTransport:
-        def handle(request: httpx.Request) -> httpx.Response:
-            request.read()
-            self.requests.append(request)
-            return httpx.Response(self.status, **self.answer)
-
-        return httpx.MockTransport(handle)
 
 
 async def test_exa_sends_its_key_only_to_its_own_host_and_its_hits_are_read() -> None:
