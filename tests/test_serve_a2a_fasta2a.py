@@ -72,3 +72,37 @@ def test_a_03_result_is_wrapped_under_the_key_fasta2a_reads(kind: str, key: str)
     assert answer == {"jsonrpc": "2.0", "id": None, "result": {key: result}}
     plain = wrapped({"jsonrpc": "2.0", "id": "7", "result": dict(result)}, False, False)
     assert plain == {"jsonrpc": "2.0", "id": "7", "result": result}  # other clients: as 0.3
+
+
+async def test_the_dialect_reads_no_more_than_the_body_bound_itself() -> None:
+    """The dialect reads a JSON-RPC body before the SDK does: it holds no more of it than the
+    guard's bound, and answers 413 past it, whatever middleware stands in front of it."""
+    from keel.serve.doors import MAX_BODY_BYTES
+    from keel.serve.fasta2a_dialect import Fasta2aDialect
+
+    chunk = b"x" * (1024 * 1024)
+    chunks_sent = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal chunks_sent
+        chunks_sent += 1
+        return {"type": "http.request", "body": chunk, "more_body": chunks_sent < 64}
+
+    reached: list[bool] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(True)
+
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "POST", "path": "/a2a", "headers": []}
+    dialect = Fasta2aDialect(app, paths=frozenset({"/a2a"}), fasta2a_path="/a2a/")
+    await dialect(scope, receive, send)
+    assert not reached
+    assert sent[0]["status"] == 413
+    assert chunks_sent * len(chunk) > MAX_BODY_BYTES  # taken and dropped, never held
+    body = json.loads(b"".join(m.get("body", b"") for m in sent[1:]))
+    assert body["error"]["code"] == -32600

@@ -24,7 +24,15 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-__all__ = ["MAX_BODY_BYTES", "SAFE_METHODS", "CrossSiteGuard", "headers_of", "refusal"]
+__all__ = [
+    "MAX_BODY_BYTES",
+    "SAFE_METHODS",
+    "CrossSiteGuard",
+    "headers_of",
+    "read_bounded",
+    "refusal",
+    "refuse_too_large",
+]
 
 MAX_BODY_BYTES = 4 * 1024 * 1024
 """The largest A2A request body read, as AG-UI's (`serve/ag_ui.py`)."""
@@ -60,9 +68,9 @@ class CrossSiteGuard:
         if binding is None:
             await self.app(scope, receive, send)
             return
-        body = await _read(receive, self.limit)
+        body = await read_bounded(receive, self.limit)
         if body is None:
-            await _too_large(send, binding, self.limit)
+            await refuse_too_large(send, binding, self.limit)
             return
         if _too_deep(body):
             message = "the request body is nested too deep for JSON's parser: send a flatter one"
@@ -97,7 +105,7 @@ def headers_of(scope: Scope) -> dict[str, str]:
     return found
 
 
-async def _read(receive: Receive, limit: int) -> bytes | None:
+async def read_bounded(receive: Receive, limit: int) -> bytes | None:
     """The whole body, or None once it is past `limit`: the rest is then taken and dropped
     (up to DRAIN_BYTES, nothing kept), so the client, still sending, reads the refusal instead
     of a connection reset."""
@@ -151,7 +159,7 @@ def _too_deep(body: bytes) -> bool:
     return False
 
 
-async def _too_large(send: Send, binding: str, limit: int) -> None:
+async def refuse_too_large(send: Send, binding: str, limit: int) -> None:
     message = (
         f"the request body is larger than {limit} bytes ({limit // (1024 * 1024)} MiB): "
         "send a shorter message"

@@ -24,7 +24,13 @@ from typing import Any
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from keel.serve.doors import headers_of, replay_body
+from keel.serve.doors import (
+    MAX_BODY_BYTES,
+    headers_of,
+    read_bounded,
+    refuse_too_large,
+    replay_body,
+)
 
 __all__ = ["Fasta2aDialect", "wrapped"]
 
@@ -71,7 +77,10 @@ class Fasta2aDialect:
         if scope["type"] != "http" or scope["method"] != "POST" or scope["path"] not in self.paths:
             await self.app(scope, receive, send)
             return
-        body = await _body(receive)
+        body = await read_bounded(receive, MAX_BODY_BYTES)
+        if body is None:  # the guards in front bound it too; this one holds on its own
+            await refuse_too_large(send, "jsonrpc", MAX_BODY_BYTES)
+            return
         request = _request(body)
         if request is None or "a2a-version" in headers_of(scope):
             await self.app(scope, replay_body(body, receive), send)
@@ -156,15 +165,3 @@ class _Rewriting:
         headers.append((b"content-length", str(len(body)).encode()))
         await self.send({**start, "headers": headers})
         await self.send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-async def _body(receive: Receive) -> bytes:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] != "http.request":
-            break
-        chunks.append(bytes(message.get("body", b"")))
-        if not message.get("more_body", False):
-            break
-    return b"".join(chunks)
