@@ -28,6 +28,20 @@ from keel.errors import ConfigError
 from keel.evals.documents import document_html
 from keel.evals.grading import echoed_controls, grade, repo_problems
 from keel.evals.judging import RunRow, ScenarioReport, actual_end, check, expected_end
+from keel.evals.page_specs import (
+    ChangingPage,
+    DocumentPage,
+    ErrorPage,
+    LargePage,
+    Page,
+    ProgressPage,
+    RedirectPage,
+    ScriptPage,
+    SearxngPage,
+    SettlingPage,
+    SlowPage,
+    StaticPage,
+)
 from keel.evals.pageserver import PageServer
 from keel.evals.refusals import with_refusals
 from keel.evals.scenario import (
@@ -35,21 +49,9 @@ from keel.evals.scenario import (
     FILE_TOOLS,
     WEB_TOOLS,
     WRITE_TOOLS,
-    ChangingPage,
-    DocumentPage,
-    ErrorPage,
     Expect,
-    LargePage,
-    Page,
-    ProgressPage,
-    RedirectPage,
     Scenario,
     ScenarioSpec,
-    ScriptPage,
-    SearxngPage,
-    SettlingPage,
-    SlowPage,
-    StaticPage,
 )
 from keel.limits import Limits
 from keel.models import resolve_model

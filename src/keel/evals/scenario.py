@@ -47,20 +47,8 @@ from keel.errors import FailureKind
 from keel.evals.documents import document_text
 from keel.evals.facts import RepoFact
 from keel.evals.page_specs import (
-    ChangingPage,
-    DocumentPage,
-    ErrorPage,
-    LargePage,
     Page,
     Planted,
-    ProgressPage,
-    RedirectPage,
-    ScriptPage,
-    SearchResult,
-    SearxngPage,
-    SettlingPage,
-    SlowPage,
-    StaticPage,
 )
 from keel.evals.refusals import Wire
 from keel.limits import RENAMED, Limits, current_names
@@ -77,29 +65,15 @@ __all__ = [
     "WRITE_TOOLS",
     "ApprovalsSpec",
     "Bounds",
-    "ChangingPage",
     "Count",
     "Decision",
-    "DocumentPage",
     "Documents",
-    "ErrorPage",
     "Expect",
-    "LargePage",
-    "Page",
-    "Planted",
     "PlantedIn",
-    "ProgressPage",
-    "RedirectPage",
     "Refusals",
     "RunEnd",
     "Scenario",
     "ScenarioSpec",
-    "ScriptPage",
-    "SearchResult",
-    "SearxngPage",
-    "SettlingPage",
-    "SlowPage",
-    "StaticPage",
     "ToolsSpec",
 ]
 
