@@ -13,10 +13,10 @@ This script selects them by content, never by what the tiers would do with them:
   another version of the wheel, 0.4.0, and none of its runs is in 0.7.0: checked here).
 
 The lines are written as they are, in path order, to one JSON lines file for `keel replay
---format nemo-gym`. Usage (the wheel from PyPI, `pip download --no-deps --only-binary :all:
---python-version 3.13.14 nemo-gym==0.7.0`):
+--format nemo-gym`; the verdicts are counted as the reader takes them. Usage (the wheel from
+PyPI, `pip download --no-deps --only-binary :all: --python-version 3.13.14 nemo-gym==0.7.0`):
 
-    python benchmarks/nemo_gym_heldout.py nemo_gym-0.7.0-py3-none-any.whl heldout.jsonl
+    PYTHONPATH=src python benchmarks/nemo_gym_heldout.py nemo_gym-0.7.0-py3-none-any.whl OUT.jsonl
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import sys
 import zipfile
 from pathlib import Path
 
+from keel.replay.nemo_gym import verdict
 
 
 def rollout_output(line: str) -> list[object] | None:
@@ -44,16 +45,8 @@ def rollout_output(line: str) -> list[object] | None:
 
 
 def resolved(line: str) -> bool | None:
-    """The verdict as the reader takes it: `resolved` where given, else a reward of at least 1
-    is resolved, at most 0 is not, anything between is not judged."""
-    data = json.loads(line)
-    given = data.get("resolved")
-    if isinstance(given, bool):
-        return given
-    reward = data.get("reward")
-    if isinstance(reward, bool) or not isinstance(reward, int | float):
-        return None
-    return True if reward >= 1 else False if reward <= 0 else None
+    """The verdict as `keel replay` takes it (`keel.replay.nemo_gym.verdict`)."""
+    return verdict(json.loads(line))
 
 
 def gather(wheel: Path, excluded: set[str]) -> list[tuple[str, int, str]]:
