@@ -45,7 +45,8 @@ def replay_command(
             help="Recorded runs: trajectories JSON lines (.jsonl, .jsonl.gz), OpenAI chat "
             "message lists, OTel GenAI / OpenAI Agents SDK traces, Claude Code sessions, "
             "OpenHands event logs (.json, .jsonl, or an events/ folder), SWE-agent .traj or "
-            "mini-swe-agent .traj.json files [default: the runs of --store].",
+            "mini-swe-agent .traj.json files, NeMo Gym rollouts (.jsonl) [default: the runs "
+            "of --store].",
             show_default=False,
         ),
     ] = None,
@@ -54,7 +55,7 @@ def replay_command(
         typer.Option(
             "--format",
             help="The files' format: auto (told apart by their content), trajectories, chat, "
-            "otel, claude-code, openhands or swe-agent.",
+            "otel, claude-code, openhands, swe-agent or nemo-gym.",
         ),
     ] = "auto",
     store: Annotated[

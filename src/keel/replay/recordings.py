@@ -11,6 +11,8 @@
                    OpenHands `events/` folder (one event per numbered file) as one run
     swe-agent      SWE-agent `.traj` files and mini-swe-agent `.traj.json` files
                    (`keel.replay.swe_agent`)
+    nemo-gym       NeMo Gym rollouts: JSON lines of OpenAI Responses items with the
+                   environment's verdict (`keel.replay.nemo_gym`)
     store          Keel's own stored runs (`--store`): the calls each turn asked for, with the
                    digests of the results they got
 
@@ -34,7 +36,7 @@ from typing import Any, Literal
 
 from keel.errors import ConfigError
 from keel.informative import says_nothing
-from keel.replay import openhands, swe_agent
+from keel.replay import nemo_gym, openhands, swe_agent
 from keel.replay.claude_code import is_entry, read_entries
 from keel.replay.lines import Bounds, Overlong, TooBig, documents, lines, loads, text
 from keel.replay.otel import is_spans, read_spans
@@ -61,7 +63,9 @@ __all__ = [
     "read_store",
 ]
 
-Format = Literal["auto", "trajectories", "chat", "otel", "claude-code", "openhands", "swe-agent"]
+Format = Literal[
+    "auto", "trajectories", "chat", "otel", "claude-code", "openhands", "swe-agent", "nemo-gym"
+]
 
 
 FORMATS: tuple[Format, ...] = (
@@ -72,6 +76,7 @@ FORMATS: tuple[Format, ...] = (
     "claude-code",
     "openhands",
     "swe-agent",
+    "nemo-gym",
 )
 """`keel replay --format`: auto tells them apart by the first value of the file."""
 
@@ -173,6 +178,8 @@ def _values(
 
 def _sniff(data: Any) -> Format:
     """The format a file's first value is in; auto for none of them."""
+    if nemo_gym.is_rollout(data):
+        return "nemo-gym"
     if swe_agent.is_traj(data) or swe_agent.is_mini(data):
         return "swe-agent"
     if isinstance(data, dict) and ("turns" in data or "messages" in data):
@@ -202,6 +209,11 @@ def _chain(
 def _from_object(
     data: Any, where: str, skipped: list[Skipped], bounds: Bounds, fmt: Format = "auto"
 ) -> Recording | None:
+    if fmt in ("auto", "nemo-gym") and nemo_gym.is_rollout(data):
+        return nemo_gym.from_rollout(data, where, skipped, bounds)
+    if fmt == "nemo-gym":
+        skipped.append(Skipped(where, "not a NeMo Gym rollout (no `response` with an `output`)"))
+        return None
     handled, swe = _from_swe_agent(data, where, skipped, fmt)
     if handled:
         return swe
