@@ -80,5 +80,6 @@ def test_a_request_given_up_by_keels_timeout_stops_llama_cpp_server(llama_server
     started = time.monotonic()
     short = OpenAIChatTransport(MODEL, base_url=llama_server, max_tokens=4)
     answer = asyncio.run(short.request(ask("Say hi.")))
-    print(f"next request answered in {time.monotonic() - started:.1f} s")
+    waited = time.monotonic() - started
+    print(f"server CPU after the give-up: {spent:.2f} s in {WATCHED:.0f} s; next: {waited:.1f} s")
     assert answer.text

@@ -7,6 +7,7 @@ still ends the run."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from http.server import ThreadingHTTPServer
 from typing import Any
 
@@ -20,6 +21,7 @@ from keel.records import ModelResponseReceived
 from keel.transports.openai_chat import OpenAIChatTransport
 from loopback_http import QuietHandler, serving
 
+EVENTS = {"content-type": "text/event-stream"}
 TOOL = ToolDefinition("note", "Read a note.", {"type": "object", "properties": {}})
 
 
@@ -173,6 +175,8 @@ def _overflowing(stream_body: Any) -> tuple[OpenAIChatTransport, list[Any]]:
         sent.append(body)
         if body.get("stream"):
             headers = {"content-type": "text/event-stream; charset=utf-8"}
+            if stream_body is None:  # closed before the SDK had the answer: a connection error
+                raise httpx.RemoteProtocolError("Server disconnected", request=request)
             if isinstance(stream_body, bytes):
                 return httpx.Response(200, headers=headers, content=stream_body)
             return httpx.Response(200, headers=headers, stream=stream_body)
@@ -183,7 +187,7 @@ def _overflowing(stream_body: Any) -> tuple[OpenAIChatTransport, list[Any]]:
     return OpenAIChatTransport("m", http_client=client, base_url=url, api_key="k"), sent
 
 
-@pytest.mark.parametrize("stream_body", [b"", _Broken()], ids=["ended", "broken"])
+@pytest.mark.parametrize("stream_body", [b"", _Broken(), None], ids=["ended", "broken", "closed"])
 async def test_a_stream_that_ends_before_its_first_event_is_asked_whole_and_keeps_the_overflow(
     stream_body: Any,
 ) -> None:
@@ -209,3 +213,60 @@ async def test_a_stream_cut_after_an_event_is_not_asked_again() -> None:
     with pytest.raises(keel.errors.ProviderError, match="the stream was cut") as info:
         await transport.request(_request())
     assert len(sent) == 1 and info.value.retryable
+
+
+async def test_a_kind_of_request_the_server_cannot_stream_goes_whole_after_the_first() -> None:
+    """llama-cpp-python's chatml-function-calling refuses to stream a turn that lets the model
+    choose a call ("Automatic streaming tool choice is not supported": a 200, then nothing).
+    The first such request is asked again whole and answered; later ones go whole at once,
+    while a turn that allows no call still streams (and can be hung up on)."""
+    sent: list[Any] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if body.get("stream") and body.get("tool_choice") == "auto":
+            return httpx.Response(200, headers=EVENTS)
+        if body.get("stream"):
+            stream = _chunk({"role": "assistant", "content": "done"}, "stop") + b"data: [DONE]\n\n"
+            return httpx.Response(200, headers=EVENTS, content=stream)
+        usage = {"prompt_tokens": 197, "completion_tokens": 9, "total_tokens": 206}
+        message = {"role": "assistant", "content": "an answer"}
+        choice = {"index": 0, "message": message, "finish_reason": "stop"}
+        return httpx.Response(200, json={"id": "c", "choices": [choice], "usage": usage})
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    transport = OpenAIChatTransport(
+        "m", http_client=client, base_url="http://127.0.0.1:8080/v1", tool_choice="auto"
+    )
+    first = await transport.request(_request())
+    second = await transport.request(_request())
+    synthesis = await transport.request(replace(_request(), tool_choice="none"))
+    assert [(b.get("stream"), b.get("tool_choice")) for b in sent] == [
+        (True, "auto"), (None, "auto"), (None, "auto"), (True, "none"),
+    ]  # fmt: skip
+    assert first.usage.input_tokens == second.usage.input_tokens == 197
+    assert not first.usage.estimated  # the whole answer's counts are the server's
+    assert synthesis.text == "done" and synthesis.usage.estimated
+
+
+async def test_the_whole_request_after_an_empty_stream_is_sent_again_on_a_closed_line() -> None:
+    """The server closes the connection its empty stream came on, and the pool may hand that
+    connection to the whole request first ("Server disconnected without sending a response",
+    seen against llama-cpp-python's server): that request is sent once more."""
+    sent: list[Any] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        if body.get("stream"):
+            return httpx.Response(200, headers=EVENTS)
+        if len(sent) == 2:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(400, json=LLAMA_OVERFLOW)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(answer))
+    transport = OpenAIChatTransport("m", http_client=client, base_url="http://127.0.0.1:8080/v1")
+    with pytest.raises(keel.errors.ContextOverflow):
+        await transport.request(_request())
+    assert [body.get("stream") for body in sent] == [True, None, None]

@@ -117,13 +117,24 @@ async def post(
     create: Callable[..., Awaitable[Any]],
     body: dict[str, Any],
     from_wire: Callable[[dict[str, Any]], ModelResponse],
+    *,
+    again_if_closed: bool = False,
 ) -> ModelResponse:
     """One attempt at an endpoint of `client`: `create` (the endpoint's
     ``with_raw_response.create``) sends `body`, and `from_wire` maps the decoded answer. An SDK
-    exception leaves as the ProviderError `map_error` makes of it, the key scrubbed."""
+    exception leaves as the ProviderError `map_error` makes of it, the key scrubbed.
+
+    `again_if_closed`: a request that finds its connection closed before any answer is sent
+    once more. For the whole request after a stream of nothing (`post_streaming`): the server
+    closes the connection that stream came on, and the pool may hand it out again first."""
 
     async def send() -> ModelResponse:
-        raw = await create(**body)
+        try:
+            raw = await create(**body)
+        except openai.APIConnectionError as exc:
+            if not again_if_closed or isinstance(exc, openai.APITimeoutError):
+                raise
+            raw = await create(**body)
         return from_wire(decode_body(raw.content))
 
     return await attempt(
@@ -158,10 +169,12 @@ async def post_streaming(
     .create``; `read` folds the events into the answer `from_wire` maps.
 
     `whole` asks the same request unstreamed. It is called, in the same attempt, when the
-    stream ends or breaks before its first event: a server that fails a request after it
-    has started its stream (llama-cpp-python's, for a request over its window: a 200, then
-    nothing) says why only to a whole request, and its words decide the error's class
-    (`ContextOverflow`, ADR 0065)."""
+    stream ends or breaks before its first event (a timeout excepted): a server that fails a
+    request after it has started its stream (llama-cpp-python's, for a request over its
+    window: a 200, then nothing) says why only to a whole request, and its words decide the
+    error's class (`ContextOverflow`, ADR 0065)."""
+
+    closed: tuple[type[Exception], ...] = (*transport_errors(), openai.APIConnectionError)
 
     async def send() -> ModelResponse | None:
         seen = False
@@ -184,10 +197,10 @@ async def post_streaming(
                         f"event stream: {start!r}"
                     )
                 answer = await read(events(raw.iter_lines()), on_text, PROVIDER)
-        except transport_errors():
-            if seen or whole is None:
+        except closed as exc:
+            if seen or whole is None or isinstance(exc, openai.APITimeoutError):
                 raise
-            answer = None
+            answer = None  # closed before its first event; the SDK may call that a connection
         if answer is None and not seen and whole is not None:
             return await whole()
         return None if answer is None else from_wire(answer)

@@ -137,6 +137,9 @@ class OpenAIChatTransport:
             raise ValueError(f"stream must be 'always' or 'when-watched', not {stream!r}")
         self.stream: StreamWhen = stream or ("when-watched" if self._at_openai else "always")
         self._counter = counter or CalibratedCounter()
+        self._goes_whole: set[bool] = set()
+        """The kinds of request (`_may_call`) this server answered whole after a stream of
+        nothing: asked whole from then on, not streamed for nothing first each time."""
 
     @property
     def server_address(self) -> tuple[str, int]:
@@ -163,16 +166,22 @@ class OpenAIChatTransport:
         return calls_in_text(await self._whole(request, from_wire), request)
 
     async def _whole(
-        self, request: ModelRequest, read: Callable[[dict[str, Any]], ModelResponse]
+        self,
+        request: ModelRequest,
+        read: Callable[[dict[str, Any]], ModelResponse],
+        *,
+        after_stream: bool = False,
     ) -> ModelResponse:
         create = self._client.chat.completions.with_raw_response.create
-        return await post(self._client, create, self._body(request), read)
+        body = self._body(request)
+        return await post(self._client, create, body, read, again_if_closed=after_stream)
 
     async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
         """`request` with ``"stream": true`` (and the usage asked for in the last chunk, which
         a streamed completion otherwise leaves out): text to `on_text` as it comes (ADR 0039).
         An answer without usage is counted here, marked estimated. A stream that ends before
-        its first event is asked again whole, to hear the server's own error (ADR 0065)."""
+        its first event is asked again whole, to hear the server's own error; when the whole
+        request is answered, requests of its kind go whole on this server (ADR 0065)."""
         body = self._body(request)
         body["stream"], body["stream_options"] = True, {"include_usage": True}
         create = self._client.chat.completions.with_streaming_response.create
@@ -184,16 +193,26 @@ class OpenAIChatTransport:
             counted = estimated_usage(self._counter, request, response)
             return dataclasses.replace(response, usage=counted)
 
+        kind = _may_call(body)
+        if kind in self._goes_whole:
+            return calls_in_text(await self._whole(request, read), request)
+
+        async def whole() -> ModelResponse:
+            answered = await self._whole(request, read, after_stream=True)
+            self._goes_whole.add(kind)  # not an error of this request: this server's way
+            return answered
+
         response = await post_streaming(
-            self._client,
-            create,
-            body,
-            read_chat,
-            on_text,
-            read,
-            whole=lambda: self._whole(request, read),
+            self._client, create, body, read_chat, on_text, read, whole=whole
         )
         return calls_in_text(response, request)
+
+
+def _may_call(body: Mapping[str, Any]) -> bool:
+    """Whether a request may be answered with a call: it sends tools and lets the model choose
+    or asks for one. llama-cpp-python's ``chatml-function-calling`` cannot stream those
+    ("Automatic streaming tool choice is not supported": a 200, then nothing)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "none") != "none"
 
 
 def _unheard(text: str) -> None:
