@@ -30,7 +30,8 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
   that ends without usage (that server ignores ``stream_options``) is counted by Keel's own
   counter and its usage marked estimated (`keel.tokens.estimated_usage`), so the budgets go on
   counting. A server that answers a streamed request with a whole JSON completion is read as
-  one.
+  one; a stream that ends before its first event is asked again whole (the server's own error
+  then classifies it), and a kind of request answered only whole goes whole from then on.
 - In answers: missing ``usage`` or ``prompt_tokens_details`` count as zero, a missing call id is
   made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
   list of text parts is joined. Beyond that forgiveness, the answer is read against its declared
@@ -57,7 +58,6 @@ import httpx2
 import openai
 from pydantic import JsonValue
 
-from keel.errors import ProviderError
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
 from keel.tokens import CalibratedCounter, TokenCounter, estimated_usage
 from keel.transports._openai_common import (
@@ -75,7 +75,7 @@ from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.keys import sent_key
 from keel.transports.sse_readers import read_chat
 from keel.transports.streaming import OnText
-from keel.transports.text_calls import FUNCTIONS_FORMAT, read_text_calls
+from keel.transports.text_calls import calls_in_text
 from keel.transports.wire import Shape, TokenCount, parse
 
 __all__ = [
@@ -217,43 +217,6 @@ def _may_call(body: Mapping[str, Any]) -> bool:
 
 def _unheard(text: str) -> None:
     """Nobody listens: a request streamed only so that giving it up stops the server."""
-
-
-def calls_in_text(
-    response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
-) -> ModelResponse:
-    """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
-    calls; a ProviderError (not retried) when they cannot be read. A turn that allows no calls
-    (a synthesis turn) is left as written: the run decides what such a reply is
-    (keel/_run/unanswered.py), never its answer and never a failure (PC-02, ADR 0065)."""
-    if response.tool_calls or not response.text or not request.tools:
-        return response
-    if request.tool_choice == "none":
-        return response
-    found = read_text_calls(response.text, {tool.name for tool in request.tools})
-    if found is None:
-        return response
-    problem = found.problem
-    if problem is None:
-        make = new_id or _new_call_id
-        calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)
-        return dataclasses.replace(response, text=None, tool_calls=calls)
-    shown = " ".join(response.text.split())
-    shown = shown if len(shown) <= 120 else shown[:119] + "…"
-    if found.format == FUNCTIONS_FORMAT:
-        why = (
-            "; that format also drops every tool result (it has no tool role), so the model "
-            "never sees what its tools returned"
-        )
-    else:
-        why = ", which the server did not read as a call"
-    raise ProviderError(
-        f"the server answered with a tool call written as text ({shown!r}), as {found.format} "
-        f"writes one{why}; it was not kept as the answer, because {problem}. Use "
-        "xml:openai-chat:MODEL (Keel writes and reads the calls itself), or serve the model "
-        "with its own chat template (llama-cpp-python's server without --chat_format)",
-        retryable=False,
-    )
 
 
 # --- to the wire ------------------------------------------------------------------------------
