@@ -5,6 +5,9 @@ listening, and looks at the connection only between the chunks of a streamed one
 transport streams every request to a server that is not OpenAI's, and a request its model
 timeout gives up is hung up on mid-stream, which stops the server.
 
+The runaway is made certain with the server's own ``min_tokens`` (added to the request on its
+way out): the model cannot end it before its ``max_tokens``, which a prompt alone never made
+sure of (asked to count to 5,000, the model stopped after 47 to 300 tokens, by the sample).
 Whether the server stopped is read from what it spends, not from how long the next request
 waits (which, on a shared two-core machine, depends on everything else running there): after
 the give-up and a grace period, the server process's CPU time over a few seconds is that of an
@@ -15,9 +18,11 @@ the next request is answered, its wait printed for the record.
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import time
 
+import httpx
 import pytest
 
 import local_model
@@ -30,9 +35,9 @@ from keel.transports.openai_chat import OpenAIChatTransport
 pytest_plugins = ["local_model"]
 
 MODEL = "qwen2.5-coder-0.5b"
-RUNAWAY_TOKENS = 3000
-"""The runaway's output limit: a minute or more of generation on two cores (unstreamed, the
-next request waited 61 s behind 1,500 of them), so an unstopped one is still running while the
+RUNAWAY_TOKENS = 2000
+"""The runaway's length: a minute or more of generation on two cores (unstreamed, the next
+request waited 109 s behind 1,500 tokens of it), so an unstopped one is still running while the
 server is watched."""
 GIVEN_UP_AFTER = 3.0
 """The runaway's model timeout, seconds."""
@@ -53,15 +58,37 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class WritesToItsLimit(httpx.AsyncBaseTransport):
+    """Sends each request with ``min_tokens`` equal to its ``max_tokens`` (llama-cpp-python's
+    server field: the end-of-text token is held back until then), through httpx's own."""
+
+    def __init__(self) -> None:
+        self.inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        body = json.loads(await request.aread())
+        body["min_tokens"] = body["max_tokens"]
+        headers = [(k, v) for k, v in request.headers.items() if k.lower() != "content-length"]
+        again = httpx.Request(request.method, request.url, headers=headers, json=body)
+        return await self.inner.handle_async_request(again)
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 def ask(text: str) -> ModelRequest:
     return ModelRequest("You are a helpful assistant.", (), (UserMessage(text),))
 
 
 async def give_up_a_runaway(base_url: str) -> None:
-    runaway = OpenAIChatTransport(MODEL, base_url=base_url, max_tokens=RUNAWAY_TOKENS)
+    client = httpx.AsyncClient(transport=WritesToItsLimit())
+    runaway = OpenAIChatTransport(
+        MODEL, base_url=base_url, http_client=client, max_tokens=RUNAWAY_TOKENS
+    )
     endless = ask("Count from 1 to 5000, one number per line, with no other text.")
     with pytest.raises(ProviderError, match="did not answer"):
         await attempt(runaway, endless, Limits(model_timeout=GIVEN_UP_AFTER), None)
+    await client.aclose()
 
 
 def test_a_request_given_up_by_keels_timeout_stops_llama_cpp_server(llama_server: str) -> None:
