@@ -7,7 +7,8 @@ timeout gives up is hung up on mid-stream, which stops the server.
 
 The runaway is made certain with the server's own ``min_tokens`` (added to the request on its
 way out): the model cannot end it before its ``max_tokens``, which a prompt alone never made
-sure of (asked to count to 5,000, the model stopped after 47 to 300 tokens, by the sample).
+sure of (asked to count to 5,000, the model stopped by itself after 47 to 291 tokens in three
+whole requests of four).
 Whether the server stopped is read from what it spends, not from how long the next request
 waits (which, on a shared two-core machine, depends on everything else running there): after
 the give-up and a grace period, the server process's CPU time over a few seconds is that of an
