@@ -11,7 +11,7 @@
 - `llama_server`: ``python -m llama_cpp.server`` over that file on a free loopback port, started
   once per session; yields the base URL ``http://127.0.0.1:PORT/v1`` and stops the server at the
   end. It needs llama-cpp-python's ``server`` extra (uvicorn, fastapi, sse-starlette,
-  starlette-context, pydantic-settings).
+  starlette-context, pydantic-settings). `servers` holds its process, by that URL.
 - `function_server`: the same with ``--chat_format chatml-function-calling`` (native tools).
 """
 
@@ -43,6 +43,8 @@ SERVER_START_TIMEOUT = 120.0
 
 timings: dict[str, float] = {}
 """Seconds spent joining the model and starting the server, for the session's report."""
+servers: dict[str, subprocess.Popen[bytes]] = {}
+"""Each running server's process, by its base URL (a test may watch what it spends)."""
 
 
 @pytest.fixture(scope="session")
@@ -123,8 +125,10 @@ def _serve(model: Path, chat_format: str) -> Iterator[str]:
             base_url = f"http://127.0.0.1:{port}/v1"
             _wait_until_ready(base_url, process, log)
             timings[f"llama_server_start_{chat_format}"] = time.perf_counter() - started
+            servers[base_url] = process
             yield base_url
         finally:
+            servers.pop(f"http://127.0.0.1:{port}/v1", None)
             process.terminate()
             try:
                 process.wait(timeout=10)

@@ -62,7 +62,8 @@ class Bodies:
 
     async def response(self, response: httpx.Response) -> None:
         await response.aread()
-        if response.status_code == 200:
+        json_answer = response.headers.get("content-type", "").startswith("application/json")
+        if response.status_code == 200 and json_answer:  # a stream carries no usage (ADR 0065)
             self.prompt_tokens.append(json.loads(response.content)["usage"]["prompt_tokens"])
 
     def client(self) -> httpx.AsyncClient:

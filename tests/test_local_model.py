@@ -490,9 +490,15 @@ class Recorder:
         return httpx.AsyncClient(event_hooks={"request": [self.hook]})
 
 
-def chat(llama_server: str, recorder: Recorder, max_tokens: int = 64) -> OpenAIChatTransport:
+def chat(
+    llama_server: str, recorder: Recorder, max_tokens: int = 64, stream: Any = None
+) -> OpenAIChatTransport:
     return OpenAIChatTransport(
-        SERVER_MODEL, base_url=llama_server, http_client=recorder.client(), max_tokens=max_tokens
+        SERVER_MODEL,
+        base_url=llama_server,
+        http_client=recorder.client(),
+        max_tokens=max_tokens,
+        stream=stream,
     )
 
 
@@ -509,6 +515,10 @@ async def test_native_chat_against_the_server(llama_server: str) -> None:
     assert sent_synthesis["tool_choice"] == "none"
     assert sent_synthesis["messages"][-1] == {"role": "user", "content": CONTROL}
     assert sent_ordinary["max_tokens"] == 64
+    # streamed, so that giving it up stops the server; its stream carries no usage, so the
+    # counts are Keel's and say so (ADR 0065)
+    assert sent_ordinary["stream"] is True and sent_synthesis["stream"] is True
+    assert ordinary.usage.estimated and synthesis.usage.estimated
 
 
 async def test_xml_over_chat_against_the_server(llama_server: str) -> None:
@@ -533,15 +543,17 @@ async def test_the_chatml_server_drops_native_tools_and_tool_messages(llama_serv
     ``tools`` and ``tool_choice`` "none" (HTTP 200) but its chatml formatter never shows the
     tools to the model and drops ``tool`` messages, so the prompt is the same size without
     them. Native tool calling against it needs a function-calling chat format; with chatml,
-    Keel's XML fallback is the way to use tools."""
+    Keel's XML fallback is the way to use tools. The counts compared are the server's own,
+    which only its whole answers carry (its streams have none, ADR 0065): asked whole."""
     recorder = Recorder()
-    transport = chat(llama_server, recorder, max_tokens=1)
+    transport = chat(llama_server, recorder, max_tokens=1, stream="when-watched")
     question, answer = HISTORY[0], AssistantMessage("Let me look.")
     with_tools = await transport.request(ordinary_request())
     without_tools = await transport.request(replace(ordinary_request(), tools=()))
     without_results = await transport.request(ModelRequest(SYSTEM, (), (question, answer)))
     assert "tools" in recorder.bodies[0]
     assert any(m["role"] == "tool" for m in recorder.bodies[1]["messages"])
+    assert not (with_tools.usage.estimated or without_tools.usage.estimated)
     prompt = with_tools.usage.input_tokens
     assert prompt == without_tools.usage.input_tokens == without_results.usage.input_tokens
     xml = await XmlFallbackTransport(transport).request(ordinary_request())
@@ -549,9 +561,15 @@ async def test_the_chatml_server_drops_native_tools_and_tool_messages(llama_serv
 
 
 async def test_server_context_overflow_is_not_retryable(llama_server: str) -> None:
-    transport = chat(llama_server, Recorder(), max_tokens=8)
-    with pytest.raises(ProviderError) as info:
+    """Streamed, the server answers a 200 and then nothing (the error is raised inside its
+    stream); asked again whole, it says why, and that is a ContextOverflow (ADR 0065)."""
+    recorder = Recorder()
+    transport = chat(llama_server, recorder, max_tokens=8)
+    with pytest.raises(keel.errors.ContextOverflow) as info:
         await transport.request(text_request(UserMessage("lorem ipsum " * 3000)))
+    streamed, *whole = [body.get("stream") for body in recorder.bodies]
+    assert streamed is True and whole and whole[-1] is None  # (twice when the pool hands out
+    # the connection the server closed after its empty stream)
     assert info.value.status == 400
     assert not info.value.retryable
     assert "maximum context length is 4096" in info.value.message

@@ -302,7 +302,7 @@ async def test_chat_without_tools_sends_neither_tools_nor_tool_choice(tool_choic
     transport = OpenAIChatTransport("m", http_client=server.http(), base_url="http://h/v1")
     await transport.request(request(tools=(), tool_choice=tool_choice, volatile=("answer now",)))
     body = server.body()
-    assert set(body) == {"model", "messages"}
+    assert set(body) == {"model", "messages", "stream", "stream_options"}  # streamed: ADR 0065
     assert body["messages"][-1] == {"role": "user", "content": "answer now"}
 
 
@@ -394,10 +394,16 @@ def test_chat_text_parts_and_refusals() -> None:
     assert openai_chat.from_wire({"choices": []}).is_empty
 
 
-async def test_a_200_that_is_not_json_fails_at_once() -> None:
+@pytest.mark.parametrize(
+    ("stream", "says"),
+    [("when-watched", "not a JSON object"), ("always", "text/plain, not an event stream")],
+)
+async def test_a_200_that_is_not_json_fails_at_once(stream: Any, says: str) -> None:
     server = Recorder(httpx.Response(200, text="<html>web ui</html>"))
-    transport = OpenAIChatTransport("m", http_client=server.http(), base_url="http://h/v1")
-    with pytest.raises(ProviderError, match="not a JSON object") as info:
+    transport = OpenAIChatTransport(
+        "m", http_client=server.http(), base_url="http://h/v1", stream=stream
+    )
+    with pytest.raises(ProviderError, match=says) as info:
         await transport.request(request())
     assert not info.value.retryable
 

@@ -142,7 +142,9 @@ PROVIDERS: dict[str, tuple[Make, Callable[[list[str]], list[Chunk]], Any, tuple[
         ("stream",),
     ),
     "openai_chat": (
-        lambda url: OpenAIChatTransport("gpt-5", base_url=url + "/v1", api_key="sk-test"),
+        lambda url: OpenAIChatTransport(  # unwatched requests go whole, as they do to OpenAI
+            "gpt-5", base_url=url + "/v1", api_key="sk-test", stream="when-watched"
+        ),
         chat_stream,
         case_openai_chat.CASE,
         ("stream", "stream_options"),

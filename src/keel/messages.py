@@ -14,6 +14,7 @@ from enum import StrEnum
 from typing import Any, Literal
 
 from keel.canonical import call_key, canonical_json, key_from_text, parse_arguments
+from keel.codec import OMIT_EMPTY
 
 __all__ = [
     "AssistantMessage",
@@ -38,6 +39,8 @@ ToolChoice = Literal["none", "required"] | None
 """None: the provider's default (the model may call a tool or answer); "none": no tool call
 (synthesis-only turns); "required": a tool call, not an answer (a run insisting on evidence
 first, ``--first-turn-tool``)."""
+
+
 class SynthesisReason(StrEnum):
     """Why a turn is synthesis-only: a closed set, matched exhaustively wherever it decides
     something (the failure kind of a tool request in that turn, the control it carries).
@@ -152,12 +155,17 @@ class Usage:
     input_tokens: int = 0
     output_tokens: int = 0
     cached_input_tokens: int = 0
+    estimated: bool | None = field(default=None, metadata=OMIT_EMPTY)
+    """True: some of these tokens Keel counted itself (`keel.tokens.estimated_usage`), because
+    the server reported none (a stream from llama-cpp-python's server, ADR 0065); None: every
+    count is the provider's. A sum is estimated when any part of it is."""
 
     def __add__(self, other: Usage) -> Usage:
         return Usage(
             self.input_tokens + other.input_tokens,
             self.output_tokens + other.output_tokens,
             self.cached_input_tokens + other.cached_input_tokens,
+            True if self.estimated or other.estimated else None,
         )
 
     @property

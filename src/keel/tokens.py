@@ -8,15 +8,25 @@ Qwen and GPT-4 families). Items are counted once, when they enter the history.
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
-from keel.messages import AssistantMessage, Item, ToolResult, UserMessage
+from keel.messages import (
+    AssistantMessage,
+    Item,
+    ModelRequest,
+    ModelResponse,
+    ToolResult,
+    Usage,
+    UserMessage,
+)
 
 __all__ = [
     "MESSAGE_OVERHEAD",
     "CalibratedCounter",
     "EstimatingCounter",
     "TokenCounter",
+    "estimated_usage",
     "item_tokens",
 ]
 
@@ -103,3 +113,19 @@ def item_tokens(counter: TokenCounter, item: Item) -> int:
         case ToolResult(content=content):
             return MESSAGE_OVERHEAD + counter.count(content)
     raise TypeError(f"unknown history item: {item!r}")
+
+
+def estimated_usage(counter: TokenCounter, request: ModelRequest, response: ModelResponse) -> Usage:
+    """The usage of an answer whose server reported none (a stream from llama-cpp-python's
+    server, which ignores ``stream_options``; ADR 0065), counted by `counter` and marked
+    estimated, so the token and cost budgets go on counting. Input: the system prompt, each
+    item, the volatile controls and the tools' definitions; output: the text and each call."""
+    tools = [[t.name, t.description, t.parameters] for t in request.tools]
+    input_tokens = sum(item_tokens(counter, item) for item in request.items)
+    input_tokens += sum(MESSAGE_OVERHEAD + counter.count(text) for text in request.volatile)
+    input_tokens += MESSAGE_OVERHEAD + counter.count(request.system)
+    input_tokens += counter.count(json.dumps(tools, ensure_ascii=False)) if tools else 0
+    output_tokens = counter.count(response.text or "")
+    for call in response.tool_calls:
+        output_tokens += MESSAGE_OVERHEAD + counter.count(call.name + call.raw_arguments)
+    return Usage(input_tokens, output_tokens, 0, estimated=True)

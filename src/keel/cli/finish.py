@@ -123,7 +123,8 @@ def print_result(
     err.print(
         f"{safe_text(status)} · run {result.run_id} · {result.model_calls} model calls · "
         f"{result.tool_calls} tool calls · {result.usage.input_tokens}+"
-        f"{result.usage.output_tokens} tokens · {cost_text(result.cost)}",
+        f"{result.usage.output_tokens} tokens{' (estimated)' if result.usage.estimated else ''}"
+        f" · {cost_text(result.cost)}",
         highlight=False,
         markup=False,
         soft_wrap=True,

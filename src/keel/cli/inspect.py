@@ -212,7 +212,8 @@ def _print_end(out: Console, record: RunRecord, summary: dict[str, Any]) -> None
     state = record.state
     out.print(
         f"spent: {state.model_calls} model calls · {state.tool_calls} tool calls · "
-        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens · "
+        f"{state.usage.input_tokens}+{state.usage.output_tokens} tokens"
+        f"{' (estimated)' if state.usage.estimated else ''} · "
         f"{cost_text(state.cost)}{children_spent(record)}",
         highlight=False,
         markup=False,

@@ -221,6 +221,7 @@ def _detail(event: Event) -> str:
         case ModelResponseReceived():
             calls = ", ".join(c.name for c in event.tool_calls)
             tokens = f"{event.usage.input_tokens}+{event.usage.output_tokens} tokens"
+            tokens += " (estimated)" if event.usage.estimated else ""
             if event.cost is not None:
                 tokens += f" · ${event.cost:.4f}"
             if calls:

@@ -33,7 +33,7 @@ from keel.transports.keys import PLACEHOLDER_KEY, endpoint_key
 from keel.transports.overflow import as_overflow
 from keel.transports.policy import attempt, is_retryable, parse_retry_after, scrub
 from keel.transports.sse_readers import Events
-from keel.transports.streaming import OnText, cut_short, sse_events
+from keel.transports.streaming import OnText, cut_short, sse_events, transport_errors
 from keel.transports.wire import decode_json
 
 __all__ = [
@@ -117,13 +117,24 @@ async def post(
     create: Callable[..., Awaitable[Any]],
     body: dict[str, Any],
     from_wire: Callable[[dict[str, Any]], ModelResponse],
+    *,
+    again_if_closed: bool = False,
 ) -> ModelResponse:
     """One attempt at an endpoint of `client`: `create` (the endpoint's
     ``with_raw_response.create``) sends `body`, and `from_wire` maps the decoded answer. An SDK
-    exception leaves as the ProviderError `map_error` makes of it, the key scrubbed."""
+    exception leaves as the ProviderError `map_error` makes of it, the key scrubbed.
+
+    `again_if_closed`: a request that finds its connection closed before any answer is sent
+    once more. For the whole request after a stream of nothing (`post_streaming`): the server
+    closes the connection that stream came on, and the pool may hand it out again first."""
 
     async def send() -> ModelResponse:
-        raw = await create(**body)
+        try:
+            raw = await create(**body)
+        except openai.APIConnectionError as exc:
+            if not again_if_closed or isinstance(exc, openai.APITimeoutError):
+                raise
+            raw = await create(**body)
         return from_wire(decode_body(raw.content))
 
     return await attempt(
@@ -152,13 +163,46 @@ async def post_streaming(
     read: Callable[[Events, OnText, str], Awaitable[dict[str, Any] | None]],
     on_text: OnText,
     from_wire: Callable[[dict[str, Any]], ModelResponse],
+    whole: Callable[[], Awaitable[ModelResponse]] | None = None,
 ) -> ModelResponse:
     """`post`, streamed (ADR 0039): `create` is the endpoint's ``with_streaming_response
-    .create``; `read` folds the events into the answer `from_wire` maps."""
+    .create``; `read` folds the events into the answer `from_wire` maps.
+
+    `whole` asks the same request unstreamed. It is called, in the same attempt, when the
+    stream ends or breaks before its first event (a timeout excepted): a server that fails a
+    request after it has started its stream (llama-cpp-python's, for a request over its
+    window: a 200, then nothing) says why only to a whole request, and its words decide the
+    error's class (`ContextOverflow`, ADR 0065)."""
+
+    closed: tuple[type[Exception], ...] = (*transport_errors(), openai.APIConnectionError)
 
     async def send() -> ModelResponse | None:
-        async with create(**body) as raw:
-            answer = await read(sse_events(raw.iter_lines(), PROVIDER), on_text, PROVIDER)
+        seen = False
+
+        async def events(lines: Any) -> Events:
+            nonlocal seen
+            async for event in sse_events(lines, PROVIDER):
+                seen = True
+                yield event
+
+        try:
+            async with create(**body) as raw:
+                kind = raw.headers.get("content-type", "").split(";")[0].strip().lower()
+                if kind == "application/json":  # a server that does not stream answers whole
+                    return from_wire(decode_body(await raw.read()))
+                if kind not in ("", "text/event-stream"):
+                    start = (await raw.text())[:200]
+                    raise ProviderError(
+                        f"{PROVIDER}: a streamed request was answered with {kind[:80]}, not an "
+                        f"event stream: {start!r}"
+                    )
+                answer = await read(events(raw.iter_lines()), on_text, PROVIDER)
+        except closed as exc:
+            if seen or whole is None or isinstance(exc, openai.APITimeoutError):
+                raise
+            answer = None  # closed before its first event; the SDK may call that a connection
+        if answer is None and not seen and whole is not None:
+            return await whole()
         return None if answer is None else from_wire(answer)
 
     return await attempt(

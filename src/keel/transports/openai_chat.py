@@ -22,6 +22,16 @@ hosted gateways), so the mapping asks little of the server and forgives a lot in
 - ``prompt_cache_key`` (the run's key, `ModelRequest.cache_key`) goes to OpenAI only, so that
   each turn of a run meets the prefix the previous one cached; other servers may refuse fields
   they do not know, and cache by prefix anyway (llama.cpp, vLLM).
+- Every request to a server other than OpenAI's own API is streamed (``stream="always"``, the
+  default there), watched or not: llama-cpp-python's server stops generating only when the
+  client of a streamed request goes away, so a request Keel's timeout gives up no longer keeps
+  that server busy for the next one (ADR 0065). OpenAI itself is streamed only when someone
+  watches the text (``"when-watched"``, the default there; either can be chosen). A stream
+  that ends without usage (that server ignores ``stream_options``) is counted by Keel's own
+  counter and its usage marked estimated (`keel.tokens.estimated_usage`), so the budgets go on
+  counting. A server that answers a streamed request with a whole JSON completion is read as
+  one; a stream that ends before its first event is asked again whole (the server's own error
+  then classifies it), and a kind of request answered only whole goes whole from then on.
 - In answers: missing ``usage`` or ``prompt_tokens_details`` count as zero, a missing call id is
   made up, arguments sent as an object instead of a string are re-encoded, and content sent as a
   list of text parts is joined. Beyond that forgiveness, the answer is read against its declared
@@ -41,15 +51,15 @@ import dataclasses
 import json
 import uuid
 from collections.abc import Callable, Iterable, Mapping
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import httpx2
 import openai
 from pydantic import JsonValue
 
-from keel.errors import ProviderError
 from keel.messages import Item, ModelRequest, ModelResponse, ToolCall, Usage, wire_call_ids
+from keel.tokens import CalibratedCounter, TokenCounter, estimated_usage
 from keel.transports._openai_common import (
     OPENAI_HOST,
     PROVIDER,
@@ -65,10 +75,21 @@ from keel.transports.bounded import DEFAULT_MAX_RESPONSE_BYTES
 from keel.transports.keys import sent_key
 from keel.transports.sse_readers import read_chat
 from keel.transports.streaming import OnText
-from keel.transports.text_calls import FUNCTIONS_FORMAT, read_text_calls
+from keel.transports.text_calls import calls_in_text
 from keel.transports.wire import Shape, TokenCount, parse
 
-__all__ = ["OPENAI_HOST", "OpenAIChatTransport", "calls_in_text", "from_wire", "to_wire", "usage"]
+__all__ = [
+    "OPENAI_HOST",
+    "OpenAIChatTransport",
+    "StreamWhen",
+    "calls_in_text",
+    "from_wire",
+    "to_wire",
+    "usage",
+]
+
+StreamWhen = Literal["always", "when-watched"]
+"""When a request goes out streamed: every time, or only when someone watches its text."""
 
 
 class OpenAIChatTransport:
@@ -88,12 +109,17 @@ class OpenAIChatTransport:
         max_tokens: int | None = None,
         max_response_bytes: int = DEFAULT_MAX_RESPONSE_BYTES,
         tool_choice: ServerToolChoice | None = None,
+        stream: StreamWhen | None = None,
+        counter: TokenCounter | None = None,
     ) -> None:
         """`client` or (`http_client`, `base_url`, `api_key`) build the SDK client, with the
         SDK's own retries off. The key: `api_key`, else OPENAI_API_KEY for OpenAI itself; a
         server the user chose gets a placeholder unless given a key (`keel.transports.keys`).
         `max_response_bytes` bounds every answer, decompressed (`keel.transports.bounded`).
-        `tool_choice`: sent on turns with tools that ask for nothing themselves."""
+        `tool_choice`: sent on turns with tools that ask for nothing themselves. `stream`:
+        "always" or "when-watched"; None: "when-watched" for OpenAI's own API, "always" for
+        any other server (see the module docstring). `counter` counts the tokens of a stream
+        that reports none (default: `keel.tokens.CalibratedCounter`)."""
         self.name = f"openai-chat:{model}"
         self.model = model
         self.max_tokens = max_tokens
@@ -107,6 +133,13 @@ class OpenAIChatTransport:
         )
         self._at_openai = self._client.base_url.host == OPENAI_HOST
         self._limit_field = "max_completion_tokens" if self._at_openai else "max_tokens"
+        if stream not in (None, "always", "when-watched"):
+            raise ValueError(f"stream must be 'always' or 'when-watched', not {stream!r}")
+        self.stream: StreamWhen = stream or ("when-watched" if self._at_openai else "always")
+        self._counter = counter or CalibratedCounter()
+        self._goes_whole: set[bool] = set()
+        """The kinds of request (`_may_call`) this server answered whole after a stream of
+        nothing: asked whole from then on, not streamed for nothing first each time."""
 
     @property
     def server_address(self) -> tuple[str, int]:
@@ -128,56 +161,62 @@ class OpenAIChatTransport:
         )
 
     async def request(self, request: ModelRequest) -> ModelResponse:
+        if self.stream == "always":
+            return await self.request_streaming(request, _unheard)
+        return calls_in_text(await self._whole(request, from_wire), request)
+
+    async def _whole(
+        self,
+        request: ModelRequest,
+        read: Callable[[dict[str, Any]], ModelResponse],
+        *,
+        after_stream: bool = False,
+    ) -> ModelResponse:
         create = self._client.chat.completions.with_raw_response.create
-        return calls_in_text(
-            await post(self._client, create, self._body(request), from_wire), request
-        )
+        body = self._body(request)
+        return await post(self._client, create, body, read, again_if_closed=after_stream)
 
     async def request_streaming(self, request: ModelRequest, on_text: OnText) -> ModelResponse:
         """`request` with ``"stream": true`` (and the usage asked for in the last chunk, which
-        a streamed completion otherwise leaves out): text to `on_text` as it comes (ADR 0039)."""
+        a streamed completion otherwise leaves out): text to `on_text` as it comes (ADR 0039).
+        An answer without usage is counted here, marked estimated. A stream that ends before
+        its first event is asked again whole, to hear the server's own error; when the whole
+        request is answered, requests of its kind go whole on this server (ADR 0065)."""
         body = self._body(request)
         body["stream"], body["stream_options"] = True, {"include_usage": True}
         create = self._client.chat.completions.with_streaming_response.create
-        response = await post_streaming(self._client, create, body, read_chat, on_text, from_wire)
+
+        def read(data: dict[str, Any]) -> ModelResponse:
+            response = from_wire(data)
+            if data.get("usage") is not None:
+                return response
+            counted = estimated_usage(self._counter, request, response)
+            return dataclasses.replace(response, usage=counted)
+
+        kind = _may_call(body)
+        if kind in self._goes_whole:
+            return calls_in_text(await self._whole(request, read), request)
+
+        async def whole() -> ModelResponse:
+            answered = await self._whole(request, read, after_stream=True)
+            self._goes_whole.add(kind)  # not an error of this request: this server's way
+            return answered
+
+        response = await post_streaming(
+            self._client, create, body, read_chat, on_text, read, whole=whole
+        )
         return calls_in_text(response, request)
 
 
-def calls_in_text(
-    response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
-) -> ModelResponse:
-    """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
-    calls; a ProviderError (not retried) when they cannot be read. A turn that allows no calls
-    (a synthesis turn) is left as written: the run decides what such a reply is
-    (keel/_run/unanswered.py), never its answer and never a failure (PC-02, ADR 0065)."""
-    if response.tool_calls or not response.text or not request.tools:
-        return response
-    if request.tool_choice == "none":
-        return response
-    found = read_text_calls(response.text, {tool.name for tool in request.tools})
-    if found is None:
-        return response
-    problem = found.problem
-    if problem is None:
-        make = new_id or _new_call_id
-        calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)
-        return dataclasses.replace(response, text=None, tool_calls=calls)
-    shown = " ".join(response.text.split())
-    shown = shown if len(shown) <= 120 else shown[:119] + "…"
-    if found.format == FUNCTIONS_FORMAT:
-        why = (
-            "; that format also drops every tool result (it has no tool role), so the model "
-            "never sees what its tools returned"
-        )
-    else:
-        why = ", which the server did not read as a call"
-    raise ProviderError(
-        f"the server answered with a tool call written as text ({shown!r}), as {found.format} "
-        f"writes one{why}; it was not kept as the answer, because {problem}. Use "
-        "xml:openai-chat:MODEL (Keel writes and reads the calls itself), or serve the model "
-        "with its own chat template (llama-cpp-python's server without --chat_format)",
-        retryable=False,
-    )
+def _may_call(body: Mapping[str, Any]) -> bool:
+    """Whether a request may be answered with a call: it sends tools and lets the model choose
+    or asks for one. llama-cpp-python's ``chatml-function-calling`` cannot stream those
+    ("Automatic streaming tool choice is not supported": a 200, then nothing)."""
+    return bool(body.get("tools")) and body.get("tool_choice", "none") != "none"
+
+
+def _unheard(text: str) -> None:
+    """Nobody listens: a request streamed only so that giving it up stops the server."""
 
 
 # --- to the wire ------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ answer (the Responses API's `response.completed`) or from the stream's pieces pu
 the way the provider documents (Chat Completions chunks, Anthropic content blocks). So what
 is recorded does not depend on whether someone listened. The run streams only when someone
 listens for text (`agent.stream()`, `keel run --events`, `keel run` on a terminal); otherwise
-it calls `request`, and nothing of this module runs.
+it calls `request`, and nothing of this module runs (but for the Chat transport, which streams
+every request to a server other than OpenAI's, to no listener: ADR 0065).
 
 The events a listener hears are `TextDelta` (a piece of the text of one attempt of one step)
 and `TextDiscarded` (that attempt failed after it streamed something: drop what it streamed;
@@ -34,6 +35,7 @@ __all__ = [
     "TextListener",
     "cut_short",
     "sse_events",
+    "transport_errors",
 ]
 
 OnText = Callable[[str], None]
@@ -112,11 +114,9 @@ async def cut_short(
 ) -> ModelResponse:
     """`read()`'s response; a stream that breaks, or ends before the answer is complete
     (None), is a retryable ProviderError."""
-    import httpx  # loaded already by the transport that streams; not by the run core (ADR 0042)
-
     try:
         response = await read()
-    except httpx.TransportError as exc:
+    except transport_errors() as exc:
         raise ProviderError(
             f"{provider}: the stream was cut: {type(exc).__name__}: {exc}", retryable=True
         ) from None
@@ -125,3 +125,14 @@ async def cut_short(
             f"{provider}: the stream ended before the answer was complete", retryable=True
         )
     return response
+
+
+def transport_errors() -> tuple[type[Exception], ...]:
+    """What a broken connection raises under the SDKs: ``httpx2``'s errors (the SDKs of this
+    generation run on it) and ``httpx``'s (an injected client's, bridged), which are not
+    related. Both are loaded already by the transport that streams, not by the run core
+    (ADR 0042)."""
+    import httpx
+    import httpx2
+
+    return (httpx.TransportError, httpx2.TransportError)

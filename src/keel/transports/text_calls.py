@@ -16,6 +16,7 @@ A server that does not parse its chat template's calls returns them as the answe
 and its arguments are a JSON object; otherwise the answer is refused (`TextCalls.problem`), so a
 pseudo-call is never taken for the run's answer. Bare JSON counts only when its ``name`` is a
 known tool (any other JSON object is an ordinary answer, such as a structured one).
+`calls_in_text` applies it to a Chat Completions answer (`keel.transports.openai_chat`).
 
 The text is the model's: every scan here is linear in it (ADR 0062). Blocks are cut with
 `str.find`, not a lazy regex followed by `\\s*` (quadratic over a run of white space), and
@@ -26,9 +27,13 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Collection
-from dataclasses import dataclass
+import uuid
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, replace
 from typing import Any
+
+from keel.errors import ProviderError
+from keel.messages import ModelRequest, ModelResponse, ToolCall
 
 __all__ = [
     "ARRAY_FORMAT",
@@ -36,6 +41,7 @@ __all__ = [
     "FUNCTIONS_FORMAT",
     "TAGS_FORMAT",
     "TextCalls",
+    "calls_in_text",
     "read_text_calls",
     "tool_call_blocks",
 ]
@@ -199,3 +205,44 @@ def _blanks_end(text: str, at: int) -> int:
     while at < len(text) and text[at].isspace():
         at += 1
     return at
+
+
+def calls_in_text(
+    response: ModelResponse, request: ModelRequest, *, new_id: Callable[[], str] | None = None
+) -> ModelResponse:
+    """`response` with the tool calls its text spells out (a chat template's pseudo-call) as
+    calls; a ProviderError (not retried) when they cannot be read. A turn that allows no calls
+    (a synthesis turn) is left as written: the run decides what such a reply is
+    (keel/_run/unanswered.py), never its answer and never a failure (PC-02, ADR 0065)."""
+    if response.tool_calls or not response.text or not request.tools:
+        return response
+    if request.tool_choice == "none":
+        return response
+    found = read_text_calls(response.text, {tool.name for tool in request.tools})
+    if found is None:
+        return response
+    problem = found.problem
+    if problem is None:
+        make = new_id or _new_call_id
+        calls = tuple(ToolCall.from_raw(make(), name, args) for name, args in found.calls)
+        return replace(response, text=None, tool_calls=calls)
+    shown = " ".join(response.text.split())
+    shown = shown if len(shown) <= 120 else shown[:119] + "…"
+    if found.format == FUNCTIONS_FORMAT:
+        why = (
+            "; that format also drops every tool result (it has no tool role), so the model "
+            "never sees what its tools returned"
+        )
+    else:
+        why = ", which the server did not read as a call"
+    raise ProviderError(
+        f"the server answered with a tool call written as text ({shown!r}), as {found.format} "
+        f"writes one{why}; it was not kept as the answer, because {problem}. Use "
+        "xml:openai-chat:MODEL (Keel writes and reads the calls itself), or serve the model "
+        "with its own chat template (llama-cpp-python's server without --chat_format)",
+        retryable=False,
+    )
+
+
+def _new_call_id() -> str:
+    return f"call_{uuid.uuid4().hex[:24]}"
