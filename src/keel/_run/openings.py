@@ -162,6 +162,7 @@ class Queued:
         return Opened(
             self.run_id,
             record.question,
+            record.config.lineage,  # a queued child's parent (ADR 0069)
             limits=record.config.limits,
             stored=record.config.settings,
             queued=True,

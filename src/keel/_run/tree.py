@@ -81,6 +81,9 @@ class Delegations:
     """Children that ended in this batch, by the parent's call id: folded when it ends."""
     paused: dict[str, tuple[PendingApproval, ...]] = field(default_factory=dict)
     """Children that wait for a person, by the parent's call id: the parent pauses too."""
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Children queued for the workers that have not ended, by the parent's call id: their
+    run ids. The parent pauses `awaiting_children` (ADR 0069)."""
     refused: set[str] = field(default_factory=set)
     """Delegations answered with why no child was started: not a tool call spent."""
     running: set[asyncio.Future[Any]] = field(default_factory=set)

@@ -308,7 +308,10 @@ def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
     status: Annotated[
         str | None,
-        typer.Option(help="Only runs in this status: queued, running, awaiting_approval, ..."),
+        typer.Option(
+            help="Only runs in this status: queued, running, awaiting_approval, "
+            "awaiting_children, ..."
+        ),
     ] = None,
 ) -> None:
     """List recent runs, newest first."""

@@ -1,0 +1,246 @@
+"""Children any worker may take (ADR 0069): on a real Postgres store advanced by real
+`keel worker` processes, a delegation queues its child as a run of its own; the parent waits
+`awaiting_children` without holding a worker, and the last child to end queues it again."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from keel.agent import new_run_id
+from keel.assemble import build_agent
+from keel.limits import Limits
+from keel.pool.dispatch import Dispatch
+from keel.records import JsonObject
+from keel.store.postgres_store import PostgresStore
+from pool import Pool, call
+
+LEAD_ANSWER = "The parts agree: leases expire."
+
+
+def lead_script(width: int, latency_ms: int = 50) -> dict[str, Any]:
+    calls = [call("reader", task=f"Read part {n} of the notes.") for n in range(width)]
+    return {"turns": [{"tool_calls": calls}, {"text": LEAD_ANSWER}], "latency_ms": latency_ms}
+
+
+def child_script(latency_ms: int = 200) -> dict[str, Any]:
+    return {
+        "turns": [
+            {"tool_calls": [call("read_file", path="notes.md")]},
+            {"tool_calls": [call("write_file", path="log.txt", content="one\n", append=True)]},
+            {"text": "Leases expire."},
+        ],
+        "latency_ms": latency_ms,
+    }
+
+
+@pytest.fixture
+def pool(tmp_path: Path, pg_url: str) -> Iterator[Pool]:
+    made = Pool(tmp_path, pg_url, lead_script(1))
+    yield made
+    made.stop_all()
+
+
+def submit_tree(
+    pool: Pool,
+    tmp_path: Path,
+    width: int,
+    limits: Limits | None = None,
+    child: dict[str, Any] | None = None,
+) -> str:
+    """A lead whose first turn delegates `width` tasks to `reader`, submitted as `keel submit
+    --agent reader` would (the `[agents.reader]` table saved with the run)."""
+    (tmp_path / "lead.json").write_text(json.dumps(lead_script(width)))
+    (tmp_path / "child.json").write_text(json.dumps(child or child_script()))
+    reader: JsonObject = {
+        "description": "Reads the notes and logs that it did",
+        "model": f"script:{tmp_path / 'child.json'}",
+        "instructions": None,
+        "tools": ["read_file", "write_file"],
+        "approve_tools": ["write_file"],
+        "limits": {},
+    }
+    settings: JsonObject = {
+        "repo": str(pool.repo),
+        "allow_hosts": [],
+        "allow_writes": True,
+        "agents": {"reader": reader},
+    }
+    store = PostgresStore(pool.url)
+    dispatch = Dispatch(store)
+    try:
+        limits = limits or Limits(max_children=width, max_delegations=width)
+        agent = build_agent(f"script:{tmp_path / 'lead.json'}", settings, limits, store, None)
+        run_id = new_run_id()
+        dispatch.submit(run_id, "What do the notes say?", agent.transport.name, agent.config())
+    finally:
+        dispatch.close()
+        store.close()
+    return run_id
+
+
+def children_of(pool: Pool, run_id: str) -> list[dict[str, Any]]:
+    with psycopg.connect(pool.url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT run_id, status, config, state FROM keel.runs"
+            " WHERE (config::jsonb ->> 'parent_run') = %s ORDER BY run_id",
+            (run_id,),
+        ).fetchall()
+    return [
+        {"run_id": r, "status": s, "config": json.loads(c), "state": json.loads(st)}
+        for r, s, c, st in rows
+    ]
+
+
+def statuses_seen(pool: Pool, run_id: str, until: set[str], timeout: float = 120) -> set[str]:
+    """Every status `run_id` was seen in, polled until it is in `until`."""
+    seen: set[str] = set()
+    deadline = time.monotonic() + timeout
+    with psycopg.connect(pool.url, autocommit=True) as conn:
+        while time.monotonic() < deadline:
+            row = conn.execute("SELECT status FROM keel.runs WHERE run_id = %s", (run_id,))
+            status = str(row.fetchone()[0])  # type: ignore[index]
+            seen.add(status)
+            if status in until:
+                return seen
+            time.sleep(0.02)
+    raise AssertionError(f"{run_id} never reached {until}: seen {seen}")
+
+
+def ran_by(pool: Pool, name: str) -> set[str]:
+    """The runs worker `name` says it advanced to their end."""
+    return set(re.findall(r"^(run_[0-9a-f]{16}): completed$", pool.log(name), re.M))
+
+
+def log_lines(pool: Pool) -> list[str]:
+    path = pool.repo / "log.txt"
+    return path.read_text().splitlines() if path.exists() else []
+
+
+def test_children_of_one_parent_spread_over_two_workers(pool: Pool, tmp_path: Path) -> None:
+    lead = submit_tree(pool, tmp_path, width=12)
+    pool.worker("a", concurrency=2)
+    pool.worker("b", concurrency=2)
+    pool.wait_for([lead], {"completed"}, timeout=180)
+    shown = pool.show(lead)
+    assert shown["run"]["answer"] == LEAD_ANSWER
+    children = children_of(pool, lead)
+    assert len(children) == 12 and all(c["status"] == "completed" for c in children)
+    ids = {c["run_id"] for c in children}
+    by_a, by_b = ran_by(pool, "a") & ids, ran_by(pool, "b") & ids
+    assert by_a and by_b, f"a ran {len(by_a)} children, b {len(by_b)}"
+    assert by_a | by_b == ids and not by_a & by_b
+    assert log_lines(pool) == ["one"] * 12
+    # what the children spent is folded into the parent: 2 calls of its own, 3 each of theirs
+    assert shown["run"]["model_calls"] == 2 + 3 * 12
+
+
+def test_a_waiting_parent_holds_no_worker_so_one_slot_runs_its_children(
+    pool: Pool, tmp_path: Path
+) -> None:
+    lead = submit_tree(pool, tmp_path, width=3)
+    pool.worker("solo", concurrency=1)
+    seen = statuses_seen(pool, lead, {"completed", "failed", "cancelled"})
+    assert "awaiting_children" in seen, seen
+    assert pool.status(lead) == "completed"
+    children = children_of(pool, lead)
+    assert [c["status"] for c in children] == ["completed"] * 3
+    listed = pool.keel("runs").stdout
+    assert lead in listed
+    events = pool.show(lead)["events"]
+    assert sum(e["type"] == "run_started" for e in events) == 1
+    assert sum(e["type"] == "run_resumed" for e in events) >= 1  # queued again, taken up
+
+
+def test_each_child_record_carries_what_a_worker_rebuilds_it_from(
+    pool: Pool, tmp_path: Path
+) -> None:
+    lead = submit_tree(pool, tmp_path, width=2)
+    pool.worker("a", concurrency=2)
+    pool.wait_for([lead], {"completed"})
+    for child in children_of(pool, lead):
+        config = child["config"]
+        assert config["as_agent"] == "reader" and config["agents"]["reader"]
+        assert config["model"].endswith("child.json")
+        assert config["tools"] == ["read_file", "write_file"]
+        assert config["parent_run"] == lead and config["agent"] == "reader"
+
+
+def test_budget_shares_are_reserved_in_the_child_records_and_folded_back(
+    pool: Pool, tmp_path: Path
+) -> None:
+    limits = Limits(max_model_calls=11, max_children=3, max_delegations=3)
+    lead = submit_tree(pool, tmp_path, width=3, limits=limits)
+    pool.worker("a", concurrency=2)
+    pool.worker("b", concurrency=2)
+    pool.wait_for([lead], {"completed", "failed"}, timeout=180)
+    children = children_of(pool, lead)
+    # 11 calls, 1 spent by the lead's first turn, 1 kept for its answer: 9 shared by 3
+    shares = [c["config"]["limits"]["max_model_calls"] for c in children]
+    assert shares == [3, 3, 3], shares
+    spent = [c["state"]["model_calls"] for c in children]
+    shown = pool.show(lead)["run"]
+    assert shown["status"] == "completed"
+    assert shown["model_calls"] == 2 + sum(spent) <= 11
+
+
+def test_a_child_recorded_but_never_enqueued_is_rescued(pool: Pool, tmp_path: Path) -> None:
+    lead = submit_tree(pool, tmp_path, width=3)
+    pool.env["KEEL_FAILPOINTS"] = "child_recorded:2"  # dies between a child's row and its enqueue
+    first = pool.worker("a", concurrency=2)
+    assert first.wait(timeout=60) == -9
+    pool.env.pop("KEEL_FAILPOINTS")
+    pool.worker("b", concurrency=2)
+    pool.wait_for([lead], {"completed"}, timeout=180)
+    children = children_of(pool, lead)
+    assert [c["status"] for c in children] == ["completed"] * 3
+    assert len(log_lines(pool)) == 3
+    for child in children:
+        events = pool.show(child["run_id"])["events"]
+        assert sum(e["type"] == "run_started" for e in events) == 1, "a child started twice"
+
+
+def test_kill_9_of_a_worker_mid_fan_out_runs_no_child_twice(pool: Pool, tmp_path: Path) -> None:
+    lead = submit_tree(pool, tmp_path, width=6)
+    pool.env["KEEL_FAILPOINTS"] = "inside_side_effect:2"
+    first = pool.worker("a", concurrency=3, lease_ttl=2.0)
+    pool.env.pop("KEEL_FAILPOINTS")
+    pool.worker("b", concurrency=3, lease_ttl=2.0)
+    assert first.wait(timeout=90) == -9
+    pool.wait_for([lead], {"completed"}, timeout=240)
+    children = children_of(pool, lead)
+    assert [c["status"] for c in children] == ["completed"] * 6
+    assert len(log_lines(pool)) <= 6, "a side effect ran twice"
+    for child in children:
+        events = pool.show(child["run_id"])["events"]
+        assert sum(e["type"] == "run_started" for e in events) == 1, "a child started twice"
+        writes = [e for e in events if e["type"] == "tool_dispatched"]
+        assert len(writes) <= 1, "a child's side effect was dispatched twice"
+
+
+def test_cancelling_a_parent_that_waits_for_its_children_cancels_the_tree(
+    pool: Pool, tmp_path: Path
+) -> None:
+    lead = submit_tree(pool, tmp_path, width=4, child=child_script(latency_ms=1500))
+    pool.worker("a", concurrency=2)
+    statuses_seen(pool, lead, {"awaiting_children"})
+    done = pool.keel("cancel", lead, "--wait", "30")
+    assert done.returncode == 0, done.stderr
+    cancelled_at = time.time()
+    pool.wait_for([lead], {"cancelled"}, timeout=10)
+    children = children_of(pool, lead)
+    pool.wait_for([c["run_id"] for c in children], {"cancelled", "completed"}, timeout=30)
+    time.sleep(2.0)  # a woken parent or a late child would show here
+    assert pool.status(lead) == "cancelled"
+    for child in children_of(pool, lead):
+        assert child["status"] == "cancelled"
+        events = pool.show(child["run_id"])["events"]
+        late = [e for e in events if e["type"] == "model_request" and e["at"] > cancelled_at]
+        assert not late, "a model call started after the cancel"
