@@ -335,6 +335,8 @@ def _children(
         raise ConfigError("the run's saved agents are not a table")
     made = []
     for name, saved in tables.items():
+        if cast(dict[str, Any], saved).get("below"):  # another agent's sub-agent only
+            continue
         child = _child_agent(name, tables, builtin, settings, store, durability, parent, ())
         made.append(child.as_tool(name, str(cast(dict[str, Any], saved)["description"])))
     return made

@@ -374,6 +374,8 @@ def agent_tables(names: Sequence[str], cwd: Path | None = None) -> dict[str, dic
             tables = config.data.get("agents")
             if isinstance(tables, dict) and name in tables:
                 found[name] = _agent_table(name, tables[name], f"{config.path}: [agents.{name}]")
+                if name not in names:  # only started by another agent: not the run's tool
+                    found[name]["below"] = True
                 wanted += found[name].get("agents") or []
                 break
         else:

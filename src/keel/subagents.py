@@ -46,7 +46,7 @@ from keel.errors import LeaseHeld, ToolError
 from keel.events import TreeListener
 from keel.limits import Limits
 from keel.records import Lineage
-from keel.result import OVER, ChildRun, RunResult
+from keel.result import OVER, TERMINAL, ChildRun, RunResult
 from keel.store import RunStore
 from keel.tools.base import CURRENT_CALL, Effect, Tool
 
@@ -184,9 +184,8 @@ async def _queued(
             raise
         tree.waiting[call_id] = child_id
         return WAITING_TEXT
-    if record.status in OVER:  # ended: its answer, and what it spent folded in
-        result = record.state.result(child_id, record.conversation_id)
-        tree.hold(call_id, record.config.limits)
+    if record.status in TERMINAL:  # its answer, its spend folded in; a cancelled child is
+        result = record.state.result(child_id, record.conversation_id)  # not taken up again
         tree.settle(call_id, _summary(child_id, call_id, name, result, store))
         return result_text(name, result)
     tree.hold(call_id, record.config.limits)  # its reservation, held until it ends
@@ -194,8 +193,8 @@ async def _queued(
     if record.status == "awaiting_approval" and undecided:
         tree.paused[call_id] = tuple(qualified(child_id, p) for p in record.state.pending)
         return "(waiting for a decision in the child run)"
-    if record.status == "awaiting_approval" or record.status == "cancelled":
-        await asyncio.to_thread(queue.hand_on_decided, child_id)  # decided, or taken up again
+    if record.status == "awaiting_approval":  # every call decided: on it goes
+        await asyncio.to_thread(queue.hand_on_decided, child_id)
     tree.waiting[call_id] = child_id
     return WAITING_TEXT
 
