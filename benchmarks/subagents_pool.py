@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import random
-import re
 import statistics
 import tempfile
 import time
@@ -155,11 +154,16 @@ def up(
     return procs
 
 
-def child_counts(pool: Any, names: list[str], ids: set[str]) -> list[int]:
-    return [
-        len(set(re.findall(r"^(run_[0-9a-f]{16}): completed$", pool.log(n), re.M)) & ids)
-        for n in names
-    ]
+def child_counts(url: str, procs: list[Any], ids: set[str]) -> list[int]:
+    """How many of the runs `ids` each worker process started, from the owner (host:pid:...)
+    their `run_started` events name."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        rows = conn.execute(
+            "SELECT data FROM keel.events WHERE type = 'run_started' AND run_id = ANY(%s)",
+            (list(ids),),
+        ).fetchall()
+    pids = [str(json.loads(d)["owner"]).split(":")[1] for (d,) in rows]
+    return [pids.count(str(p.pid)) for p in procs]
 
 
 def spread_table(pool_for: Callable[[str], Any], width: int = 32, repeats: int = 3) -> None:
@@ -179,7 +183,7 @@ def spread_table(pool_for: Callable[[str], Any], width: int = 32, repeats: int =
         pool = pool_for(f"spread{workers}")
         names = [f"w{n}" for n in range(workers)]
         try:
-            up(pool, names, concurrency=4)
+            procs = up(pool, names, concurrency=4)
             times, counts = [], []
             for _ in range(repeats):
                 lead = submit(
@@ -193,8 +197,7 @@ def spread_table(pool_for: Callable[[str], Any], width: int = 32, repeats: int =
                 times.append(wait_ended(pool.url, lead))
                 with psycopg.connect(pool.url, autocommit=True) as conn:
                     ids = {r for r, _ in tree_runs(conn, lead)} - {lead}
-                time.sleep(0.3)  # the workers' last log lines
-                counts.append(child_counts(pool, names, ids))
+                counts.append(child_counts(pool.url, procs, ids))
             shown = ", ".join(f"{t:.2f}" for t in times)
             per = " / ".join(str(c) for c in counts[-1])
             print(f"{workers:>7} {statistics.median(times):>18.2f} {shown:>24} {per:>22}")
