@@ -197,8 +197,13 @@ def test_budget_shares_are_reserved_in_the_child_records_and_folded_back(
     assert shown["model_calls"] == 2 + sum(spent) <= 11
 
 
-def test_a_child_recorded_but_never_enqueued_is_rescued(pool: Pool, tmp_path: Path) -> None:
-    lead = submit_tree(pool, tmp_path, width=3)
+def test_a_child_recorded_but_never_enqueued_is_rescued_and_the_shares_stay_whole(
+    pool: Pool, tmp_path: Path
+) -> None:
+    # 14 calls: the lead's 2, and 4 for each child. The resumed lead finds 2 children started:
+    # the third is carved a share of what they do not hold, not a third of it.
+    limits = Limits(max_model_calls=14, max_children=3, max_delegations=3)
+    lead = submit_tree(pool, tmp_path, width=3, limits=limits)
     pool.env["KEEL_FAILPOINTS"] = "child_recorded:2"  # dies between a child's row and its enqueue
     first = pool.worker("a", concurrency=2)
     assert first.wait(timeout=60) == -9
@@ -207,6 +212,7 @@ def test_a_child_recorded_but_never_enqueued_is_rescued(pool: Pool, tmp_path: Pa
     pool.wait_for([lead], {"completed"}, timeout=180)
     children = children_of(pool, lead)
     assert [c["status"] for c in children] == ["completed"] * 3
+    assert [c["config"]["limits"]["max_model_calls"] for c in children] == [4, 4, 4]
     assert len(log_lines(pool)) == 3
     for child in children:
         events = pool.show(child["run_id"])["events"]

@@ -130,6 +130,8 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
         return await _queued(tree, call.id, agent, name, task, child_id, queue)
     async with tree.slots:
         record = None if store is None else store.get_run(child_id)
+        if record is not None:
+            tree.found(call.id)
         if record is not None and record.status in OVER:  # answered before: read, not rerun
             result = record.state.result(child_id, record.conversation_id)
         elif record is None:
@@ -184,6 +186,7 @@ async def _queued(
             raise
         tree.waiting[call_id] = child_id
         return WAITING_TEXT
+    tree.found(call_id)
     if record.status in TERMINAL:  # its answer, its spend folded in; a cancelled child is
         result = record.state.result(child_id, record.conversation_id)  # not taken up again
         tree.settle(call_id, _summary(child_id, call_id, name, result, store))

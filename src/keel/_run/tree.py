@@ -159,6 +159,12 @@ class Delegations:
             )  # fmt: skip
         return dataclasses.replace(declared, **capped)  # type: ignore[arg-type]
 
+    def found(self, call_id: str) -> None:
+        """A delegation whose child exists already (the batch dispatched again, after a crash
+        or a wait for queued children): it has started, so the delegations yet to start share
+        what is left without it (its carve-out is held, or its spend settled, apart)."""
+        self.started += 1
+
     def hold(self, call_id: str, limits: Limits) -> None:
         """Hold a running child's limits apart from what other children may be given."""
         self.held[call_id] = _Held(
