@@ -256,3 +256,78 @@ def test_cancelling_a_parent_that_waits_for_its_children_cancels_the_tree(
         events = pool.show(child["run_id"])["events"]
         late = [e for e in events if e["type"] == "model_request" and e["at"] > cancelled_at]
         assert not late, "a model call started after the cancel"
+
+
+def test_a_waiting_parent_shows_its_children_and_one_cancelled_child_answers_it(
+    pool: Pool, tmp_path: Path
+) -> None:
+    from keel.serve.a2a_tasks import TaskState, state_of
+
+    lead = submit_tree(pool, tmp_path, width=2, child=child_script(latency_ms=1500))
+    pool.worker("a", concurrency=2)
+    statuses_seen(pool, lead, {"awaiting_children"})
+    children = [c["run_id"] for c in children_of(pool, lead)]
+    shown = pool.keel("show", lead)
+    assert "awaiting_children" in shown.stdout
+    assert all(f"waiting for child: {c}" in shown.stdout for c in children), shown.stdout
+    assert sorted(pool.show(lead)["waiting_for"]) == sorted(children)
+    listed = pool.keel("runs", "--status", "awaiting_children").stdout
+    assert lead in listed
+    store = PostgresStore(pool.url, read_only=True)
+    try:
+        record = store.get_run(lead)
+        assert record is not None and state_of(record) == TaskState.TASK_STATE_WORKING
+    finally:
+        store.close()
+    cancelled = pool.keel("cancel", children[0], "--wait", "30")
+    assert cancelled.returncode == 0, cancelled.stderr
+    pool.wait_for([lead], {"completed"}, timeout=120)
+    statuses = {c["run_id"]: c["status"] for c in children_of(pool, lead)}
+    assert statuses == {children[0]: "cancelled", children[1]: "completed"}
+    results = [e for e in pool.show(lead)["events"] if e["type"] == "tool_result"]
+    told = [r for r in results if r.get("is_error")]
+    assert len(told) == 1 and "ended cancelled without an answer" in json.dumps(told[0])
+
+
+def test_a_three_level_tree_declared_in_keel_toml_runs_on_two_workers(
+    pool: Pool, tmp_path: Path
+) -> None:
+    scripts = {
+        "lead": {"turns": [{"tool_calls": [call("middle", task=f"Middle {n}.") for n in range(2)]},
+                           {"text": LEAD_ANSWER}]},
+        "middle": {"turns": [{"tool_calls": [call("leaf", task=f"Leaf {n}.") for n in range(2)]},
+                             {"text": "Both leaves read."}]},
+        "leaf": {"turns": [{"tool_calls": [call("read_file", path="notes.md")]},
+                           {"text": "Leases expire."}]},
+    }  # fmt: skip
+    for name, script in scripts.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps(script))
+    config = tmp_path / "config" / "keel"
+    config.mkdir(parents=True)
+    (config / "keel.toml").write_text(
+        f'[agents.middle]\ndescription = "Starts leaves"\nmodel = "script:{tmp_path}/middle.json"\n'
+        'tools = []\nagents = ["leaf"]\n\n'
+        f'[agents.leaf]\ndescription = "Reads"\nmodel = "script:{tmp_path}/leaf.json"\n'
+        'tools = ["read_file"]\n'
+    )
+    pool.env["XDG_CONFIG_HOME"] = str(tmp_path / "config")
+    done = pool.keel(
+        "submit", "What do the notes say?", "--model", f"script:{tmp_path}/lead.json",
+        "--repo", str(pool.repo), "--agent", "middle", "--json",
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    lead = json.loads(done.stdout)["run_id"]
+    pool.worker("a", concurrency=2)
+    pool.worker("b", concurrency=2)
+    pool.wait_for([lead], {"completed"}, timeout=180)
+    assert pool.show(lead)["run"]["answer"] == LEAD_ANSWER
+    middles = children_of(pool, lead)
+    assert [m["status"] for m in middles] == ["completed"] * 2
+    leaves = [leaf for m in middles for leaf in children_of(pool, m["run_id"])]
+    assert [leaf["status"] for leaf in leaves] == ["completed"] * 4
+    assert all(leaf["config"]["limits"]["max_depth"] == 0 for leaf in leaves)
+    with psycopg.connect(pool.url, autocommit=True) as conn:
+        row = conn.execute("SELECT config FROM keel.runs WHERE run_id = %s", (lead,)).fetchone()
+    assert row is not None
+    tools = json.loads(row[0])["tools"]
+    assert "middle" in tools and "leaf" not in tools  # the leaf is the middle's agent only
