@@ -331,3 +331,34 @@ def test_a_three_level_tree_declared_in_keel_toml_runs_on_two_workers(
     assert row is not None
     tools = json.loads(row[0])["tools"]
     assert "middle" in tools and "leaf" not in tools  # the leaf is the middle's agent only
+
+
+def test_a_child_queued_after_its_parents_cancel_was_recorded_calls_no_model(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """The cancel request of a parent a live process holds waits for that process; a child the
+    parent queues meanwhile must end `cancelled` when a worker opens it, before any model call
+    (its record's lineage reaches the open check)."""
+    from keel.pool.children import QueuedChildren
+    from keel.records import Lineage
+    from keel.subagents import child_run_id
+
+    lead = submit_tree(pool, tmp_path, width=1)
+    store = PostgresStore(pool.url)
+    dispatch = Dispatch(store)
+    try:
+        record = store.get_run(lead)
+        assert record is not None
+        with psycopg.connect(pool.url, autocommit=True) as conn:  # as `keel cancel` leaves it
+            conn.execute("INSERT INTO keel.cancels (run_id, at) VALUES (%s, %s)", (lead, 0.0))
+        child = child_run_id(lead, "k1_0")
+        lineage = Lineage(parent_run=lead, parent_call="k1_0", agent="reader")
+        QueuedChildren(dispatch).enqueue_child(child, "Read.", record.config.with_lineage(lineage))
+    finally:
+        dispatch.close()
+        store.close()
+    pool.worker("a", concurrency=2)
+    pool.wait_for([child, lead], {"cancelled"}, timeout=60)
+    for run_id in (child, lead):
+        events = pool.show(run_id)["events"]
+        assert not [e for e in events if e["type"] == "model_request"], run_id
