@@ -53,6 +53,7 @@ def submit_tree(
     width: int,
     limits: Limits | None = None,
     child: dict[str, Any] | None = None,
+    approve_writes: bool = True,
 ) -> str:
     """A lead whose first turn delegates `width` tasks to `reader`, submitted as `keel submit
     --agent reader` would (the `[agents.reader]` table saved with the run)."""
@@ -63,7 +64,7 @@ def submit_tree(
         "model": f"script:{tmp_path / 'child.json'}",
         "instructions": None,
         "tools": ["read_file", "write_file"],
-        "approve_tools": ["write_file"],
+        "approve_tools": ["write_file"] if approve_writes else [],
         "limits": {},
     }
     settings: JsonObject = {
@@ -362,3 +363,19 @@ def test_a_child_queued_after_its_parents_cancel_was_recorded_calls_no_model(
     for run_id in (child, lead):
         events = pool.show(run_id)["events"]
         assert not [e for e in events if e["type"] == "model_request"], run_id
+
+
+def test_a_queued_childs_approval_pauses_its_parent_and_one_decision_finishes_both(
+    pool: Pool, tmp_path: Path
+) -> None:
+    lead = submit_tree(pool, tmp_path, width=2, approve_writes=False)
+    pool.worker("a", concurrency=2)
+    pool.wait_for([lead], {"awaiting_approval"}, timeout=120)
+    asked = [e for e in pool.show(lead)["events"] if e["type"] == "approval_requested"]
+    assert len(asked) == 2 and all(":" in e["call_id"] for e in asked)  # CHILD_RUN:CALL_ID
+    for event in asked:
+        done = pool.keel("approve", lead, event["call_id"], "--by", "ana")
+        assert done.returncode == 0, done.stderr
+    pool.wait_for([lead], {"completed"}, timeout=120)
+    assert [c["status"] for c in children_of(pool, lead)] == ["completed"] * 2
+    assert log_lines(pool) == ["one"] * 2
