@@ -8,10 +8,11 @@ would (the `[agents.*]` tables saved with the lead). Three measurements:
   fan-out's wall time (from the submit until the lead has completed, workers already up) with
   one worker, then two, and how many children each worker ran (from the workers' logs).
 - kill: for each failpoint a fan-out passes (keel/failpoints.py, and `child_recorded`, between
-  a child's row and its enqueue), worker a is armed to SIGKILL itself the K-th time it passes
-  it while worker b runs beside it. Checked from the store: every child completed, started
-  once, each child's write dispatched at most once, the log file's lines at most one per
-  child, the tree's model calls within the lead's cap.
+  a child's row and its enqueue), either worker is armed to SIGKILL itself the K-th time it
+  passes it: worker a, which took the lead, or worker b, started once a has, which can take
+  only children until the lead is queued again. Checked from the store: every child
+  completed, started once, each child's write dispatched at most once, the log file's lines
+  at most one per child, the tree's model calls within the lead's cap.
 - cancel: a three-level tree (lead, 3 middles, 9 leaves each calling a tool every turn) on two
   workers, cancelled at a random moment by another store handle (as `keel cancel`): model calls
   started after the cancel was recorded against the runs open then (the bound: one in-flight
@@ -216,36 +217,45 @@ def kill_table(pool_for: Callable[[str], Any], hit: int = 3) -> None:
     }
     cap = 2 + 4 * KILL_WIDTH  # a share of 4 calls each: 3 and one lost to a crash
     print(
-        f"kill -9: 1 lead, {KILL_WIDTH} children (read, write once, answer), worker a killed "
-        f"at pass {hit} of a failpoint, worker b beside it; lead's cap {cap} model calls"
+        f"kill -9: 1 lead, {KILL_WIDTH} children (read, write once, answer); worker a takes the "
+        f"lead, worker b starts once it has; the victim dies at pass {hit} of a failpoint; "
+        f"lead's cap {cap} model calls"
     )
     print(
-        f"{'failpoint':<22} {'killed':>6} {'completed':>9} {'started twice':>13} "
-        f"{'writes twice':>12} {'log lines':>9} {'tree calls':>10} {'b: s':>6}"
+        f"{'failpoint':<22} {'victim':>6} {'killed':>6} {'completed':>9} {'started twice':>13} "
+        f"{'writes twice':>12} {'log lines':>9} {'tree calls':>10} {'s':>5}"
     )
     for point in FAILPOINTS:
-        pool = pool_for(f"kill-{point}")
-        try:
-            a = up(pool, ["a"], concurrency=4, env={"KEEL_FAILPOINTS": f"{point}:{hit}"})[0]
-            lead = submit(
-                pool.url,
-                pool.logs.parent,
-                fan_out(KILL_WIDTH, child),
-                {"reader": table("Reads and logs", child, ["read_file", "write_file"])},
-                Limits(max_model_calls=cap, max_children=KILL_WIDTH),
-                pool.repo,
-            )
-            pool.wait_for([lead], {"running", "awaiting_children", "completed"})  # a has it
-            up(pool, ["b"], concurrency=4)
-            took = wait_ended(pool.url, lead)
-            killed = a.poll() == -9
-            row = _kill_row(pool, lead)
-            print(
-                f"{point:<22} {'yes' if killed else 'no':>6} {row[0]:>9} {row[1]:>13} "
-                f"{row[2]:>12} {row[3]:>9} {row[4]:>10} {took:>6.1f}"
-            )
-        finally:
-            pool.stop_all()
+        for victim in ("a", "b"):
+            pool = pool_for(f"kill-{point}-{victim}")
+            try:
+                row = _kill_once(pool, point, victim, hit, child, cap)
+                print(f"{point:<22} {victim:>6} {row}")
+            finally:
+                pool.stop_all()
+
+
+def _kill_once(pool: Any, point: str, victim: str, hit: int, child: Any, cap: int) -> str:
+    """One fan-out with `victim` armed to die at `point`; its row of the table."""
+    armed = {"KEEL_FAILPOINTS": f"{point}:{hit}"}
+    a = up(pool, ["a"], concurrency=4, env=armed if victim == "a" else None)[0]
+    lead = submit(
+        pool.url,
+        pool.logs.parent,
+        fan_out(KILL_WIDTH, child),
+        {"reader": table("Reads and logs", child, ["read_file", "write_file"])},
+        Limits(max_model_calls=cap, max_children=KILL_WIDTH),
+        pool.repo,
+    )
+    pool.wait_for([lead], {"running", "awaiting_children", "completed"})  # a has it
+    b = up(pool, ["b"], concurrency=4, env=armed if victim == "b" else None)[0]
+    took = wait_ended(pool.url, lead)
+    killed = (a if victim == "a" else b).poll() == -9
+    done, twice, writes, lines, calls = _kill_row(pool, lead)
+    return (
+        f"{'yes' if killed else 'no':>6} {done:>9} {twice:>13} {writes:>12} {lines:>9} "
+        f"{calls:>10} {took:>5.1f}"
+    )
 
 
 def _kill_row(pool: Any, lead: str) -> tuple[str, int, int, int, str]:
