@@ -218,7 +218,8 @@ def kill_table(pool_for: Callable[[str], Any], hit: int = 3) -> None:
     cap = 2 + 4 * KILL_WIDTH  # a share of 4 calls each: 3 and one lost to a crash
     print(
         f"kill -9: 1 lead, {KILL_WIDTH} children (read, write once, answer); worker a takes the "
-        f"lead, worker b starts once it has; the victim dies at pass {hit} of a failpoint; "
+        f"lead, worker b starts once it has; the victim dies at pass {hit} (a) or 1 (b) of a "
+        f"failpoint; "
         f"lead's cap {cap} model calls"
     )
     print(
@@ -237,7 +238,7 @@ def kill_table(pool_for: Callable[[str], Any], hit: int = 3) -> None:
 
 def _kill_once(pool: Any, point: str, victim: str, hit: int, child: Any, cap: int) -> str:
     """One fan-out with `victim` armed to die at `point`; its row of the table."""
-    armed = {"KEEL_FAILPOINTS": f"{point}:{hit}"}
+    armed = {"KEEL_FAILPOINTS": f"{point}:{hit if victim == 'a' else 1}"}  # b sees fewer
     a = up(pool, ["a"], concurrency=4, env=armed if victim == "a" else None)[0]
     lead = submit(
         pool.url,

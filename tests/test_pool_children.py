@@ -147,6 +147,11 @@ def test_children_of_one_parent_spread_over_two_workers(pool: Pool, tmp_path: Pa
     assert log_lines(pool) == ["one"] * 12
     # what the children spent is folded into the parent: 2 calls of its own, 3 each of theirs
     assert shown["run"]["model_calls"] == 2 + 3 * 12
+    # twelve children ended on two workers; the lead was queued again by exactly one of them
+    pool.stop_all()  # the workers' logs are complete once they have exited
+    woken = (pool.log("a") + pool.log("b")).count(f"{lead}: its children")
+    assert woken == 1, woken
+    assert sum(e["type"] == "run_resumed" for e in shown["events"]) == 1
 
 
 def test_a_waiting_parent_holds_no_worker_so_one_slot_runs_its_children(

@@ -79,6 +79,7 @@ def uncertain_text(call: ToolCall) -> str:
 async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     """Answer every call of the batch, in request order; or, when some call waits for a
     person's decision, answer nothing and return the calls that wait."""
+    parts.state.waiting = ()  # set again below if queued children are still open
     await hooks.before_tools(parts, batch)
     decisions.expire(parts, batch)
     decisions.apply(parts, batch)

@@ -32,12 +32,9 @@ from keel.records import RunConfig, RunState
 from keel.result import BUSY
 from keel.store.postgres_store import insert_run
 
-__all__ = ["OPEN_CHILD", "QueuedChildren"]
+__all__ = ["QueuedChildren"]
 
 Conn = psycopg.Connection[Any]
-
-OPEN_CHILD = BUSY
-"""A child in one of these has not ended nor stopped for a person: its parent waits for it."""
 
 _OPEN_CHILDREN = (
     "SELECT count(*) FROM keel.runs WHERE (config::jsonb ->> 'parent_run') = %s"
@@ -82,7 +79,7 @@ class QueuedChildren:
             ).fetchone()
             if row is None or row[0] != "awaiting_children":
                 return False
-            counted = conn.execute(_OPEN_CHILDREN, (parent_run, list(OPEN_CHILD))).fetchone()
+            counted = conn.execute(_OPEN_CHILDREN, (parent_run, list(BUSY))).fetchone()
             if counted is None or counted[0]:
                 return False
             state = RunState.decode(json.loads(row[1]))
@@ -110,7 +107,7 @@ class QueuedChildren:
                 "SELECT p.run_id FROM keel.runs p WHERE p.status = 'awaiting_children'"
                 " AND NOT EXISTS (SELECT 1 FROM keel.runs c"
                 " WHERE (c.config::jsonb ->> 'parent_run') = p.run_id AND c.status = ANY(%s))",
-                (list(OPEN_CHILD),),
+                (list(BUSY),),
             ).fetchall()
             return [str(r[0]) for r in rows]
 

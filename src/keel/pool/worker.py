@@ -28,9 +28,9 @@ from keel._run import CHILD_QUEUE, Queued, Resumed
 from keel.agent import RunHandle
 from keel.assemble import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
-from keel.pool.children import OPEN_CHILD, QueuedChildren
+from keel.pool.children import QueuedChildren
 from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
-from keel.result import TERMINAL
+from keel.result import BUSY, TERMINAL
 from keel.store import Checkpoint, new_lease_owner
 from keel.store.postgres_store import PostgresStore
 from keel.store.protocol import HOST
@@ -188,7 +188,7 @@ class PoolWorker:
         try:
             if status == "awaiting_children" and self.children.wake_parent(run_id):
                 self.say(f"{run_id}: its children had ended; queued again")
-            ending = parent_run is not None and status not in OPEN_CHILD
+            ending = parent_run is not None and status not in BUSY
             if ending and self.children.wake_parent(str(parent_run)):
                 self.say(f"{parent_run}: its children have ended; queued again")
         except KeelError as exc:  # the rescue's sweep finds the parent later
