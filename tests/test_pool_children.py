@@ -384,3 +384,28 @@ def test_a_queued_childs_approval_pauses_its_parent_and_one_decision_finishes_bo
     pool.wait_for([lead], {"completed"}, timeout=120)
     assert [c["status"] for c in children_of(pool, lead)] == ["completed"] * 2
     assert log_lines(pool) == ["one"] * 2
+
+
+def test_keel_resume_of_a_waiting_parent_without_workers_runs_its_children_from_their_task(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """No worker left: `keel resume` continues the parent in one process, and its children,
+    queued but never started, start there from their task (not as a resume of nothing)."""
+    import signal
+
+    lead = submit_tree(pool, tmp_path, width=3, child=child_script(latency_ms=2000))
+    worker = pool.worker("a", concurrency=1)
+    statuses_seen(pool, lead, {"awaiting_children"})
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    done = pool.keel("resume", lead, "--json", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["status"] == "completed"
+    children = children_of(pool, lead)
+    assert [c["status"] for c in children] == ["completed"] * 3
+    assert log_lines(pool) == ["one"] * 3
+    for child in children:
+        events = pool.show(child["run_id"])["events"]
+        assert events[0]["type"] == "run_started" and events[0]["question"].startswith("Read")
+        first = next(e for e in events if e["type"] == "model_request")
+        assert first["items"] >= 1, "the child's model was not sent its task"
