@@ -54,10 +54,12 @@ def submit_tree(
     limits: Limits | None = None,
     child: dict[str, Any] | None = None,
     approve_writes: bool = True,
+    lead: dict[str, Any] | None = None,
+    extra: dict[str, JsonObject] | None = None,
 ) -> str:
     """A lead whose first turn delegates `width` tasks to `reader`, submitted as `keel submit
     --agent reader` would (the `[agents.reader]` table saved with the run)."""
-    (tmp_path / "lead.json").write_text(json.dumps(lead_script(width)))
+    (tmp_path / "lead.json").write_text(json.dumps(lead or lead_script(width)))
     (tmp_path / "child.json").write_text(json.dumps(child or child_script()))
     reader: JsonObject = {
         "description": "Reads the notes and logs that it did",
@@ -71,7 +73,7 @@ def submit_tree(
         "repo": str(pool.repo),
         "allow_hosts": [],
         "allow_writes": True,
-        "agents": {"reader": reader},
+        "agents": {"reader": reader, **(extra or {})},
     }
     store = PostgresStore(pool.url)
     dispatch = Dispatch(store)
@@ -409,3 +411,49 @@ def test_keel_resume_of_a_waiting_parent_without_workers_runs_its_children_from_
         assert events[0]["type"] == "run_started" and events[0]["question"].startswith("Read")
         first = next(e for e in events if e["type"] == "model_request")
         assert first["items"] >= 1, "the child's model was not sent its task"
+
+
+def test_a_child_waiting_for_a_person_while_its_sibling_runs_is_decided_on_the_child(
+    pool: Pool, tmp_path: Path
+) -> None:
+    """One child waits for a person while its sibling still runs: the parent waits
+    `awaiting_children` (it lists the child's call once the sibling ends); a decision taken on
+    the child meanwhile sends the child on, and the parent completes with no decision of its
+    own."""
+    writer_script = tmp_path / "writer.json"
+    writer_script.write_text(json.dumps(child_script(latency_ms=50)))
+    writer: JsonObject = {
+        "description": "Logs, once a person agrees",
+        "model": f"script:{writer_script}",
+        "instructions": None,
+        "tools": ["read_file", "write_file"],
+        "approve_tools": [],
+        "limits": {},
+    }
+    calls = [call("reader", task="Read the notes."), call("writer", task="Log a line.")]
+    lead = submit_tree(
+        pool, tmp_path, width=2, child=child_script(latency_ms=1500),
+        lead={"turns": [{"tool_calls": calls}, {"text": LEAD_ANSWER}]}, extra={"writer": writer},
+    )  # fmt: skip
+    pool.worker("a", concurrency=2)
+    writer_run = child_run_of(pool, lead, "writer")
+    pool.wait_for([writer_run], {"awaiting_approval"}, timeout=60)
+    assert pool.status(lead) == "awaiting_children"
+    (asked,) = [e for e in pool.show(writer_run)["events"] if e["type"] == "approval_requested"]
+    done = pool.keel("approve", writer_run, asked["call_id"], "--by", "ana")
+    assert done.returncode == 0, done.stderr
+    pool.wait_for([lead], {"completed"}, timeout=120)
+    assert [c["status"] for c in children_of(pool, lead)] == ["completed"] * 2
+    assert sorted(log_lines(pool)) == ["one", "one"]
+    assert not [e for e in pool.show(lead)["events"] if e["type"] == "approval_requested"]
+
+
+def child_run_of(pool: Pool, lead: str, agent: str, timeout: float = 60) -> str:
+    """The run id of `lead`'s child started through `agent`, once it is recorded."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = [c["run_id"] for c in children_of(pool, lead) if c["config"]["agent"] == agent]
+        if found:
+            return found[0]
+        time.sleep(0.05)
+    raise AssertionError(f"no {agent} child of {lead}")
