@@ -15,8 +15,11 @@ would (the `[agents.*]` tables saved with the lead). Three measurements:
   at most one per child, the tree's model calls within the lead's cap.
 - cancel: a three-level tree (lead, 3 middles, 9 leaves each calling a tool every turn) on two
   workers, cancelled at a random moment by another store handle (as `keel cancel`): model calls
-  started after the cancel was recorded against the runs open then (the bound: one in-flight
-  call each), and the time until every run of the tree has ended.
+  sent after the cancel was recorded (a request event after it that got a response) against
+  the runs open then (the bound: one in-flight call each), and the time until every run of the
+  tree has ended.
+
+`KEEL_BENCH_POINTS=a,b` limits the kill table to those failpoints.
 """
 
 from __future__ import annotations
@@ -264,14 +267,6 @@ def _kill_row(pool: Any, lead: str) -> tuple[str, int, int, int, str]:
         runs = tree_runs(conn, lead)
         children = [r for r, _ in runs if r != lead]
         done = sum(s == "completed" for r, s in runs if r != lead)
-        if os.environ.get("KEEL_BENCH_DEBUG"):
-            for r, s in runs:
-                st = json.loads(
-                    conn.execute("SELECT state FROM keel.runs WHERE run_id = %s", (r,)).fetchone()[
-                        0
-                    ]
-                )
-                print("   ", r, s, st.get("failure"), st.get("answer"))
         twice = writes = 0
         for run_id in children:
             kinds = [
@@ -346,8 +341,6 @@ def cancel_table(pool_for: Callable[[str], Any], trials: int, seed: int = 7) -> 
                         time.sleep(0.01)
                     quiet = (time.time() - recorded) * 1000
                     late = _sent_after(conn, [r for r, _ in runs], recorded)
-                if os.environ.get("KEEL_BENCH_DEBUG"):
-                    _explain(conn_url=pool.url, runs=runs, recorded=recorded)
                 ends = ",".join(sorted({s for _, s in runs}))
                 quiet_all.append(quiet)
                 late_all += int(late)
@@ -380,19 +373,6 @@ def _sent_after(conn: psycopg.Connection[Any], runs: list[str], recorded: float)
     }
     answered = {(r, json.loads(d)["step"]) for r, t, _, d in rows if t == "model_response"}
     return len(asked & answered)
-
-
-def _explain(conn_url: str, runs: list[tuple[str, str]], recorded: float) -> None:
-    with psycopg.connect(conn_url, autocommit=True) as conn:
-        for run_id, status in runs:
-            rows = conn.execute(
-                "SELECT seq, type, at, data FROM keel.events WHERE run_id = %s ORDER BY seq",
-                (run_id,),
-            ).fetchall()
-            print(" ", run_id, status)
-            for seq, kind, at, data in rows:
-                if at > recorded - 0.5:
-                    print("    ", seq, kind, f"{at - recorded:+.3f}", data[:120])
 
 
 def run_all(trials: int, repeats: int) -> None:
