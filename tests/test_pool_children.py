@@ -269,7 +269,11 @@ def test_cancelling_a_parent_that_waits_for_its_children_cancels_the_tree(
 def test_a_waiting_parent_shows_its_children_and_one_cancelled_child_answers_it(
     pool: Pool, tmp_path: Path
 ) -> None:
+    from starlette.testclient import TestClient
+
     from keel.serve.a2a_tasks import TaskState, state_of
+    from keel.ui.app import create_app
+    from keel.ui.security import served_hosts
 
     lead = submit_tree(pool, tmp_path, width=2, child=child_script(latency_ms=1500))
     pool.worker("a", concurrency=2)
@@ -287,6 +291,10 @@ def test_a_waiting_parent_shows_its_children_and_one_cancelled_child_answers_it(
         assert record is not None and state_of(record) == TaskState.TASK_STATE_WORKING
     finally:
         store.close()
+    with TestClient(create_app(pool.url, served_hosts("127.0.0.1", 8350)),
+                    base_url="http://127.0.0.1:8350") as web:  # fmt: skip
+        page = web.get(f"/runs/{lead}").text
+    assert "Waiting for its children" in page and all(f"/runs/{c}" in page for c in children)
     cancelled = pool.keel("cancel", children[0], "--wait", "30")
     assert cancelled.returncode == 0, cancelled.stderr
     pool.wait_for([lead], {"completed"}, timeout=120)
