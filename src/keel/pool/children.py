@@ -97,6 +97,24 @@ class QueuedChildren:
             self.dispatch.hand_on(parent_run)
         return bool(woken)
 
+    def cancel_open_children(self, run_id: str) -> list[str]:
+        """`run_id` ended `cancelled`: cancel its children that have not ended (and theirs).
+        Its own request is met and gone by then, so a child it queued after the cancel was
+        recorded would otherwise find no request above it when a worker opens it."""
+
+        def read(conn: Conn) -> list[str]:
+            rows = conn.execute(
+                "SELECT run_id FROM keel.runs WHERE (config::jsonb ->> 'parent_run') = %s"
+                " AND status = ANY(%s)",
+                (run_id, list(BUSY)),
+            ).fetchall()
+            return [str(r[0]) for r in rows]
+
+        found = self.store.run_sql(read, f"the children of {run_id} could not be read")
+        for child in found:
+            self.store.request_cancel(child)
+        return found
+
     def wake_stranded(self) -> list[str]:
         """Every parent that waits for children none of which is open (the child that ended
         last died before it queued its parent, or the parent paused after its last child

@@ -184,8 +184,12 @@ class PoolWorker:
 
     def _wake(self, run_id: str, parent_run: str | None, status: str) -> None:
         """A run that waits for its children may find them all ended already; a child that
-        ended (or stopped for a person) may be the last its parent waits for (ADR 0069)."""
+        ended (or stopped for a person) may be the last its parent waits for; a cancelled run's
+        open children are cancelled too (ADR 0069)."""
         try:
+            if status == "cancelled":  # its queued children are cancelled with it
+                for child in self.children.cancel_open_children(run_id):
+                    self.say(f"{child}: cancelled with its parent {run_id}")
             if status == "awaiting_children" and self.children.wake_parent(run_id):
                 self.say(f"{run_id}: its children had ended; queued again")
             ending = parent_run is not None and status not in BUSY
