@@ -14,6 +14,10 @@ own (its row, its events, its checkpoints, its lease, its model turn through the
 throwaway Postgres (`tests/postgres.py`), in one process: model calls started after the cancel
 was recorded against the runs open then, and the time until every run of the tree has ended
 (`benchmarks/subagents_cancel.py`). `--trials N` (default 10) trees each.
+
+`--pool` (ADR 0069): children as queued runs on real `keel worker`s over a throwaway Postgres
+(`benchmarks/subagents_pool.py`): 32 children spread over one worker and two, `kill -9` of a
+worker at each failpoint of a fan-out, and cancels of a three-level tree on two workers.
 """
 
 from __future__ import annotations
@@ -104,7 +108,14 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--cancel", action="store_true", help="cancel trees at random moments")
     parser.add_argument("--trials", type=int, default=10)
+    parser.add_argument("--pool", action="store_true", help="queued children on keel workers")
     args = parser.parse_args()
+    if args.pool:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from subagents_pool import run_all
+
+        run_all(args.trials, min(args.repeats, 3))
+        return
     if args.cancel:
         cancelling(args.trials)
         return

@@ -273,3 +273,28 @@ def test_a_parent_whose_children_overran_their_shares_still_gets_its_answering_t
         assert sum(c.cost or 0.0 for c in result.children) > 0.01 - record.state.costliest_call
     finally:
         store.close()
+
+
+def test_an_agent_table_names_the_agents_it_starts_but_never_itself_or_one_above_it(
+    tmp_path: Path, repo: Path
+) -> None:
+    """`[agents.NAME] agents = [...]` (ADR 0069): a deeper tree from saved tables, offered to the
+    agent that names it only; a cycle is refused when the agents are built, naming it."""
+    from keel.assemble import build_agent
+    from keel.errors import ConfigError
+
+    def table(*below: str) -> dict[str, Any]:
+        return {"description": "d", "model": None, "instructions": None, "tools": ["read_file"],
+                "approve_tools": [], "limits": {}, "agents": list(below)}  # fmt: skip
+
+    store = tmp_path / "runs.sqlite"
+    script = tmp_path / "x.json"
+    script.write_text(json.dumps({"turns": [{"text": "done"}]}))
+    tables: dict[str, Any] = {"middle": table("leaf"), "leaf": {**table(), "below": True}}
+    lead = build_agent(f"script:{script}", {"repo": str(repo), "agents": tables}, Limits(),
+                       store, None)  # fmt: skip
+    assert [t.name for t in lead.tools if t.delegates] == ["middle"]
+    cycle = {"a": table("b"), "b": {**table("a"), "below": True}}
+    with pytest.raises(ConfigError, match="'a' is not an agent it may start"):
+        build_agent(f"script:{script}", {"repo": str(repo), "agents": cycle}, Limits(), store,
+                    None)  # fmt: skip

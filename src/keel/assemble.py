@@ -26,6 +26,7 @@ from keel.models import resolve_model
 from keel.pricing import configured_prices
 from keel.records import JsonObject, JsonValue
 from keel.store import RunRecord, RunStore
+from keel.subagents import AS_AGENT
 from keel.tools.base import BUILTIN_SOURCE, Tool
 from keel.tools.files import file_tools
 from keel.tools.web import web_tools
@@ -65,6 +66,9 @@ SETTINGS = (
 )
 """What the command line saves with a run to rebuild its tools and transport anywhere (the
 name of a key's variable, never the key)."""
+PARENT_MODEL = "parent_model"
+"""Saved with a child beside `as_agent`: the model it falls back to, and whose base URL it
+may use (the parent's own model only)."""
 
 
 class Plugins(Protocol):
@@ -98,24 +102,7 @@ def build_agent(
     """`base_url`: the endpoint as the user gave it (with any credentials); `settings` hold
     only its public form, which is what gets stored. `plugins` None: quiet, and no MCP servers
     started (workers start none, ADR 0026)."""
-    repo = Path(str(settings.get("repo", ".")))
-    if not repo.is_dir():
-        raise ConfigError(f"--repo {repo} is not a folder")
-    allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
-    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
-    if settings.get("search"):
-        from keel.tools.search_backends import backend_from_spec
-        from keel.tools.web_search import search_tools
-
-        spec = str(settings["search"])
-        tools += search_tools(backend_from_spec(spec, allow_hosts=allow_hosts, repo=str(repo)))
-    if settings.get("allow_writes"):
-        tools += write_tools(repo)
-    if settings.get("browser"):
-        from keel.tools.browser import browser_tools
-
-        tools += browser_tools(allow_hosts=allow_hosts)
-    tools = _without(tools, cast(list[str], settings.get("without_tools") or []))
+    tools = _builtin(settings)
     base_url = base_url or _text(settings.get("base_url"))
     tools += _children(tools, settings, store, durability, (model, base_url))
     transport = _transport(model, base_url, settings)  # before any MCP server starts
@@ -221,15 +208,18 @@ def settings_of(resolved: Resolved, folder: Path, mcp: list[JsonValue]) -> JsonO
 def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
     """The agent a stored run was started with, rebuilt from its saved settings (quiet)."""
     config = record.config
-    agent = build_agent(
-        config.model,
-        dict(config.settings),
-        config.limits,
-        store,
-        None,
-        config.system_prompt or DEFAULT_SYSTEM_PROMPT,
-        config.approve_tools,
-    )
+    if AS_AGENT in config.settings:  # a child queued for the workers (ADR 0069)
+        agent = _child_for_record(record, store)
+    else:
+        agent = build_agent(
+            config.model,
+            dict(config.settings),
+            config.limits,
+            store,
+            None,
+            config.system_prompt or DEFAULT_SYSTEM_PROMPT,
+            config.approve_tools,
+        )
     missing = set(config.tools) - {t.name for t in agent.tools}
     if missing:
         raise ConfigError(
@@ -237,6 +227,95 @@ def agent_for_record(record: RunRecord, store: RunStore) -> Agent:
             f"({', '.join(sorted(missing))}); resume it from your program with Agent.resume"
         )
     return agent
+
+
+def _builtin(settings: JsonObject) -> list[Tool]:
+    """The built-in tools the saved settings ask for, on their `repo`."""
+    repo = Path(str(settings.get("repo", ".")))
+    if not repo.is_dir():
+        raise ConfigError(f"--repo {repo} is not a folder")
+    allow_hosts = [str(h) for h in cast(list[str], settings.get("allow_hosts") or [])]
+    tools: list[Tool] = [*file_tools(repo), *web_tools(allow_hosts=allow_hosts)]
+    if settings.get("search"):
+        from keel.tools.search_backends import backend_from_spec
+        from keel.tools.web_search import search_tools
+
+        spec = str(settings["search"])
+        tools += search_tools(backend_from_spec(spec, allow_hosts=allow_hosts, repo=str(repo)))
+    if settings.get("allow_writes"):
+        tools += write_tools(repo)
+    if settings.get("browser"):
+        from keel.tools.browser import browser_tools
+
+        tools += browser_tools(allow_hosts=allow_hosts)
+    return _without(tools, cast(list[str], settings.get("without_tools") or []))
+
+
+def _child_for_record(record: RunRecord, store: RunStore) -> Agent:
+    """A child run a worker takes from the queue (ADR 0069), rebuilt from its own record: its
+    parent's saved settings and the `[agents.NAME]` table it names, with its carved limits."""
+    config = record.config
+    settings = dict(config.settings)
+    name = str(settings.pop(AS_AGENT))
+    parent_model = str(settings.pop(PARENT_MODEL, None) or config.model)
+    base_url = _text(settings.get("base_url"))
+    tables = cast(dict[str, Any], settings.get("agents") or {})
+    if name not in tables:
+        raise ConfigError(f"run {record.run_id}: its saved settings have no [agents.{name}] table")
+    agent = _child_agent(
+        name, tables, _builtin(settings), settings, store, None, (parent_model, base_url), ()
+    )
+    agent.limits = config.limits
+    return agent
+
+
+def _child_agent(
+    name: str,
+    tables: dict[str, Any],
+    builtin: list[Tool],
+    settings: JsonObject,
+    store: RunStore | str | Path,
+    durability: Any,
+    parent: tuple[str, str | None],
+    above: tuple[str, ...],
+) -> Agent:
+    """The agent of table `name`: the parent's built-in tools or those it names, and the
+    agents it names (`agents = [...]`: a deeper tree; none above it again). Its saved
+    settings are the parent's and its table's name, so a worker can rebuild it alone."""
+    table = cast(dict[str, Any], tables[name])
+    offered = {t.name: t for t in builtin}
+    wanted = table.get("tools")
+    unknown = set(wanted or ()) - set(offered)
+    if unknown:
+        raise ConfigError(
+            f"[agents.{name}] tools: no such tool here: {', '.join(sorted(unknown))} "
+            f"(tools: {', '.join(offered)})"
+        )
+    spec = str(table.get("model") or parent[0])
+    tools = [offered[t] for t in wanted] if wanted is not None else list(builtin)
+    for below in table.get("agents") or ():
+        if below in (*above, name) or below not in tables:
+            raise ConfigError(
+                f"[agents.{name}] agents: {below!r} is not an agent it may start (unknown, "
+                "itself, or an agent above it)"
+            )
+        child = _child_agent(
+            below, tables, builtin, settings, store, durability, (spec, parent[1]), (*above, name)
+        )
+        tools.append(child.as_tool(below, str(tables[below]["description"])))
+    saved = {k: settings.get(k) for k in SETTINGS}
+    return Agent(
+        spec,
+        base_url=parent[1] if spec == parent[0] else None,
+        tools=tools,
+        limits=Limits(**current_names(table.get("limits") or {})),
+        system_prompt=str(table.get("instructions") or DEFAULT_SYSTEM_PROMPT),
+        approve_tools=[str(t) for t in table.get("approve_tools") or ()],
+        store=store,
+        durability=durability,
+        prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
+        run_config={**saved, AS_AGENT: name, PARENT_MODEL: parent[0]},
+    )
 
 
 def _children(
@@ -254,30 +333,12 @@ def _children(
     tables = settings.get("agents") or {}
     if not isinstance(tables, dict):
         raise ConfigError("the run's saved agents are not a table")
-    offered = {t.name: t for t in builtin}
     made = []
     for name, saved in tables.items():
-        table = cast(dict[str, Any], saved)
-        wanted = table.get("tools")
-        unknown = set(wanted or ()) - set(offered)
-        if unknown:
-            raise ConfigError(
-                f"[agents.{name}] tools: no such tool here: {', '.join(sorted(unknown))} "
-                f"(tools: {', '.join(offered)})"
-            )
-        spec = str(table.get("model") or parent[0])
-        child = Agent(
-            spec,
-            base_url=parent[1] if spec == parent[0] else None,
-            tools=[offered[t] for t in wanted] if wanted is not None else builtin,
-            limits=Limits(**current_names(table.get("limits") or {})),
-            system_prompt=str(table.get("instructions") or DEFAULT_SYSTEM_PROMPT),
-            approve_tools=[str(t) for t in table.get("approve_tools") or ()],
-            store=store,
-            durability=durability,
-            prices=configured_prices([(f.path, f.data) for f in config_files()[0]]),
-        )
-        made.append(child.as_tool(name, str(table["description"])))
+        if cast(dict[str, Any], saved).get("below"):  # another agent's sub-agent only
+            continue
+        child = _child_agent(name, tables, builtin, settings, store, durability, parent, ())
+        made.append(child.as_tool(name, str(cast(dict[str, Any], saved)["description"])))
     return made
 
 

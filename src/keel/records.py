@@ -617,6 +617,9 @@ class RunState:
     """The volatile control the next turn carries after such an answer, until it is answered."""
     failure: Failure | None = None
     pending: tuple[PendingApproval, ...] = ()
+    waiting: tuple[str, ...] = field(default=(), metadata=OMIT_EMPTY)
+    """Child runs queued for the workers that the run waits for (ADR 0069): its status is
+    `awaiting_children` until the last of them ends and queues it again."""
     next_seq: int = 0
     """Sequence number of the next event in the run's log."""
     decisions: dict[str, Decision] = field(default_factory=dict)
@@ -773,8 +776,10 @@ class Ending:
         return cls("failed", error.step, failure=failure)
 
     @classmethod
-    def paused(cls, step: int) -> Ending:
-        return cls("awaiting_approval", step)
+    def paused(cls, step: int, children: bool = False) -> Ending:
+        """`children`: the run waits for child runs the workers run (ADR 0069), not only
+        for a person's decision."""
+        return cls("awaiting_children" if children else "awaiting_approval", step)
 
     @classmethod
     def cancelled(cls, step: int) -> Ending:

@@ -11,6 +11,7 @@ from keel.errors import FailureKind
 from keel.messages import SynthesisReason, Usage
 
 __all__ = [
+    "BUSY",
     "LIVE",
     "OVER",
     "STATUSES",
@@ -22,15 +23,29 @@ __all__ = [
     "RunStatus",
 ]
 
-RunStatus = Literal["queued", "running", "awaiting_approval", "completed", "failed", "cancelled"]
-"""`queued`: submitted to the workers (`keel submit`), not started yet."""
+RunStatus = Literal[
+    "queued",
+    "running",
+    "awaiting_approval",
+    "awaiting_children",
+    "completed",
+    "failed",
+    "cancelled",
+]
+"""`queued`: submitted to the workers (`keel submit`), not started yet (or a parent whose
+children have all ended, queued again). `awaiting_children`: a parent on a Postgres store whose
+children run as queued runs of their own; it holds no worker until the last of them ends
+(ADR 0069)."""
 
 # The sets of statuses, defined here only; every reader names one of them.
 STATUSES: tuple[RunStatus, ...] = get_args(RunStatus)
 """Every status, in the order lists show them (the runs page's filter, `keel runs --status`)."""
-LIVE: tuple[RunStatus, ...] = ("queued", "running", "awaiting_approval")
+LIVE: tuple[RunStatus, ...] = ("queued", "running", "awaiting_approval", "awaiting_children")
 """Runs that may still change: a process advances them, or will once a person decides (a run's
 page follows one). Every other status is in `TERMINAL`."""
+BUSY: tuple[RunStatus, ...] = ("queued", "running", "awaiting_children")
+"""Runs that will go on without a person: a parent waiting for its queued children waits for
+those in one of these (ADR 0069); a child that ended or stopped for a decision is not one."""
 OVER: tuple[RunStatus, ...] = ("completed", "failed")
 """Runs that are over: nothing resumes them; a follow-up question may continue one, and a
 child run found over is read, not run again."""

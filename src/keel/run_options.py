@@ -353,7 +353,7 @@ def unknown_keys(cwd: Path | None = None) -> list[str]:
     return warnings
 
 
-AGENT_KEYS = ("description", "model", "instructions", "tools", "approve_tools")
+AGENT_KEYS = ("description", "model", "instructions", "tools", "approve_tools", "agents")
 """What an `[agents.NAME]` table holds beside its limits (any limit's keel.toml key)."""
 AGENT_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 
@@ -365,11 +365,18 @@ def agent_tables(names: Sequence[str], cwd: Path | None = None) -> dict[str, dic
 
     believed, _ = config_files(cwd)
     found: dict[str, dict[str, Any]] = {}
-    for name in names:
+    wanted = list(names)
+    while wanted:  # the agents named, and the agents they may start (`agents = [...]`)
+        name = wanted.pop(0)
+        if name in found:
+            continue
         for config in believed:
             tables = config.data.get("agents")
             if isinstance(tables, dict) and name in tables:
                 found[name] = _agent_table(name, tables[name], f"{config.path}: [agents.{name}]")
+                if name not in names:  # only started by another agent: not the run's tool
+                    found[name]["below"] = True
+                wanted += found[name].get("agents") or []
                 break
         else:
             raise ConfigError(
@@ -404,10 +411,11 @@ def _agent_table(name: str, table: object, where: str) -> dict[str, Any]:
         if key in table and not isinstance(table[key], str):
             raise ConfigError(f"{where}: {key} must be a string")
     tools, approved = table.get("tools"), table.get("approve_tools")
-    for key, names in (("tools", tools), ("approve_tools", approved)):
+    below = table.get("agents")
+    for key, names in (("tools", tools), ("approve_tools", approved), ("agents", below)):
         names_ok = isinstance(names, list) and all(isinstance(t, str) for t in names)
         if names is not None and not names_ok:
-            raise ConfigError(f"{where}: {key} must be a list of tool names")
+            raise ConfigError(f"{where}: {key} must be a list of names")
     limits = {}
     for key, o in limit_keys.items():
         if key in table:
@@ -426,6 +434,7 @@ def _agent_table(name: str, table: object, where: str) -> dict[str, Any]:
         "tools": tools,
         "approve_tools": approved or [],
         "limits": limits,
+        **({"agents": below} if below else {}),  # the agents it may start in turn
     }
 
 

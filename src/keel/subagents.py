@@ -32,15 +32,32 @@ from typing import Protocol
 
 import pydantic
 
-from keel._run import CURRENT, Child, Delegations, Opening, Resumed, qualified
+from keel._run import (
+    CHILD_QUEUE,
+    CURRENT,
+    Child,
+    ChildQueue,
+    Delegations,
+    Opening,
+    Resumed,
+    qualified,
+)
 from keel.errors import LeaseHeld, ToolError
 from keel.events import TreeListener
 from keel.limits import Limits
-from keel.result import OVER, ChildRun, RunResult
+from keel.records import Lineage
+from keel.result import OVER, TERMINAL, ChildRun, RunResult
 from keel.store import RunStore
 from keel.tools.base import CURRENT_CALL, Effect, Tool
 
-__all__ = ["CHILD_TIMEOUT", "ChildAgent", "child_run_id", "delegation_tool", "result_text"]
+__all__ = [
+    "AS_AGENT",
+    "CHILD_TIMEOUT",
+    "ChildAgent",
+    "child_run_id",
+    "delegation_tool",
+    "result_text",
+]
 
 CHILD_TIMEOUT = 7 * 24 * 3600.0
 """A delegation's own timeout: none to speak of. The child's carved deadline (and the parent's,
@@ -48,6 +65,10 @@ which the executor applies to every call) is what bounds it."""
 LEASE_WAIT = 120.0
 """Seconds a resumed parent waits for a child's lease held by a process that died."""
 LEASE_POLL = 0.5
+AS_AGENT = "as_agent"
+"""The setting that names a child's `[agents.NAME]` table in its saved settings: a worker
+rebuilds the child from its own record by it (keel/assemble.py)."""
+WAITING_TEXT = "(waiting for the child run: a worker runs it)"
 
 
 class ChildAgent(Protocol):
@@ -104,8 +125,13 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
     child_id = child_run_id(tree.run_id, call.id)
     store = tree.store
     heard = tuple(h.for_child(child_id) for h in tree.listeners if isinstance(h, TreeListener))
+    queue = CHILD_QUEUE.get()
+    if queue is not None and store is not None and _rebuildable(agent):
+        return await _queued(tree, call.id, agent, name, task, child_id, queue)
     async with tree.slots:
         record = None if store is None else store.get_run(child_id)
+        if record is not None:
+            tree.found(call.id)
         if record is not None and record.status in OVER:  # answered before: read, not rerun
             result = record.state.result(child_id, record.conversation_id)
         elif record is None:
@@ -122,6 +148,58 @@ async def _delegate(agent: ChildAgent, name: str, task: str) -> str:
         return "(waiting for a decision in the child run)"
     tree.settle(call.id, _summary(child_id, call.id, name, result, store))
     return result_text(name, result)
+
+
+def _rebuildable(agent: ChildAgent) -> bool:
+    """A worker can rebuild the child from its own record: its agent was built from saved
+    settings (`keel.assemble`), which name the `[agents.NAME]` table it came from."""
+    config = getattr(agent, "config", None)
+    return callable(config) and AS_AGENT in config().settings
+
+
+async def _queued(
+    tree: Delegations,
+    call_id: str,
+    agent: ChildAgent,
+    name: str,
+    task: str,
+    child_id: str,
+    queue: ChildQueue,
+) -> str:
+    """The child as a run of its own in the workers' queue (ADR 0069): recorded with its carved
+    limits (the reservation its parent holds for it until it ends) and handed on; the parent
+    pauses `awaiting_children` and holds no worker. Dispatched again (the parent queued again
+    by its last child's end), it reads the child's answer, or waits for it again."""
+    store = tree.store
+    assert store is not None
+    record = await asyncio.to_thread(store.get_run, child_id)
+    if record is None:
+        carved = tree.carve(call_id, agent.limits)
+        if isinstance(carved, str):
+            raise ToolError(f"Error: {name} was not started: {carved}.")
+        lineage = Lineage(parent_run=tree.run_id, parent_call=call_id, agent=name)
+        config = agent.config(carved).with_lineage(lineage)  # type: ignore[attr-defined]
+        try:
+            await asyncio.to_thread(queue.enqueue_child, child_id, task, config)
+        except BaseException:
+            tree.release(call_id)
+            raise
+        tree.waiting[call_id] = child_id
+        return WAITING_TEXT
+    tree.found(call_id)
+    if record.status in TERMINAL:  # its answer, its spend folded in; a cancelled child is
+        result = record.state.result(child_id, record.conversation_id)  # not taken up again
+        tree.settle(call_id, _summary(child_id, call_id, name, result, store))
+        return result_text(name, result)
+    tree.hold(call_id, record.config.limits)  # its reservation, held until it ends
+    undecided = [p for p in record.state.pending if p.call_id not in record.state.decisions]
+    if record.status == "awaiting_approval" and undecided:
+        tree.paused[call_id] = tuple(qualified(child_id, p) for p in record.state.pending)
+        return "(waiting for a decision in the child run)"
+    if record.status == "awaiting_approval":  # every call decided: on it goes
+        await asyncio.to_thread(queue.hand_on_decided, child_id)
+    tree.waiting[call_id] = child_id
+    return WAITING_TEXT
 
 
 async def _held(tree: Delegations, call_id: str, child: Awaitable[RunResult]) -> RunResult:

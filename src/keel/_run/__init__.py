@@ -30,6 +30,7 @@ from keel import _lazy
 
 if _typing.TYPE_CHECKING:
     from keel._run.breaker import tier_of
+    from keel._run.child_queue import CHILD_QUEUE, ChildQueue
     from keel._run.context import ContextBuilder
     from keel._run.fork import (
         ForkPrefix,
@@ -60,6 +61,8 @@ if _typing.TYPE_CHECKING:
 
 _WHERE: dict[str, str] = {
     "tier_of": "keel._run.breaker",
+    "CHILD_QUEUE": "keel._run.child_queue",
+    "ChildQueue": "keel._run.child_queue",
     "ContextBuilder": "keel._run.context",
     "ForkPrefix": "keel._run.fork",
     "create_fork": "keel._run.fork",
@@ -89,10 +92,12 @@ _WHERE: dict[str, str] = {
 }
 
 __all__ = [
+    "CHILD_QUEUE",
     "CONTROLS",
     "CURRENT",
     "NUDGE_PREFIX",
     "Child",
+    "ChildQueue",
     "ContextBuilder",
     "Delegations",
     "FollowUp",

@@ -79,6 +79,7 @@ def uncertain_text(call: ToolCall) -> str:
 async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
     """Answer every call of the batch, in request order; or, when some call waits for a
     person's decision, answer nothing and return the calls that wait."""
+    parts.state.waiting = ()  # set again below if queued children are still open
     await hooks.before_tools(parts, batch)
     decisions.expire(parts, batch)
     decisions.apply(parts, batch)
@@ -143,18 +144,22 @@ async def answer(parts: StepParts, batch: Batch) -> tuple[PendingApproval, ...]:
         on_effect=close_journal,
     )
     paused: dict[str, tuple[PendingApproval, ...]] = {}
+    waiting: dict[str, str] = {}  # children queued for the workers, not ended (ADR 0069)
     refused: set[str] = set()  # delegations that started no child: nothing spent
     if parts.executor.delegates:
-        executed, paused, refused = await _with_children(parts, to_run[:allowed], run_batch)
+        executed, paused, waiting, refused = await _with_children(
+            parts, to_run[:allowed], run_batch
+        )
     else:
         executed = await run_batch()
     for n, item in enumerate(executed):
-        if item.call.id not in results and item.call.id not in paused:
+        if item.call.id not in results and item.call.id not in paused.keys() | waiting.keys():
             executed[n] = item = await hooks.after_tool(parts, item)
             spent = item.call.id not in refused
             results[item.call.id] = _record_executed(parts, item, spent=spent)
-    if paused:  # a child waits for a person: so does this run, its other results kept
-        return _pause_for_children(parts, paused)
+    state.waiting = tuple(waiting.values())
+    if paused or waiting:  # a child waits for a person or a worker: so does this run, its
+        return _pause_for_children(parts, paused)  # other results kept
     for call in to_run[allowed:]:
         text = BUDGET_REFUSAL  # the ledger reads it in runs stored before `spent`
         results[call.id] = _record(
@@ -176,12 +181,13 @@ async def _with_children(
     parts: StepParts,
     calls: list[ToolCall],
     run_batch: Callable[[], Awaitable[list[ExecutedCall]]],
-) -> tuple[list[ExecutedCall], dict[str, tuple[PendingApproval, ...]], set[str]]:
+) -> tuple[list[ExecutedCall], dict[str, tuple[PendingApproval, ...]], dict[str, str], set[str]]:
     """Run a batch whose tools may start child runs (keel/subagents.py): the calls children are
     named after made durable first, the run's side of its children (`_run/tree.py`) in reach
     of the delegation tools, and what the children spent folded in once the batch ends, in the
     step that records their answers. Also: the delegations whose child waits for a person, and
-    those refused (no child started: they spend no tool call, SA-03)."""
+    those queued for the workers and not ended yet (ADR 0069), and those refused (no child
+    started: they spend no tool call, SA-03)."""
     state = parts.state
     tree = Delegations(
         parts.recorder.run_id,
@@ -208,7 +214,7 @@ async def _with_children(
         CURRENT.reset(mark)
     paused = tree.take_paused()
     tree.fold()
-    return executed, paused, tree.refused
+    return executed, paused, tree.waiting, tree.refused
 
 
 def _delegates(parts: StepParts, call: ToolCall) -> bool:

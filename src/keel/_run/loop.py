@@ -258,8 +258,8 @@ class RunLoop:
                     unsupported=unsupported,
                     sources=[dataclasses.asdict(s) for s in sources] or None,
                 )
-            case Paused():
-                ending = Ending.paused(step)
+            case Paused(_, children):
+                ending = Ending.paused(step, children)
             case Failed(failure):
                 ending = Ending.failed(failure)
             case None:

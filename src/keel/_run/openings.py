@@ -14,6 +14,7 @@ asked again, or a question that is not text is refused before anything is traced
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -132,6 +133,12 @@ class Resumed:
 
     def open(self, store: RunStore) -> Opened:
         store = self.store or store
+        record = store.get_run(self.run_id)
+        if record is not None and record.status == "queued" and record.state.next_seq == 0:
+            # queued and never started (a child queued for the workers, ADR 0069): it starts
+            # from its question, in this process
+            opened = Queued(self.run_id, self.lease_owner).open(store)
+            return dataclasses.replace(opened, store=self.store)
         point = history.resumed(store, resume.load(store, self.run_id))
         saved = point.record.config.settings
         origin = saved.get("forked_from")  # a fork resumed says it still
@@ -162,6 +169,7 @@ class Queued:
         return Opened(
             self.run_id,
             record.question,
+            record.config.lineage,  # a queued child's parent (ADR 0069)
             limits=record.config.limits,
             stored=record.config.settings,
             queued=True,

@@ -69,9 +69,11 @@ class Completed:
 
 @dataclass(frozen=True, slots=True)
 class Paused:
-    """Calls wait for a person's decision; the run pauses durably."""
+    """Calls wait for a person's decision, or child runs queued for the workers (ADR 0069)
+    are still open; the run pauses durably."""
 
     pending: tuple[PendingApproval, ...]
+    children: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -61,6 +61,8 @@ async def take_step(parts: StepParts, batch: batches.Batch | None) -> StepOutcom
         pending = await batches.answer(parts, batch)
     except RunFailure as failure:
         return Failed(failure)
+    if parts.state.waiting:  # children queued for the workers are still open (ADR 0069)
+        return Paused(pending, children=True)
     return Paused(pending) if pending else Continue()
 
 

@@ -81,6 +81,9 @@ class Delegations:
     """Children that ended in this batch, by the parent's call id: folded when it ends."""
     paused: dict[str, tuple[PendingApproval, ...]] = field(default_factory=dict)
     """Children that wait for a person, by the parent's call id: the parent pauses too."""
+    waiting: dict[str, str] = field(default_factory=dict)
+    """Children queued for the workers that have not ended, by the parent's call id: their
+    run ids. The parent pauses `awaiting_children` (ADR 0069)."""
     refused: set[str] = field(default_factory=set)
     """Delegations answered with why no child was started: not a tool call spent."""
     running: set[asyncio.Future[Any]] = field(default_factory=set)
@@ -155,6 +158,12 @@ class Delegations:
                 declared.deadline_reserve, remaining / 2
             )  # fmt: skip
         return dataclasses.replace(declared, **capped)  # type: ignore[arg-type]
+
+    def found(self, call_id: str) -> None:
+        """A delegation whose child exists already (the batch dispatched again, after a crash
+        or a wait for queued children): it has started, so the delegations yet to start share
+        what is left without it (its carve-out is held, or its spend settled, apart)."""
+        self.started += 1
 
     def hold(self, call_id: str, limits: Limits) -> None:
         """Hold a running child's limits apart from what other children may be given."""

@@ -151,6 +151,8 @@ def _show_json(record: RunRecord, events: Sequence[Event]) -> dict[str, Any]:
     shown["options"] = record.config.settings.get("options") or {}
     shown["parent"] = parent_json(record)
     shown["forked_from"] = forked_json(record)
+    if record.state.waiting:  # queued children it waits for (ADR 0069)
+        shown["waiting_for"] = list(record.state.waiting)
     sampling = record.config.settings.get("sampling")  # a local model's pinned sampling
     if sampling is not None:
         shown["sampling"] = sampling
@@ -251,6 +253,8 @@ def tree_lines(record: RunRecord) -> list[str]:
             f"child: {child.run_id} (call {call_id}, agent {child.agent}) {how} · "
             f"{child.model_calls} model calls · {child.tool_calls} tool calls"
         )
+    for child_run in record.state.waiting:  # queued children not ended yet (ADR 0069)
+        lines.append(f"waiting for child: {child_run} (a keel worker runs it)")
     return lines
 
 
@@ -309,7 +313,10 @@ def runs(
     limit: Annotated[int, typer.Option(help="How many runs to list.")] = 20,
     status: Annotated[
         str | None,
-        typer.Option(help="Only runs in this status: queued, running, awaiting_approval, ..."),
+        typer.Option(
+            help="Only runs in this status: queued, running, awaiting_approval, "
+            "awaiting_children, ..."
+        ),
     ] = None,
 ) -> None:
     """List recent runs, newest first."""

@@ -24,12 +24,13 @@ import time
 import uuid
 from collections.abc import Callable
 
-from keel._run import Queued, Resumed
+from keel._run import CHILD_QUEUE, Queued, Resumed
 from keel.agent import RunHandle
 from keel.assemble import agent_for_record
 from keel.errors import ConfigError, KeelError, LeaseHeld, LeaseLost
+from keel.pool.children import QueuedChildren
 from keel.pool.dispatch import APP, APP_VERSION, QUEUE, WORKFLOW, Dispatch
-from keel.result import TERMINAL
+from keel.result import BUSY, TERMINAL
 from keel.store import Checkpoint, new_lease_owner
 from keel.store.postgres_store import PostgresStore
 from keel.store.protocol import HOST
@@ -64,6 +65,8 @@ class PoolWorker:
         self.stopping = False
         self.store = PostgresStore(url, connections=min(concurrency, 8) + 2)
         self.dispatch = Dispatch(self.store)
+        self.children = QueuedChildren(self.dispatch)
+        """Delegations of the runs this worker advances queue their children here."""
         self._active: dict[str, tuple[asyncio.AbstractEventLoop, RunHandle]] = {}
         self._lock = threading.Lock()
 
@@ -113,6 +116,8 @@ class PoolWorker:
         try:
             for run_id in self.dispatch.rescue(grace=self.lease_ttl, settle=settle):
                 self.say(f"{run_id}: stranded (its worker is gone?); queued again")
+            for run_id in self.children.wake_stranded():
+                self.say(f"{run_id}: its children have ended; queued again")
         except KeelError as exc:
             self.say(f"could not look for stranded runs: {exc}")
 
@@ -143,14 +148,22 @@ class PoolWorker:
         if record is None:
             return "skipped: no such run"
         undecided = [p for p in record.state.pending if p.call_id not in record.state.decisions]
-        if record.status in TERMINAL or (record.status == "awaiting_approval" and undecided):
+        idle = record.status == "awaiting_children" or (
+            record.status == "awaiting_approval" and undecided
+        )
+        if record.status in TERMINAL or idle:  # its children or a person end the wait
             checkpoint = Checkpoint(run_id, record.state, lease=owner, release=True)
             await self.store.save_step(checkpoint)
             return record.status
         agent = agent_for_record(record, self.store)
         agent.lease_ttl = self.lease_ttl
-        queued = record.status == "queued"
-        handle = agent.launch(Queued(run_id, owner) if queued else Resumed(run_id, None, owner))
+        fresh = record.status == "queued" and record.state.next_seq == 0  # else queued again
+        mark = CHILD_QUEUE.set(self.children)  # its delegations queue their children
+        try:
+            opening = Queued(run_id, owner) if fresh else Resumed(run_id, None, owner)
+            handle = agent.launch(opening)
+        finally:
+            CHILD_QUEUE.reset(mark)
         with self._lock:
             self._active[run_id] = (asyncio.get_running_loop(), handle)
         try:
@@ -166,7 +179,24 @@ class PoolWorker:
             self.say(f"{run_id}: stopped after {result.model_calls} model calls; queued again")
             return "handed on"
         self.say(f"{run_id}: {result.status}")
+        await asyncio.to_thread(self._wake, run_id, record.config.parent_run, result.status)
         return result.status
+
+    def _wake(self, run_id: str, parent_run: str | None, status: str) -> None:
+        """A run that waits for its children may find them all ended already; a child that
+        ended (or stopped for a person) may be the last its parent waits for; a cancelled run's
+        open children are cancelled too (ADR 0069)."""
+        try:
+            if status == "cancelled":  # its queued children are cancelled with it
+                for child in self.children.cancel_open_children(run_id):
+                    self.say(f"{child}: cancelled with its parent {run_id}")
+            if status == "awaiting_children" and self.children.wake_parent(run_id):
+                self.say(f"{run_id}: its children had ended; queued again")
+            ending = parent_run is not None and status not in BUSY
+            if ending and self.children.wake_parent(str(parent_run)):
+                self.say(f"{parent_run}: its children have ended; queued again")
+        except KeelError as exc:  # the rescue's sweep finds the parent later
+            self.say(f"could not queue the parent of {run_id} again: {exc}")
 
 
 _registered = False

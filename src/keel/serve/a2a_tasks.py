@@ -3,6 +3,7 @@ task's status, history and artifacts (ADR 0040). Pure conversions from the store
 the `a2a-sdk`'s protobuf types; nothing is kept beside the record.
 
 - state: queued -> submitted, running -> working, awaiting_approval -> input-required,
+  awaiting_children -> working (its children run on the workers, ADR 0069),
   completed -> completed, failed -> failed, cancelled -> canceled.
 - history: the question (the user's message), then one agent message per recorded event, a
   data part holding the event as `keel show --json` prints it; `metadata.keel_seq` is its seq.
@@ -75,6 +76,7 @@ STATES: dict[RunStatus, TaskState] = {
     "queued": TaskState.TASK_STATE_SUBMITTED,
     "running": TaskState.TASK_STATE_WORKING,
     "awaiting_approval": TaskState.TASK_STATE_INPUT_REQUIRED,
+    "awaiting_children": TaskState.TASK_STATE_WORKING,
     "completed": TaskState.TASK_STATE_COMPLETED,
     "failed": TaskState.TASK_STATE_FAILED,
     "cancelled": TaskState.TASK_STATE_CANCELED,

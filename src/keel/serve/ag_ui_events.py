@@ -364,6 +364,12 @@ def ending(thread_id: str, run_id: str, result: RunResult) -> BaseEvent:
         outcome = RunFinishedCancelledOutcome()
     elif result.failure is not None:
         return RunErrorEvent(message=result.failure.message, code=result.failure.kind)
+    elif result.status == "awaiting_children":  # its children run on the workers (ADR 0069)
+        return RunErrorEvent(
+            message=f"run {result.run_id} waits for its child runs, which keel workers run; "
+            "the last of them to end queues it again",
+            code="NotEnded",
+        )
     else:  # stopped before it ended (`running`): nothing to answer, resumable
         return RunErrorEvent(
             message=f"run {result.run_id} stopped before it ended ({result.status}); "
