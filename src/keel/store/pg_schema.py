@@ -79,6 +79,12 @@ _CANCELS = (
 """Cancel requests (ADR 0066): created on every writable open, without a new version, so a
 Keel that does not know the table reads and writes the store as before."""
 SCHEMA += _CANCELS + ";\n"
+_BY_PARENT = (
+    "CREATE INDEX IF NOT EXISTS runs_by_parent ON keel.runs (((config::jsonb ->> 'parent_run')))"
+)
+"""A run's children (cancelling a tree, waking a waiting parent: ADR 0069) without reading
+every run's config; created like `_CANCELS`, without a new version."""
+SCHEMA += _BY_PARENT + ";\n"
 
 MIGRATIONS: list[str] = [
     # 1 -> 2: what the `progress` loop policy keeps per key (ADR 0029).
@@ -119,9 +125,11 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
     processes may open it at once (the advisory lock orders them). A newer one is untouched."""
     with conn.transaction():
         if check_version(conn, where) == VERSION:
-            if not _has_cancels(conn):  # added without a version (ADR 0066): older Keels agree
+            missing = _missing_unversioned(conn)
+            if missing:  # added without a version (ADR 0066, 0069): older Keels agree
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
-                conn.execute(_CANCELS)
+                for statement in missing:
+                    conn.execute(statement)
             return
         conn.execute("SELECT pg_advisory_xact_lock(%s)", (_LOCK,))
         conn.execute("CREATE SCHEMA IF NOT EXISTS keel")
@@ -138,9 +146,17 @@ def prepare(conn: psycopg.Connection[Any], where: str) -> None:
         conn.execute("INSERT INTO keel.schema_version (version) VALUES (%s)", (VERSION,))
 
 
-def _has_cancels(conn: psycopg.Connection[Any]) -> bool:
-    found = conn.execute("SELECT to_regclass('keel.cancels') IS NOT NULL").fetchone()
-    return bool(found and found[0])
+_UNVERSIONED = {"keel.cancels": _CANCELS, "keel.runs_by_parent": _BY_PARENT}
+"""What a store at the current version may lack, by name: created on a writable open."""
+
+
+def _missing_unversioned(conn: psycopg.Connection[Any]) -> list[str]:
+    missing = []
+    for name, statement in _UNVERSIONED.items():
+        found = conn.execute("SELECT to_regclass(%s) IS NOT NULL", (name,)).fetchone()
+        if not (found and found[0]):
+            missing.append(statement)
+    return missing
 
 
 def require_tables(conn: psycopg.Connection[Any], where: str) -> None:

@@ -58,6 +58,7 @@ CREATE TABLE IF NOT EXISTS cancels (
     run_id TEXT PRIMARY KEY,
     at REAL NOT NULL
 );
+CREATE INDEX IF NOT EXISTS runs_by_parent ON runs (json_extract(config, '$.parent_run'));
 """
 
 MIGRATIONS: list[str] = [
@@ -70,8 +71,9 @@ MIGRATIONS: list[str] = [
     "ALTER TABLE runs ADD COLUMN conversation_id TEXT;"
     " UPDATE runs SET conversation_id = run_id WHERE conversation_id IS NULL;",
 ]
-# The `cancels` table (ADR 0066) is created by SCHEMA on every writable open, without a new
-# version: a Keel that does not know it reads and writes such a store as before.
+# The `cancels` table (ADR 0066) and the `runs_by_parent` index (a run's children, ADR 0069) are
+# created by SCHEMA on every writable open, without a new version: a Keel that does not know
+# them reads and writes such a store as before.
 VERSION = len(MIGRATIONS) + 1
 
 
