@@ -5,7 +5,6 @@ recorded never calls its model (issue 46's SA-10, and the final-checkpoint race 
 from __future__ import annotations
 
 import asyncio
-import json
 import threading
 import time
 from pathlib import Path
@@ -19,22 +18,13 @@ from keel.store import RunStore, open_store
 from keel.subagents import delegation_tool
 from keel.tools.base import make_tool
 from keel.tools.writes import write_tools
+from subagent_script import delegate, script
 
 pytest_plugins = ["postgres"]
 
 SLOW = 20_000
 """Milliseconds a slow scripted model takes to answer: far past any test's wait, so a run
 that ends quickly was stopped, not finished."""
-
-
-def delegate(tool: str, task: str) -> dict[str, Any]:
-    return {"name": tool, "arguments": {"task": task}}
-
-
-def script(folder: Path, name: str, data: dict[str, Any]) -> str:
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps(data))
-    return f"script:{path}"
 
 
 def three_levels(folder: Path, store: RunStore | str | Path, width: int = 2) -> Agent:

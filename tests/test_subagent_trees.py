@@ -15,28 +15,12 @@ from keel.records import ToolResultRecorded
 from keel.store import RunStore, Store
 from keel.subagents import delegation_tool
 from keel.tools.files import file_tools
-
-
-def read(path: str = "a.md", **extra: Any) -> dict[str, Any]:
-    return {"name": "read_file", "arguments": {"path": path, **extra}}
-
-
-def delegate(tool: str, task: str) -> dict[str, Any]:
-    return {"name": tool, "arguments": {"task": task}}
-
-
-def script(folder: Path, name: str, data: dict[str, Any]) -> str:
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps(data))
-    return f"script:{path}"
+from subagent_script import delegate, make_repo, read, script
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    folder = tmp_path / "repo"
-    folder.mkdir()
-    (folder / "a.md").write_text("\n".join(f"line {n}: alpha" for n in range(1, 400)) + "\n")
-    return folder
+    return make_repo(tmp_path)
 
 
 def results(store: RunStore, run_id: str) -> list[ToolResultRecorded]:

@@ -3,7 +3,6 @@ bounded by its parent, and it always answers its parent."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
@@ -18,28 +17,12 @@ from keel.store import RunStore, Store
 from keel.subagents import child_run_id
 from keel.tools.files import file_tools
 from keel.tools.writes import write_tools
-
-
-def read(path: str = "a.md", **extra: Any) -> dict[str, Any]:
-    return {"name": "read_file", "arguments": {"path": path, **extra}}
-
-
-def delegate(tool: str, task: str) -> dict[str, Any]:
-    return {"name": tool, "arguments": {"task": task}}
-
-
-def script(folder: Path, name: str, data: dict[str, Any]) -> str:
-    path = folder / f"{name}.json"
-    path.write_text(json.dumps(data))
-    return f"script:{path}"
+from subagent_script import delegate, make_repo, read, script
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
-    folder = tmp_path / "repo"
-    folder.mkdir()
-    (folder / "a.md").write_text("\n".join(f"line {n}: alpha" for n in range(1, 400)) + "\n")
-    return folder
+    return make_repo(tmp_path)
 
 
 def lead(
@@ -129,9 +112,7 @@ def test_every_limit_kind_in_a_child_comes_back_to_the_parent_as_a_synthesized_p
 ) -> None:
     limits, extra, reason = LIMITS[kind]
     varied = {"repeat": 30, "turn": {"tool_calls": [read()]}}
-    turns = extra.pop("turns", None) or [
-        {"tool_calls": [read(start_line=n)]} for n in range(1, 30)
-    ]
+    turns = extra.pop("turns", None) or [{"tool_calls": [read(start_line=n)]} for n in range(1, 30)]
     data = {"turns": turns, "on_synthesis": {"text": "Partial: alpha so far."}, **extra}
     del varied
     reader = Agent(script(tmp_path, "child", data), tools=file_tools(repo), limits=Limits(**limits))
