@@ -31,6 +31,7 @@ from keel.replay.recorded import (
     content_text,
     digest,
     parse_arguments,
+    unreadable_arguments,
 )
 from keel.replay.swe_agent import call_of
 
@@ -146,13 +147,7 @@ def _call(
         return None
     arguments = parse_arguments(item.get("arguments"), bounds)
     if arguments is WRONG:
-        skipped.append(
-            Skipped(
-                where,
-                f"output item {n}: the arguments of {tool!r} are neither JSON text nor an "
-                f"object, or nest deeper than {bounds.depth} levels",
-            )
-        )
+        skipped.append(unreadable_arguments(where, f"output item {n}", tool, bounds))
         return None
     result = results.get(str(item.get("call_id")))
     if result is None:

@@ -24,6 +24,7 @@ __all__ = [
     "digest",
     "parse_arguments",
     "size",
+    "unreadable_arguments",
 ]
 
 
@@ -77,6 +78,15 @@ class Skipped:
 
 WRONG: Any = object()
 """What `parse_arguments` returns for arguments of a type no call can have."""
+
+
+def unreadable_arguments(where: str, place: str, tool: str, bounds: Bounds) -> Skipped:
+    """What is reported for a call whose arguments `parse_arguments` found WRONG."""
+    return Skipped(
+        where,
+        f"{place}: the arguments of {tool!r} are neither JSON text nor an object, "
+        f"or nest deeper than {bounds.depth} levels",
+    )
 
 
 def parse_arguments(raw: Any, bounds: Bounds) -> Any:

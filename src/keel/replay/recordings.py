@@ -49,6 +49,7 @@ from keel.replay.recorded import (
     digest,
     parse_arguments,
     size,
+    unreadable_arguments,
 )
 from keel.replay.stored import read_store
 
@@ -443,11 +444,7 @@ def _from_messages(
             arguments = parse_arguments(function.get("arguments"), bounds)
             if arguments is WRONG:
                 skipped.append(
-                    Skipped(
-                        where,
-                        f"message {m}: the arguments of {function['name']!r} are neither JSON "
-                        f"text nor an object, or nest deeper than {bounds.depth} levels",
-                    )
+                    unreadable_arguments(where, f"message {m}", function["name"], bounds)
                 )
                 return None
             call_id = str(call.get("id"))
