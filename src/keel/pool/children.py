@@ -36,10 +36,9 @@ __all__ = ["QueuedChildren"]
 
 Conn = psycopg.Connection[Any]
 
-_OPEN_CHILDREN = (
-    "SELECT count(*) FROM keel.runs WHERE (config::jsonb ->> 'parent_run') = %s"
-    " AND status = ANY(%s)"
-)
+_OPEN = "FROM keel.runs WHERE (config::jsonb ->> 'parent_run') = %s AND status = ANY(%s)"
+"""A run's children that have not ended (`runs_by_parent` finds them)."""
+_OPEN_CHILDREN = "SELECT count(*) " + _OPEN
 
 
 class QueuedChildren:
@@ -103,11 +102,7 @@ class QueuedChildren:
         recorded would otherwise find no request above it when a worker opens it."""
 
         def read(conn: Conn) -> list[str]:
-            rows = conn.execute(
-                "SELECT run_id FROM keel.runs WHERE (config::jsonb ->> 'parent_run') = %s"
-                " AND status = ANY(%s)",
-                (run_id, list(BUSY)),
-            ).fetchall()
+            rows = conn.execute("SELECT run_id " + _OPEN, (run_id, list(BUSY))).fetchall()
             return [str(r[0]) for r in rows]
 
         found = self.store.run_sql(read, f"the children of {run_id} could not be read")
